@@ -1,0 +1,58 @@
+"""jaxgrpo: GRPO-family reinforcement learning of language models in JAX."""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "numpy>=1.26,<3",
+    "transformers==5.23.0",
+    "tokenizers>=0.21",
+    "safetensors>=0.4",
+    "gguf==0.19.0",
+    "tensorflow-datasets==4.9.10",
+    "grain==0.2.18",
+    "array-record>=0.7",
+    "sympy>=1.13",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+    "tensorboardX>=2.6",
+]
+
+TEST = [
+    "pytest==9.0.3",
+    "pytest-xdist>=3.6",
+    "hypothesis==6.155.2",
+    "nbclient>=0.10",
+    "nbformat>=5.10",
+    "ipykernel>=6.29",
+]
+
+# Parity tests against the reference implementation need torch; always the CPU
+# wheel pinned here (an unpinned torch pulls a multi-GB CUDA build).
+PARITY = ["torch==2.13.0"]
+
+BENCH = PARITY + ["trl", "accelerate", "datasets"]
+
+setup(
+    name="jaxgrpo",
+    version="0.1.0",
+    description="GRPO-family RL for language models: pure JAX kernels, Flax policies, TPU-native.",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["jaxgrpo", "jaxgrpo.*"]),
+    install_requires=CORE,
+    extras_require={"test": TEST + PARITY, "parity": PARITY, "bench": BENCH},
+    entry_points={
+        "console_scripts": [
+            "jaxgrpo-train=jaxgrpo.cli:train_main",
+            "jaxgrpo-plot=jaxgrpo.cli:plot_main",
+            "jaxgrpo-kernels=jaxgrpo.cli:kernels_main",
+        ]
+    },
+)

@@ -1,0 +1,31 @@
+"""Every test sees 8 fake CPU devices, so sharded code paths run on any machine."""
+
+import os
+
+# Must happen before jax is imported anywhere in the test session.
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import pytest  # noqa: E402
+
+SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
+
+
+@pytest.fixture(scope="session")
+def shared_dir():
+    """../shared beside the project: GSM8K and the method catalog for tests."""
+    if not os.path.isdir(SHARED):
+        pytest.fail(f"expected the shared directory at {SHARED} (CI places it beside the project)")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def mesh_2x4():
+    """A (data=2, model=4) mesh of the 8 fake devices, with Auto axes."""
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
