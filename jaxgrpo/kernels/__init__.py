@@ -1,0 +1,32 @@
+"""Pure, jit-compiled advantage and loss kernels, registered by name.
+
+Importing this package registers every built-in kernel.
+"""
+
+from jaxgrpo.kernels import segments
+from jaxgrpo.kernels.advantages import dr_grpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo
+from jaxgrpo.kernels.aggregation import (
+    AGGREGATION_MODES,
+    LossParts,
+    aggregate,
+    aggregation_denominator,
+    aggregation_parts,
+)
+from jaxgrpo.kernels.correction import importance_correction
+from jaxgrpo.kernels.entropy import entropy_from_logits
+from jaxgrpo.kernels.kl import KL_KINDS, kl_penalty
+from jaxgrpo.kernels.losses import clipped_value_loss, cispo, gspo, gspo_token, ppo_clip, reinforce
+from jaxgrpo.kernels.registry import (
+    KINDS,
+    KernelInfo,
+    get,
+    get_advantage,
+    get_loss,
+    info,
+    list_kernels,
+    register,
+    register_advantage,
+    register_loss,
+)
+from jaxgrpo.kernels.shaping import dynamic_sampling_filter, overlong_penalty
+from jaxgrpo.kernels.token import discounted_returns, gae, masked_whiten, reinforce_pp_returns

@@ -1,0 +1,121 @@
+"""Outcome advantage estimators: the baselines (GRPO, Dr. GRPO, RLOO, REINFORCE++).
+
+Every estimator follows one contract::
+
+    fn(rewards: f32[N], group_ids: i32[N], *, num_groups: int,
+       valid: bool[N] | None = None, **hparams) -> f32[N]
+
+Rows with `valid=False` (padding, filtered groups) get advantage 0 and do not
+enter their group's statistics. A group with a single valid row gets 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo.kernels import segments
+from jaxgrpo.kernels.registry import register_advantage
+from jaxgrpo.kernels.validation import check_outcome_inputs
+
+Array = jax.Array
+
+
+def group_centered(rewards: Array, group_ids: Array, num_groups: int, valid: Array) -> Array:
+    """r_i - mean of r over the valid rows of i's group."""
+    mean = segments.mean(rewards, group_ids, num_groups, valid)
+    return rewards - segments.gather(mean, group_ids)
+
+
+def batch_whiten(x: Array, valid: Array, *, ddof: int = 1, eps: float = 1e-8) -> Array:
+    """(x - mean) / sqrt(var + eps) over the valid rows of the whole batch."""
+    mean = segments.masked_mean(x, valid)
+    var = segments.masked_variance(x, valid, ddof=ddof)
+    return (x - mean) * jax.lax.rsqrt(var + eps)
+
+
+def _finish(advantages: Array, group_ids: Array, num_groups: int, valid: Array) -> Array:
+    """Zero for invalid rows and for groups with fewer than two valid rows."""
+    n = segments.gather(segments.count(group_ids, num_groups, valid), group_ids)
+    return jnp.where(valid & (n > 1), advantages, 0.0)
+
+
+@register_advantage("grpo", paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models (2024)")
+def grpo(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, eps: float = 1e-6) -> Array:
+    """Group-normalized advantage (GRPO): A_i = (r_i - mean_g) / (std_g + eps).
+
+    Mean and standard deviation are taken over the valid rows of i's group.
+
+    Args:
+      rewards: f32[N] outcome rewards.
+      group_ids: i32[N] group (prompt) of each row, in [0, num_groups).
+      num_groups: number of groups (static).
+      valid: optional bool[N]; invalid rows get 0 and are left out of the statistics.
+      std_ddof: delta degrees of freedom of the group std; 1 (unbiased, as
+        `torch.std` in TRL and verl) by default, 0 for the population std.
+      eps: added to the std; 1e-6 as in verl. A constant group gets 0.
+
+    Paper: Shao et al., "DeepSeekMath" (2024). Defaults follow verl/TRL.
+    """
+    rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
+    std = segments.std(rewards, group_ids, num_groups, valid, ddof=std_ddof)
+    centered = group_centered(rewards, group_ids, num_groups, valid)
+    return _finish(centered / (segments.gather(std, group_ids) + eps), group_ids, num_groups, valid)
+
+
+@register_advantage("dr_grpo", paper="Understanding R1-Zero-Like Training: A Critical Perspective (2025)")
+def dr_grpo(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
+    """Dr. GRPO advantage: A_i = r_i - mean_g (no division by the group std).
+
+    Removing the std avoids up-weighting groups that are nearly all right or all
+    wrong. Pair it with the `seq_mean_token_sum_norm` aggregation (a constant
+    denominator) to remove the length bias as the paper does.
+
+    Paper: Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective" (2025).
+    """
+    rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
+    return _finish(group_centered(rewards, group_ids, num_groups, valid), group_ids, num_groups, valid)
+
+
+@register_advantage("rloo", paper="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs (2024)")
+def rloo(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
+    """Leave-one-out baseline (RLOO): A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g).
+
+    G is the number of valid rows of i's group; a group of one gets 0.
+
+    Paper: Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs" (2024).
+    """
+    rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
+    n = segments.gather(segments.count(group_ids, num_groups, valid), group_ids)
+    scale = n / jnp.maximum(n - 1, 1)
+    return _finish(scale * group_centered(rewards, group_ids, num_groups, valid), group_ids, num_groups, valid)
+
+
+@register_advantage("reinforce_pp", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
+def reinforce_pp(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8) -> Array:
+    """REINFORCE++ advantage: the rewards whitened over the global batch.
+
+    A_i = (r_i - mean_batch) / sqrt(var_batch + eps), unbiased variance over the
+    valid rows of the whole batch; groups are ignored (no per-prompt baseline).
+    For token-level returns with a KL term folded into the reward, use
+    `discounted_returns` and `masked_whiten`.
+
+    Paper: Hu, "REINFORCE++" (2025); eps and the unbiased variance follow verl.
+    """
+    rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
+    return jnp.where(valid, batch_whiten(rewards, valid, eps=eps), 0.0)
+
+
+@register_advantage("reinforce_pp_baseline", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
+def reinforce_pp_baseline(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8) -> Array:
+    """REINFORCE++ with a group baseline: subtract the group mean, then whiten over the batch.
+
+    A_i = whiten_batch(r_i - mean_g); single-row groups are centered to 0 but
+    still take part in the batch statistics, as in verl.
+
+    Paper: Hu, "REINFORCE++" (2025); the baseline variant as in verl.
+    """
+    rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
+    centered = group_centered(rewards, group_ids, num_groups, valid)
+    return jnp.where(valid, batch_whiten(centered, valid, eps=eps), 0.0)

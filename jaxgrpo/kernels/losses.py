@@ -1,0 +1,211 @@
+"""Policy losses: PPO clip (GRPO, DAPO), GSPO, CISPO, REINFORCE, and the PPO value loss.
+
+Every policy loss follows one contract::
+
+    fn(logp: f32[N,T], old_logp: f32[N,T], advantages: f32[N] | f32[N,T],
+       mask: f32[N,T], **hparams) -> (per_token_loss: f32[N,T], metrics: dict)
+
+`per_token_loss` is zero where `mask` is zero; turn it into a scalar with
+`jaxgrpo.aggregate`. `metrics` holds scalars (masked token means) such as the
+clip fractions and ratio statistics.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo.kernels.registry import register_loss
+from jaxgrpo.kernels.segments import masked_mean
+from jaxgrpo.kernels.validation import broadcast_advantages, check_token_inputs
+
+Array = jax.Array
+
+#: Log-ratios are clamped to this range before `exp`, so a stale sample cannot overflow.
+MAX_LOG_RATIO = 20.0
+
+
+def prepare(logp, old_logp, advantages, mask):
+    """Validates the loss inputs; returns (logp, old_logp, advantages [N,T], mask as logp's dtype)."""
+    mask = jnp.asarray(mask)
+    check_token_inputs(logp=logp, old_logp=old_logp, mask=mask.astype(jnp.float32))
+    return logp, old_logp, broadcast_advantages(advantages, logp), mask.astype(logp.dtype)
+
+
+def log_ratio(logp: Array, old_logp: Array) -> Array:
+    """log(pi / pi_old), clamped to +-MAX_LOG_RATIO."""
+    return jnp.clip(logp - old_logp, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def ratio_metrics(ratio: Array, mask: Array, log_r: Array | None = None) -> dict[str, Array]:
+    """Masked statistics of an importance ratio, and the k3 estimate of KL(pi_old || pi)."""
+    big = jnp.finfo(ratio.dtype).max
+    log_r = jnp.log(ratio) if log_r is None else log_r
+    any_token = mask.sum() > 0
+    return {
+        "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": jnp.where(any_token, jnp.max(jnp.where(mask > 0, ratio, -big)), 1.0),
+        "ratio_min": jnp.where(any_token, jnp.min(jnp.where(mask > 0, ratio, big)), 1.0),
+        # k3 with samples from pi_old: E[r - 1 - log r] = KL(pi_old || pi).
+        "approx_kl": masked_mean(ratio - 1.0 - log_r, mask),
+    }
+
+
+@register_loss("ppo_clip", paper="Proximal Policy Optimization Algorithms (2017); DAPO (2025) for clip-higher")
+def ppo_clip(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    clip_ratio_c: float | None = None,
+):
+    """Clipped surrogate loss with token ratios (PPO, GRPO, DAPO).
+
+    l_t = -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t),
+    rho_t = exp(logp_t - old_logp_t). With `clip_ratio_c` (dual clip, Ye et al.
+    2020), tokens with A_t < 0 are further bounded: l_t = min(l_t, -c A_t).
+
+    Args:
+      eps_low, eps_high: clip range; eps_high defaults to eps_low (symmetric,
+        0.2 as in PPO). DAPO's clip-higher uses eps_low=0.2, eps_high=0.28.
+      clip_ratio_c: dual-clip bound (3.0 in verl) or None.
+
+    Papers: Schulman et al., "Proximal Policy Optimization Algorithms" (2017);
+    Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
+    """
+    logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
+    eps_high = eps_low if eps_high is None else eps_high
+    log_r = log_ratio(logp, old_logp)
+    ratio = jnp.exp(log_r)
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = jnp.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    metrics = {
+        "clip_fraction": masked_mean(is_clipped.astype(logp.dtype), mask),
+        "clip_fraction_low": masked_mean((is_clipped & (ratio < 1.0)).astype(logp.dtype), mask),
+        "clip_fraction_high": masked_mean((is_clipped & (ratio > 1.0)).astype(logp.dtype), mask),
+    }
+    if clip_ratio_c is not None:
+        if clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (the dual-clip bound), got {clip_ratio_c}")
+        dual = -adv * clip_ratio_c
+        dual_active = (adv < 0) & (dual < loss)
+        loss = jnp.where(adv < 0, jnp.minimum(loss, dual), loss)
+        metrics["dual_clip_fraction"] = masked_mean(dual_active.astype(logp.dtype), mask)
+    metrics.update(ratio_metrics(ratio, mask, log_r))
+    return loss * mask, metrics
+
+
+def _sequence_log_ratio(logp, old_logp, mask):
+    """Mean token log-ratio of each sequence, f32[N, 1]."""
+    log_r = log_ratio(logp, old_logp)
+    return ((log_r * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1))[:, None]
+
+
+def _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high):
+    unclipped = -adv * seq_ratio
+    clipped = -adv * jnp.clip(seq_ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = jnp.maximum(unclipped, clipped)
+    is_clipped = (clipped > unclipped).astype(seq_ratio.dtype)
+    metrics = {"clip_fraction": masked_mean(is_clipped, mask)}
+    metrics.update(ratio_metrics(seq_ratio, mask))
+    return loss * mask, metrics
+
+
+@register_loss("gspo", paper="Group Sequence Policy Optimization (2025)")
+def gspo(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
+    """GSPO: PPO clipping on the sequence-level geometric-mean ratio.
+
+    s_i = exp((1/|o_i|) sum_t log rho_{i,t}); every token of sequence i carries
+    l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), so the
+    `seq_mean_token_mean` aggregation gives the paper's -(1/G) sum_i min(...).
+
+    Paper: Zheng et al., "Group Sequence Policy Optimization" (2025);
+    eps_low=3e-4, eps_high=4e-4 from the paper.
+    """
+    logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
+    seq_ratio = jnp.exp(_sequence_log_ratio(logp, old_logp, mask)) * jnp.ones_like(logp)
+    return _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high)
+
+
+@register_loss("gspo_token", paper="Group Sequence Policy Optimization (2025)")
+def gspo_token(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
+    """GSPO-token: the sequence ratio's value with per-token gradients.
+
+    s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]: equal to s_i in value, so
+    clipping is decided per sequence, while each token's gradient is its own
+    (allowing token-level advantages A_{i,t}).
+
+    Paper: Zheng et al., "Group Sequence Policy Optimization" (2025).
+    """
+    logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
+    seq_log_r = jax.lax.stop_gradient(_sequence_log_ratio(logp, old_logp, mask))
+    seq_ratio = jnp.exp(seq_log_r + logp - jax.lax.stop_gradient(logp))
+    return _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high)
+
+
+@register_loss("cispo", paper="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention (2025)")
+def cispo(logp, old_logp, advantages, mask, *, eps_low: float | None = None, eps_high: float = 5.0):
+    """CISPO: REINFORCE with a clipped, stop-gradient importance weight.
+
+    l_t = -sg[clip(rho_t, 1 - eps_low, 1 + eps_high)] A_t log pi(y_t). Unlike
+    PPO clipping, no token's gradient is dropped; only its weight is bounded.
+
+    Args:
+      eps_low: lower clip; None (default) leaves the weight unbounded below, as
+        MiniMax-M1 does.
+      eps_high: upper clip; 5.0 as recommended by ScaleRL (Khatri et al., 2025)
+        and TRL's CISPO, since MiniMax-M1 gives no number.
+
+    Paper: MiniMax, "MiniMax-M1" (2025).
+    """
+    logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
+    log_r = log_ratio(logp, old_logp)
+    ratio = jnp.exp(log_r)
+    lower = 0.0 if eps_low is None else 1.0 - eps_low
+    weight = jax.lax.stop_gradient(jnp.clip(ratio, lower, 1.0 + eps_high))
+    loss = -weight * adv * logp
+    metrics = {"clip_fraction": masked_mean((ratio > 1.0 + eps_high).astype(logp.dtype), mask)}
+    if eps_low is not None:
+        metrics["clip_fraction_low"] = masked_mean((ratio < lower).astype(logp.dtype), mask)
+    metrics.update(ratio_metrics(ratio, mask, log_r))
+    return loss * mask, metrics
+
+
+@register_loss("reinforce", paper="Simple Statistical Gradient-Following Algorithms for Connectionist Reinforcement Learning (1992)")
+def reinforce(logp, old_logp, advantages, mask):
+    """REINFORCE: l_t = -A_t log pi(y_t), no importance ratio.
+
+    Exact for on-policy data; `old_logp` only feeds the ratio metrics.
+
+    Paper: Williams, "Simple Statistical Gradient-Following Algorithms for
+    Connectionist Reinforcement Learning" (1992).
+    """
+    logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
+    log_r = log_ratio(logp, old_logp)
+    return -adv * logp * mask, ratio_metrics(jnp.exp(log_r), mask, log_r)
+
+
+def clipped_value_loss(values, old_values, returns, mask, *, clip_range: float = 0.2):
+    """PPO's clipped value loss, per token.
+
+    l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2), c = 0.2 (verl).
+
+    Returns:
+      (per_token_loss f32[N,T], metrics with `value_clip_fraction`).
+
+    Paper: Schulman et al., "Proximal Policy Optimization Algorithms" (2017).
+    """
+    mask = jnp.asarray(mask)
+    check_token_inputs(values=values, old_values=old_values, returns=returns, mask=mask.astype(jnp.float32))
+    mask = mask.astype(values.dtype)
+    clipped = old_values + jnp.clip(values - old_values, -clip_range, clip_range)
+    unclipped_loss = jnp.square(values - returns)
+    clipped_loss = jnp.square(clipped - returns)
+    loss = 0.5 * jnp.maximum(unclipped_loss, clipped_loss)
+    metrics = {"value_clip_fraction": masked_mean((clipped_loss > unclipped_loss).astype(values.dtype), mask)}
+    return loss * mask, metrics

@@ -1,0 +1,102 @@
+"""Token-level advantages and returns: GAE, discounted returns, masked whitening.
+
+Arrays are [N, T] with a token mask; masked positions are skipped (they neither
+receive credit nor pass it on) and get 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo.kernels import segments
+from jaxgrpo.kernels.registry import register
+from jaxgrpo.kernels.validation import check_token_inputs
+
+Array = jax.Array
+
+
+def masked_whiten(x, mask, *, shift_mean: bool = True, eps: float = 1e-8) -> Array:
+    """(x - mean) / sqrt(var + eps) over the masked entries of the whole batch (unbiased var).
+
+    With `shift_mean=False` the mean is added back (only the scale changes).
+    Masked entries are returned as 0.
+    """
+    mask = jnp.asarray(mask)
+    check_token_inputs(x=x, mask=mask.astype(jnp.float32))
+    mask = mask.astype(x.dtype)
+    mean = segments.masked_mean(x, mask)
+    var = segments.masked_variance(x, mask, ddof=1)
+    white = (x - mean) * jax.lax.rsqrt(var + eps)
+    if not shift_mean:
+        white = white + mean
+    return white * mask
+
+
+def _reverse_scan(step, init, *xs):
+    """lax.scan over the time axis (axis 1 of [N, T] inputs), from the last token back."""
+    _, out = jax.lax.scan(step, init, tuple(x.T for x in xs), reverse=True)
+    return tuple(o.T for o in out) if isinstance(out, tuple) else out.T
+
+
+@register("token_advantage", "discounted_returns", paper="Reinforcement Learning: An Introduction, Sutton & Barto (2018)")
+def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
+    """Reward-to-go G_t = sum_{k >= t} gamma^(k-t) r_k over the unmasked tokens.
+
+    Masked tokens are skipped: they add no reward and no discount step.
+    """
+    mask = jnp.asarray(mask)
+    check_token_inputs(token_rewards=token_rewards, mask=mask.astype(jnp.float32))
+    mask = mask.astype(token_rewards.dtype)
+
+    def step(carry, inputs):
+        r, m = inputs
+        g = r + gamma * carry
+        return jnp.where(m > 0, g, carry), g * m
+
+    return _reverse_scan(step, jnp.zeros(token_rewards.shape[0], token_rewards.dtype), token_rewards, mask)
+
+
+@register("token_advantage", "reinforce_pp_returns", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
+def reinforce_pp_returns(token_rewards, mask, *, gamma: float = 1.0, eps: float = 1e-8) -> Array:
+    """REINFORCE++ token advantages: discounted returns whitened over the global batch.
+
+    Fold a KL penalty into `token_rewards` first (r_t - beta * k1_t) as the paper does.
+
+    Paper: Hu, "REINFORCE++" (2025); whitening as in verl.
+    """
+    return masked_whiten(discounted_returns(token_rewards, mask, gamma=gamma), mask, eps=eps)
+
+
+@register("token_advantage", "gae", paper="High-Dimensional Continuous Control Using Generalized Advantage Estimation (2016)")
+def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) -> tuple[Array, Array]:
+    """Generalized advantage estimation over the unmasked tokens.
+
+    delta_t = r_t + gamma V_{t+1} - V_t;  A_t = delta_t + gamma lam A_{t+1};
+    returns R_t = A_t + V_t. t+1 is the next *unmasked* token (0 past the end).
+    The advantages are not whitened: apply `masked_whiten` as PPO does.
+
+    Args:
+      token_rewards: f32[N, T]; values: f32[N, T]; mask: f32[N, T].
+      gamma, lam: discount and GAE lambda; 1.0 and 1.0 as in verl.
+
+    Returns:
+      (advantages f32[N, T], returns f32[N, T]), zero where masked.
+
+    Paper: Schulman et al., "High-Dimensional Continuous Control Using
+    Generalized Advantage Estimation" (2016).
+    """
+    mask = jnp.asarray(mask)
+    check_token_inputs(token_rewards=token_rewards, values=values, mask=mask.astype(jnp.float32))
+    mask = mask.astype(values.dtype)
+
+    def step(carry, inputs):
+        next_value, next_adv = carry
+        r, v, m = inputs
+        adv = r + gamma * next_value - v + gamma * lam * next_adv
+        keep = m > 0
+        return (jnp.where(keep, v, next_value), jnp.where(keep, adv, next_adv)), adv * m
+
+    zeros = jnp.zeros(values.shape[0], values.dtype)
+    advantages = _reverse_scan(step, (zeros, zeros), token_rewards, values, mask)
+    return advantages, (advantages + values) * mask
