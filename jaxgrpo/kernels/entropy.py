@@ -39,8 +39,11 @@ def entropy_from_logits(logits, *, chunk_size: int = 4096, temperature: float = 
         m, s, t = carry  # running max, sum exp(z - m), sum exp(z - m) * z
         z = z.astype(jnp.float32) / temperature
         new_m = jnp.maximum(m, jnp.max(z, axis=-1))
-        scale = jnp.exp(m - new_m)
-        e = jnp.exp(z - new_m[..., None])
+        # While every logit so far is -inf (e.g. a masked first chunk), shift by 0
+        # instead: exp(-inf - -inf) would be NaN, exp(-inf - 0) is the right 0.
+        shift = jnp.where(jnp.isfinite(new_m), new_m, 0.0)
+        scale = jnp.exp(m - shift)
+        e = jnp.exp(z - shift[..., None])
         zf = jnp.where(jnp.isfinite(z), z, 0.0)
         return (new_m, s * scale + e.sum(-1), t * scale + (e * zf).sum(-1)), None
 
