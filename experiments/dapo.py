@@ -1,0 +1,17 @@
+"""DAPO (Yu et al., 2025): clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL."""
+
+from jaxgrpo.config import Config
+
+
+def config() -> Config:
+    c = Config()
+    c.advantage = "grpo"
+    c.loss = "ppo_clip"
+    c.loss_kwargs = {"eps_low": 0.2, "eps_high": 0.28}  # clip-higher
+    c.aggregation = "token_mean"  # sum over all tokens / number of tokens
+    c.dynamic_sampling = True  # drop all-right / all-wrong groups and sample more
+    c.max_sampling_rounds = 3
+    c.overlong_cache_len = 32  # soft penalty in the last 32 tokens before max_new_tokens
+    c.kl_coef = 0.0
+    c.run_dir = "runs/dapo"
+    return c

@@ -1,0 +1,103 @@
+"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-plot`, `jaxgrpo-kernels`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _distributed_init() -> None:
+    """Joins a multi-host run when the launcher says so (JAX_COORDINATOR_ADDRESS or a TPU pod / SLURM)."""
+    import jax
+
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("JAXGRPO_DISTRIBUTED") == "1":
+        jax.distributed.initialize()
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-train",
+        description="Train a policy with a GRPO-family method described by an experiment file.",
+    )
+    parser.add_argument("experiment", help="an experiment file defining config() -> jaxgrpo.config.Config")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override config fields, e.g. --set optimizer.lr=1e-6 group_size=8")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run directory")
+    parser.add_argument("--run-dir", help="where metrics, plots and checkpoints go (default: the config's run_dir)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    args = parser.parse_args(argv)
+
+    from jaxgrpo.config import apply_overrides, load_experiment, to_dict, validate
+
+    try:
+        cfg = load_experiment(args.experiment)
+        apply_overrides(cfg, args.set)
+        if args.run_dir:
+            cfg.run_dir = args.run_dir
+        validate(cfg)
+    except (FileNotFoundError, AttributeError, TypeError, KeyError, ValueError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"jaxgrpo-train: error: {message}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(json.dumps(to_dict(cfg), indent=2))
+        return 0
+
+    _distributed_init()
+    import jax
+
+    from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
+    from jaxgrpo.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
+        json.dump(to_dict(cfg), f, indent=2)
+    trainer.run(resume=args.resume)
+    if jax.process_index() == 0:
+        plots = plot_run(cfg.run_dir)
+        eval_path = os.path.join(cfg.run_dir, EVAL_FILE)
+        if os.path.exists(eval_path):
+            evals = read_jsonl(eval_path)
+            first, last = evals[0], evals[-1]
+            keys = [k for k in last if k != "step"]
+            print("held-out evaluation: " + ", ".join(
+                f"{k} {first.get(k, float('nan')):.3f} (step {first['step']}) -> {last[k]:.3f} (step {last['step']})" for k in keys))
+        print(f"metrics: {os.path.join(cfg.run_dir, 'metrics.jsonl')} (TensorBoard: {os.path.join(cfg.run_dir, 'tensorboard')})")
+        print(f"curves: {os.path.dirname(plots[0]) if plots else '(none)'}")
+        print(f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}")
+    return 0
+
+
+def plot_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jaxgrpo-plot", description="Write PNG learning curves of a run directory.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", help="output directory (default RUN_DIR/plots)")
+    args = parser.parse_args(argv)
+    from jaxgrpo.metrics import plot_run
+
+    try:
+        paths = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as e:
+        print(f"jaxgrpo-plot: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(paths))
+    return 0
+
+
+def kernels_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jaxgrpo-kernels", description="List the registered kernels.")
+    parser.add_argument("--kind", help="only this kind (advantage, loss, ...)")
+    args = parser.parse_args(argv)
+    import jaxgrpo
+
+    for k in jaxgrpo.list_kernels(args.kind):
+        flag = " [experimental]" if k.experimental else ""
+        print(f"{k.kind:16s} {k.name:32s} {k.paper}{flag}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(train_main())
