@@ -73,7 +73,10 @@ def check_outcome_inputs(rewards, group_ids, num_groups, valid, *, reward_shape:
         )
     num_groups = check_num_groups(num_groups)
     if is_concrete(group_ids) and n:
-        lo, hi = int(jnp.min(group_ids)), int(jnp.max(group_ids))
+        # numpy, not jnp: under jit a closed-over concrete array stays concrete,
+        # but jnp.min of it is staged out as a tracer and int() would fail.
+        ids = np.asarray(group_ids)
+        lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= num_groups:
             raise ValueError(
                 f"group_ids must lie in [0, num_groups={num_groups}), got values in [{lo}, {hi}]"
