@@ -1,0 +1,552 @@
+"""Batched generation with a KV cache: G completions per prompt from the policy being trained.
+
+The sampler runs the same `flax.nnx` policy the trainer differentiates (split into graph and
+state, merged inside `jax.jit`), so there is no weight copy and the log-probs it reports are the
+ones the trainer recomputes (kvfrans/lmpo does the same).
+
+How a batch of B prompts becomes B*G completions (`G = num_samples`, `P` the prompt bucket,
+`N` the completion bucket, `C = P + N` the cache capacity):
+
+1. prompts are left-padded to `P`, the smallest power of two >= 16 holding the longest one;
+   positions count real tokens, so padding changes nothing but the shapes;
+2. **prefill** (one jitted call): the B prompts run once into a [layers, B, P, ...] cache, which
+   is repeated G times along the batch (row `b * G + g` is sample g of prompt b) and padded to
+   capacity C; the first completion token is sampled from the last prompt position's logits;
+3. **decode** (one jitted call, the carry donated): a `lax.while_loop` feeds each row's last
+   token at cache slot `P + t`, writing its keys and values with `dynamic_update_slice` in place,
+   until every row has produced a stop token or `max_new_tokens` tokens exist.
+
+Sampling: temperature, then top-k, then top-p (nucleus, on the renormalized top-k distribution),
+then min-p, in the order of transformers' `generate`; `greedy` takes the argmax. The log-prob
+reported for each token is under exactly the distribution it was drawn from (truncated and
+renormalized); `policy_logprobs` is the untruncated `log_softmax(logits / temperature)`, the
+quantity a trainer recomputes. Randomness is per row: row `r = prompt_id * G + g` draws step t
+with `fold_in(fold_in(key, r), t)`, so a row's sample does not depend on its batch companions.
+
+Shapes are bucketed (prompt length and completion length to powers of two >= 16), so a run
+compiles a bounded number of times; `compilation_counts()` reports how many.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+logger = logging.getLogger(__name__)
+
+FINISH_STOP = 1
+"""`finish_reason` of a row that produced one of the stop tokens (the stop token is kept, masked in)."""
+FINISH_LENGTH = 2
+"""`finish_reason` of a row that reached `max_new_tokens` without a stop token."""
+FINISH_REASON_NAMES = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
+
+MIN_BUCKET = 16
+
+_COMPILATIONS: collections.Counter = collections.Counter()
+
+
+def compilation_counts() -> dict[str, int]:
+    """How many times each jitted sampler function was traced and compiled in this process.
+
+    Keys are `"prefill"` and `"decode"`; each distinct (batch, prompt bucket, completion bucket,
+    sampling settings, model) adds one to both.
+    """
+    return dict(_COMPILATIONS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling distribution
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn from the logits. Hashable: it is a static argument of the jitted loop.
+
+    Attributes:
+      temperature: logits are divided by it before anything else; must be > 0 unless greedy
+        (0 means greedy).
+      top_k: keep the k most likely tokens (0 disables).
+      top_p: nucleus sampling, keep the smallest prefix of the sorted distribution whose mass
+        reaches top_p ("The Curious Case of Neural Text Degeneration", Holtzman et al. 2020);
+        in (0, 1], 1 disables.
+      min_p: keep tokens whose probability is at least min_p times the most likely one's
+        ("Turning Up the Heat: Min-p Sampling", Nguyen et al. 2024); in [0, 1), 0 disables.
+      greedy: take the argmax (the sampling distribution is then a point mass, log-prob 0).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    greedy: bool = False
+
+    def __post_init__(self):
+        temperature, top_p, min_p = float(self.temperature), float(self.top_p), float(self.min_p)
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+        if not 0.0 <= min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p}")
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_p", top_p)
+        object.__setattr__(self, "min_p", min_p)
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "greedy", bool(self.greedy) or temperature == 0.0)
+
+    @property
+    def policy_temperature(self) -> float:
+        """The temperature of `policy_logprobs`: `temperature`, or 1 when greedy with temperature 0."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+def _truncated_candidates(scaled_logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+    """The support of the sampling distribution, as logits over candidates.
+
+    Args:
+      scaled_logits: float32 [..., V], logits already divided by the temperature.
+
+    Returns:
+      `(candidate_logits [..., K], candidate_ids [..., K] or None)`: logits of the candidates,
+      -inf where a filter removed them. With top-k or top-p the candidates are the top K tokens
+      sorted by descending logit (K = top_k, or V for top-p alone) and `candidate_ids` maps them
+      back to token ids; otherwise the candidates are the whole vocabulary (ids None).
+    """
+    vocab = scaled_logits.shape[-1]
+    candidate_ids = None
+    logits = scaled_logits
+    if params.top_k or params.top_p < 1.0:
+        k = min(params.top_k, vocab) if params.top_k else vocab
+        logits, candidate_ids = jax.lax.top_k(scaled_logits, k)
+    if params.top_p < 1.0:
+        # Sorted descending: keep a token while the mass strictly before it is below top_p,
+        # so the most likely token always stays.
+        probs = jax.nn.softmax(logits, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        logits = jnp.where(mass_before < params.top_p, logits, -jnp.inf)
+    if params.min_p > 0.0:
+        # p_i >= min_p * p_max  <=>  logit_i - max_logit >= log(min_p); renormalization-invariant.
+        max_logit = jnp.max(logits, axis=-1, keepdims=True)
+        logits = jnp.where(logits - max_logit >= math.log(params.min_p), logits, -jnp.inf)
+    return logits, candidate_ids
+
+
+def sampling_log_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """Log-probabilities [..., V] of the distribution the sampler draws from (-inf off its support).
+
+    The reference for `sample_tokens`: temperature, top-k, top-p, min-p applied to `logits`
+    [..., V] and renormalized; for greedy, a point mass on the argmax (log-prob 0).
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    if params.greedy:
+        best = jnp.argmax(logits, axis=-1)
+        return jnp.where(jnp.arange(logits.shape[-1]) == best[..., None], 0.0, -jnp.inf)
+    candidates, ids = _truncated_candidates(logits / params.temperature, params)
+    log_probs = jax.nn.log_softmax(candidates, axis=-1)
+    if ids is None:
+        return log_probs
+    full = jnp.full(logits.shape, -jnp.inf, jnp.float32)
+    return jnp.put_along_axis(full, ids, log_probs, axis=-1, inplace=False)
+
+
+def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Draw one token per row.
+
+    Args:
+      keys: [R] PRNG keys, one per row (row r's draw depends only on keys[r] and logits[r]).
+      logits: float [R, V].
+      params: the sampling distribution.
+
+    Returns:
+      `(tokens int32[R], logprobs float32[R], policy_logprobs float32[R])`: the tokens, their
+      log-prob under the distribution they were drawn from (`sampling_log_probs`), and their
+      untruncated log-prob `log_softmax(logits / policy_temperature)`.
+    """
+    logits = jnp.asarray(logits, jnp.float32)
+    policy = jax.nn.log_softmax(logits / params.policy_temperature, axis=-1)
+    if params.greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logprobs = jnp.zeros(tokens.shape, jnp.float32)
+    else:
+        candidates, ids = _truncated_candidates(logits / params.temperature, params)
+        choice = jax.vmap(jax.random.categorical)(keys, candidates)
+        logprobs = jnp.take_along_axis(jax.nn.log_softmax(candidates, axis=-1), choice[:, None], axis=-1)[:, 0]
+        tokens = choice if ids is None else jnp.take_along_axis(ids, choice[:, None], axis=-1)[:, 0]
+        tokens = tokens.astype(jnp.int32)
+    policy_logprobs = jnp.take_along_axis(policy, tokens[:, None], axis=-1)[:, 0]
+    return tokens, logprobs, policy_logprobs
+
+
+def row_keys(key: jax.Array, prompt_ids: jax.Array, num_samples: int) -> jax.Array:
+    """One PRNG key per completion row: row `b * G + g` gets `fold_in(key, prompt_ids[b] * G + g)`.
+
+    Args:
+      key: a PRNG key (typed or raw uint32).
+      prompt_ids: int [B], a stable id per prompt (its index in the dataset, say), so a prompt's
+        samples do not depend on which batch or position it lands in.
+      num_samples: G.
+
+    Returns:
+      [B * G] keys.
+    """
+    ids = (jnp.asarray(prompt_ids, jnp.int32)[:, None] * num_samples + jnp.arange(num_samples, dtype=jnp.int32)).reshape(-1)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+
+
+def step_keys(keys: jax.Array, step: jax.Array | int) -> jax.Array:
+    """The keys [R] rows draw their `step`-th token with: `fold_in(keys[r], step)`."""
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes
+
+
+def bucket_length(length: int, minimum: int = MIN_BUCKET) -> int:
+    """The static size a length is padded to: the smallest power of two >= max(length, minimum)."""
+    length = max(int(length), int(minimum), 1)
+    return 1 << (length - 1).bit_length()
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token id lists to `length`: `(tokens int32[B, length], mask bool[B, length])`."""
+    tokens = np.full((len(prompts), length), pad_id, np.int32)
+    mask = np.zeros((len(prompts), length), bool)
+    for row, prompt in enumerate(prompts):
+        if len(prompt):
+            tokens[row, length - len(prompt):] = prompt
+            mask[row, length - len(prompt):] = True
+    return tokens, mask
+
+
+def _check_prompts(prompts, vocab_size: int, context_window: int | None) -> list[list[int]]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) and not isinstance(prompts, np.ndarray):
+        raise TypeError(f"prompts must be a list of token id lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass at least one prompt")
+    checked = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            raise TypeError(f"prompts[{i}] is a string; tokenize it first or use generate_text")
+        ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
+        if not ids:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token (e.g. BOS)")
+        if context_window is not None and len(ids) > context_window:
+            raise ValueError(
+                f"prompts[{i}] has {len(ids)} tokens, longer than the model's context window of "
+                f"{context_window} (context_window); truncate the prompt"
+            )
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"prompts[{i}] has token ids outside [0, {vocab_size}): min {low}, max {high}")
+        checked.append(ids)
+    return checked
+
+
+# ---------------------------------------------------------------------------------------------
+# The jitted prefill and decode
+
+
+class Rollout(NamedTuple):
+    """What `generate` returns; rows are prompt-major (row `b * G + g` is sample g of prompt b).
+
+    Attributes:
+      prompt_tokens: int32 [B*G, P], the left-padded prompts actually used (P the prompt bucket).
+      prompt_mask: bool [B*G, P], True on real prompt tokens.
+      completion_tokens: int32 [B*G, N] (N = max_new_tokens), `pad_id` after a row finished.
+      completion_mask: bool [B*G, N], True on generated tokens, the stop token included.
+      logprobs: float32 [B*G, N], log-prob of each token under the exact distribution it was
+        sampled from (after temperature and truncation; 0 for greedy), 0 where masked out.
+      policy_logprobs: float32 [B*G, N], `log_softmax(logits / temperature)` of each token, no
+        truncation: what a trainer recomputes on the same sequences; 0 where masked out.
+      finish_reason: int32 [B*G], `FINISH_STOP` or `FINISH_LENGTH`.
+      prompt_index: int32 [B*G], the index of each row's prompt in the batch (the group id).
+    """
+
+    prompt_tokens: jax.Array
+    prompt_mask: jax.Array
+    completion_tokens: jax.Array
+    completion_mask: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    finish_reason: jax.Array
+    prompt_index: jax.Array
+
+
+class _DecodeState(NamedTuple):
+    """The while-loop carry. `step` tokens have been generated (buffer columns [0, step))."""
+
+    step: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    finish_reason: jax.Array
+    prompt_lengths: jax.Array
+    kv_mask: jax.Array
+    keys: jax.Array
+    cache: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Static shapes and shardings of one compiled sampler."""
+
+    num_samples: int
+    prompt_bucket: int
+    new_bucket: int
+    sampling: SamplingParams
+    mesh: jax.sharding.Mesh | None
+    kv_heads_axis: bool  # whether the cache's kv-heads dimension is split over `model`
+
+    @property
+    def capacity(self) -> int:
+        return self.prompt_bucket + self.new_bucket
+
+    def constrain(self, x: jax.Array, *spec) -> jax.Array:
+        """Shard x's leading dims as `spec` on the mesh (batch over `data`) when there is one."""
+        if self.mesh is None:
+            return x
+        spec = tuple(a if a is None or x.shape[i] % self.mesh.shape[a] == 0 else None for i, a in enumerate(spec))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+    def constrain_cache(self, cache):
+        """Cache leaves are [layers, batch, capacity, kv_heads, head_dim]: batch over data, heads over model."""
+        heads = "model" if self.kv_heads_axis else None
+        return jax.tree.map(lambda x: self.constrain(x, None, "data", None, heads), cache)
+
+
+def _is_done(tokens: jax.Array, stop_tokens: jax.Array) -> jax.Array:
+    return jnp.any(tokens[:, None] == stop_tokens[None, :], axis=-1)
+
+
+def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens, pad_id, *, layout: _Layout):
+    """Run the B prompts once, share the cache across G samples, sample each row's first token.
+
+    prompt_tokens/prompt_mask [B, P]; keys [B*G]; stop_tokens int32 [S]; returns a `_DecodeState`
+    with step 1 and a cache of capacity P + N.
+    """
+    _COMPILATIONS["prefill"] += 1
+    batch, prompt_len = prompt_tokens.shape
+    g, n = layout.num_samples, layout.new_bucket
+    logger.info("compiling sampler prefill: batch=%d x %d samples, prompt bucket %d, completion bucket %d", batch, g, prompt_len, n)
+    model = nnx.merge(graphdef, state)
+    prompt_tokens = layout.constrain(prompt_tokens, "data", None)
+    prompt_mask = layout.constrain(prompt_mask, "data", None)
+    positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
+    cache = layout.constrain_cache(model.init_cache(batch, prompt_len))
+    hidden, cache = model.hidden_states(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
+    # Left padding puts every prompt's last token in the last column.
+    last_logits = model.logits_from_hidden(hidden[:, -1])
+    last_logits = layout.constrain(jnp.repeat(last_logits, g, axis=0), "data", None)
+
+    def share(x):  # [L, B, P, ...] -> [L, B*G, P+N, ...]
+        x = jnp.repeat(x, g, axis=1)
+        return jnp.pad(x, [(0, 0), (0, 0), (0, n)] + [(0, 0)] * (x.ndim - 3))
+
+    cache = layout.constrain_cache(jax.tree.map(share, cache))
+    rows = batch * g
+    kv_mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.zeros((rows, n), bool)], axis=1)
+    tokens, logprobs, policy_logprobs = sample_tokens(step_keys(keys, 0), last_logits, layout.sampling)
+    done = _is_done(tokens, stop_tokens)
+
+    def first_column(x, fill):
+        return layout.constrain(jnp.full((rows, n), fill, x.dtype).at[:, 0].set(x), "data", None)
+
+    return _DecodeState(
+        step=jnp.int32(1),
+        tokens=first_column(tokens, pad_id),
+        logprobs=first_column(logprobs, 0.0),
+        policy_logprobs=first_column(policy_logprobs, 0.0),
+        lengths=jnp.ones((rows,), jnp.int32),
+        done=done | (max_new_tokens <= 1),
+        finish_reason=jnp.where(done, FINISH_STOP, 0).astype(jnp.int32),
+        prompt_lengths=jnp.repeat(prompt_mask.sum(axis=1, dtype=jnp.int32), g),
+        kv_mask=layout.constrain(kv_mask, "data", None),
+        keys=keys,
+        cache=cache,
+    )
+
+
+def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, pad_id, *, layout: _Layout) -> _DecodeState:
+    """The decode `lax.while_loop`: one token per row per iteration until all rows are done.
+
+    Iteration t feeds token t-1 at cache slot P + t - 1 (position prompt_length + t - 1) and
+    samples token t; finished rows keep running (static shapes) but record `pad_id`, masked out.
+    The carry (cache included) is donated, so XLA updates it in place.
+    """
+    _COMPILATIONS["decode"] += 1
+    logger.info(
+        "compiling sampler decode: %d rows, prompt bucket %d, completion bucket %d (cache capacity %d)",
+        carry.tokens.shape[0], layout.prompt_bucket, layout.new_bucket, layout.capacity,
+    )
+    model = nnx.merge(graphdef, state)
+    prompt_bucket = layout.prompt_bucket
+    rows = carry.tokens.shape[0]
+
+    def keep_going(s: _DecodeState):
+        return (s.step < max_new_tokens) & ~jnp.all(s.done)
+
+    def one_token(s: _DecodeState) -> _DecodeState:
+        previous = jax.lax.dynamic_slice_in_dim(s.tokens, s.step - 1, 1, axis=1)
+        slot = prompt_bucket + s.step - 1
+        kv_mask = jax.lax.dynamic_update_slice(s.kv_mask, jnp.ones((rows, 1), bool), (0, slot))
+        positions = (s.prompt_lengths + s.step - 1)[:, None]
+        logits, cache = model(previous, positions, cache=s.cache, cache_index=slot, kv_mask=kv_mask)
+        cache = layout.constrain_cache(cache)
+        tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits[:, 0], layout.sampling)
+        live = ~s.done
+        stopped = live & _is_done(tokens, stop_tokens)
+
+        def write(buffer, column, fill):
+            column = jnp.where(live, column, fill).astype(buffer.dtype)
+            return jax.lax.dynamic_update_slice(buffer, column[:, None], (0, s.step))
+
+        return _DecodeState(
+            step=s.step + 1,
+            tokens=write(s.tokens, tokens, pad_id),
+            logprobs=write(s.logprobs, logprobs, 0.0),
+            policy_logprobs=write(s.policy_logprobs, policy_logprobs, 0.0),
+            lengths=s.lengths + live.astype(jnp.int32),
+            done=s.done | stopped | (s.step + 1 >= max_new_tokens),
+            finish_reason=jnp.where(stopped, FINISH_STOP, s.finish_reason),
+            prompt_lengths=s.prompt_lengths,
+            kv_mask=kv_mask,
+            keys=s.keys,
+            cache=cache,
+        )
+
+    final = jax.lax.while_loop(keep_going, one_token, carry)
+    return final._replace(finish_reason=jnp.where(final.finish_reason == FINISH_STOP, FINISH_STOP, FINISH_LENGTH))
+
+
+_prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "layout"))
+_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def _mesh_of(state) -> jax.sharding.Mesh | None:
+    """The mesh the policy's parameters live on, if they are sharded over more than one device."""
+    for leaf in jax.tree.leaves(state):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+            return sharding.mesh
+    return None
+
+
+def _context_window(model, context_window: int | None) -> int | None:
+    if context_window is not None:
+        return int(context_window)
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "context_window", "max_seq_len"):
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    return None
+
+
+def generate(
+    model: nnx.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int = 256,
+    key: jax.Array | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    greedy: bool = False,
+    stop_tokens: Sequence[int] = (),
+    prompt_ids: Sequence[int] | None = None,
+    pad_id: int = 0,
+    context_window: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Rollout:
+    """Sample `num_samples` completions for each prompt with a KV cache.
+
+    Args:
+      model: the policy, a `flax.nnx` decoder with `init_cache`, `hidden_states`,
+        `logits_from_hidden` and the cached call contract of `jaxgrpo.models.decoder`.
+      prompts: B token id lists of any lengths (each non-empty).
+      num_samples: G >= 1 completions per prompt.
+      max_new_tokens: N >= 1, the most tokens a completion may have.
+      key: PRNG key; required unless greedy.
+      temperature, top_k, top_p, min_p, greedy: the sampling distribution (see `SamplingParams`).
+      stop_tokens: token ids that end a completion (e.g. EOS and `<|im_end|>`); the stop token
+        is part of the completion.
+      prompt_ids: int [B], a stable id per prompt for its PRNG stream (default 0..B-1); pass
+        dataset indices to make samples independent of batching.
+      pad_id: token written after a row finished and used to left-pad prompts.
+      context_window: the longest prompt allowed (default: the model config's
+        `max_position_embeddings` if it has one).
+      mesh: a mesh with `data` (and optionally `model`) axes to shard rows over (default: the
+        mesh of the model's parameters, if they are sharded).
+
+    Returns:
+      A `Rollout` with B*G rows.
+    """
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, greedy=greedy)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if key is None:
+        if not sampling.greedy:
+            raise ValueError("key is required to sample (pass jax.random.key(seed)), or set greedy=True")
+        key = jax.random.key(0)
+    config = model.config
+    window = _context_window(model, context_window)
+    prompts = _check_prompts(prompts, config.vocab_size, window)
+    batch = len(prompts)
+    if prompt_ids is None:
+        prompt_ids = np.arange(batch, dtype=np.int32)
+    prompt_ids = np.asarray(prompt_ids, np.int32).reshape(-1)
+    if prompt_ids.shape[0] != batch:
+        raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} entries but there are {batch} prompts")
+    if not 0 <= pad_id < config.vocab_size:
+        raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id}")
+    stop = np.asarray(sorted({int(t) for t in stop_tokens}), np.int32).reshape(-1)
+
+    graphdef, state = nnx.split(model)
+    mesh = mesh if mesh is not None else _mesh_of(state)
+    if mesh is not None and "data" not in mesh.axis_names:
+        raise ValueError(f"mesh must have a 'data' axis to shard the batch over, got axes {mesh.axis_names}")
+    kv_heads_axis = bool(mesh is not None and "model" in mesh.axis_names and config.num_kv_heads % mesh.shape["model"] == 0)
+    prompt_bucket = bucket_length(max(len(p) for p in prompts))
+    layout = _Layout(num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling, mesh, kv_heads_axis)
+
+    tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
+    keys = row_keys(key, prompt_ids, num_samples)
+    limit = jnp.int32(max_new_tokens)
+    pad = jnp.int32(pad_id)
+    carry = _prefill_jit(graphdef, state, tokens, mask, keys, stop, limit, pad, layout=layout)
+    final = _decode_jit(graphdef, state, carry, stop, limit, pad, layout=layout)
+
+    n = max_new_tokens
+    completion_mask = jnp.arange(n) < final.lengths[:, None]
+    return Rollout(
+        prompt_tokens=jnp.repeat(jnp.asarray(tokens), num_samples, axis=0),
+        prompt_mask=jnp.repeat(jnp.asarray(mask), num_samples, axis=0),
+        completion_tokens=final.tokens[:, :n],
+        completion_mask=completion_mask,
+        logprobs=final.logprobs[:, :n],
+        policy_logprobs=final.policy_logprobs[:, :n],
+        finish_reason=final.finish_reason,
+        prompt_index=jnp.repeat(jnp.arange(batch, dtype=jnp.int32), num_samples),
+    )
