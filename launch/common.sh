@@ -31,9 +31,9 @@ usage_error() {
   exit 2
 }
 
-# Checks that an option has a value: `need_value --zone "$#" "${2-}"`.
+# Checks that an option has a value (not the next option): `need_value --zone "$#" "${2-}"`.
 need_value() {
-  if (( $2 < 2 )) || [[ -z $3 ]]; then
+  if (( $2 < 2 )) || [[ -z $3 || $3 == --* ]]; then
     usage_error "$1 needs a value"
   fi
 }
