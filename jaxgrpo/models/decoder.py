@@ -1,0 +1,377 @@
+"""A decoder-only transformer in `flax.nnx` covering Llama, Qwen2, Qwen3 and Gemma 3.
+
+The layers' parameters are stacked along a leading `layers` axis and run with one `lax.scan`,
+so compile time does not grow with depth. Every parameter carries `logical_axes` metadata
+(e.g. `("layers", "embed", "heads", "head_dim")`) that `partitioning.shard_model` maps onto a mesh.
+
+Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, `V` vocabulary):
+
+* Training / scoring: `logits = model(tokens[B, T])`, optionally with `positions[B, T]` and either
+  `attention_mask[B, T]` (True for real tokens; left padding) or `segment_ids[B, T]` (packed
+  sequences; tokens attend within their own segment, id 0 is padding). Without `positions`, they
+  count real tokens (left padding) or restart at each segment.
+* Sampling with the KV cache:
+
+      cache = model.init_cache(batch_size, capacity)          # KVCache of [L, B, C, kv_heads, head_dim]
+      logits, cache = model(tokens, positions, cache=cache, cache_index=i, kv_mask=kv_mask)
+
+  writes the T new tokens' keys and values at cache slots [i, i + T) with `lax.dynamic_update_slice`
+  (in place when the cache is donated), and the query at slot i + t attends to the slots
+  s <= i + t for which `kv_mask[b, s]` is True (for Gemma's sliding layers, also s > i + t - window).
+  `kv_mask` is bool[B, C] and must already mark the T slots being written. Prefill is the same
+  call with the prompt and `cache_index=0`; RoPE uses `positions`, so left-padded prompts decode
+  exactly like unpadded ones. `cache_index` may be traced.
+
+Logits are float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxgrpo.models.config import DecoderConfig, RopeConfig
+
+# Added to masked attention scores; finite so fully masked rows (padding queries) stay NaN-free.
+_MASKED_SCORE = -1e30
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer: `k`, `v` of shape [layers, batch, capacity, kv_heads, head_dim]."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """Inverse frequencies [head_dim // 2] of RoPE ("RoFormer", Su et al. 2021) with the config's scaling."""
+    inv_freq = 1.0 / rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if rope.rope_type == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.rope_type == "llama3":
+        wavelength = 2 * np.pi / inv_freq
+        low_freq_wavelength = rope.original_max_position_embeddings / rope.low_freq_factor
+        high_freq_wavelength = rope.original_max_position_embeddings / rope.high_freq_factor
+        scaled = np.where(wavelength > low_freq_wavelength, inv_freq / rope.factor, inv_freq)
+        smooth = (rope.original_max_position_embeddings / wavelength - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
+        inv_freq = np.where(is_medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [B, T, head_dim] for integer `positions` [B, T] (halves duplicated, HF layout)."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate x [B, T, heads, head_dim] by the angles in cos/sin [B, T, head_dim] (rotate-half form)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def build_attention_mask(
+    query_slots: jax.Array,
+    key_valid: jax.Array,
+    window: int | None = None,
+    query_segments: jax.Array | None = None,
+    key_segments: jax.Array | None = None,
+) -> jax.Array:
+    """bool[B, T, S]: query at slot `query_slots[t]` may attend to key slot s.
+
+    Causal in slot order, restricted to `key_valid` [B, S], to `query_slots[t] - s < window` when a
+    window is given, and to equal segments when segment ids [B, T] / [B, S] are given.
+    """
+    key_slots = jnp.arange(key_valid.shape[1])
+    distance = query_slots[:, None] - key_slots[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        allowed &= distance < window
+    mask = allowed[None] & key_valid[:, None, :]
+    if query_segments is not None:
+        mask &= query_segments[:, :, None] == key_segments[:, None, :]
+    return mask
+
+
+def positions_from_mask(attention_mask: jax.Array | None, segment_ids: jax.Array | None, length: int) -> jax.Array:
+    """Default positions [B, T]: count of earlier real tokens (left padding) or offset within the segment."""
+    index = jnp.arange(length)
+    if segment_ids is not None:
+        starts = jnp.concatenate(
+            [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+        )
+        segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+        return (index - segment_start).astype(jnp.int32)
+    if attention_mask is not None:
+        return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+    return jnp.broadcast_to(index, (1, length)).astype(jnp.int32)
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal") -> nnx.Param:
+    """A parameter with `logical_axes` metadata; `init` is normal(0.02), zeros or ones."""
+    if init == "normal":
+        value = 0.02 * jax.random.normal(rngs.params(), shape, param_dtype)
+    else:
+        value = (jnp.zeros if init == "zeros" else jnp.ones)(shape, param_dtype)
+    return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm ("Root Mean Square Layer Normalization", Zhang & Sennrich 2019), statistics in float32.
+
+    Gemma scales by `(1 + w)` in float32 before casting back; Llama casts first, then scales by `w`.
+    """
+
+    def __init__(self, stack: tuple[int, ...], dim: int, axis_name: str, config: DecoderConfig, param_dtype):
+        self.eps = config.rms_norm_eps
+        self.gemma = config.is_gemma
+        init = "zeros" if self.gemma else "ones"
+        self.weight = _param(None, (*stack, dim), ("layers",) * len(stack) + (axis_name,), param_dtype, init)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.gemma:
+            return (normed * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with RoPE; optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3, Gemma 3)."""
+
+    def __init__(self, config: DecoderConfig, stack, *, dtype, param_dtype, rngs: nnx.Rngs):
+        c = config
+        lead = ("layers",) * len(stack)
+        self.config = c
+        self.dtype = dtype
+        self.q = _param(rngs, (*stack, c.hidden_size, c.num_heads, c.head_dim), lead + ("embed", "heads", "head_dim"), param_dtype)
+        self.k = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.v = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.o = _param(rngs, (*stack, c.num_heads, c.head_dim, c.hidden_size), lead + ("heads", "head_dim", "embed"), param_dtype)
+        if c.qkv_bias:
+            self.q_bias = _param(rngs, (*stack, c.num_heads, c.head_dim), lead + ("heads", "head_dim"), param_dtype)
+            self.k_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
+            self.v_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
+            self.k_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
+
+    def _project(self, x, name):
+        y = jnp.einsum("btd,dhk->bthk", x, getattr(self, name)[...].astype(self.dtype))
+        if self.config.qkv_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
+        return y
+
+    def __call__(self, x, cos, sin, mask, layer_cache=None, cache_index=None):
+        """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
+
+        With `layer_cache` (this layer's k, v [B, C, kv_heads, head_dim]) the queries attend over the
+        cache with the new keys written at `cache_index`; `mask` is then [B, T, C].
+        """
+        c = self.config
+        q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = (k, v)
+        if layer_cache is not None:
+            # Attend over this layer's cache with the new slots filled in.
+            start = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(layer_cache[0].dtype), start).astype(self.dtype)
+            v = jax.lax.dynamic_update_slice(layer_cache[1], v.astype(layer_cache[1].dtype), start).astype(self.dtype)
+        batch, length = q.shape[:2]
+        groups = c.num_heads // c.num_kv_heads
+        q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
+        scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(batch, length, c.num_heads, c.head_dim)
+        return jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype)), new_kv
+
+
+class MLP(nnx.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)), SiLU (Llama, Qwen) or tanh-GELU (Gemma)."""
+
+    def __init__(self, config: DecoderConfig, stack, *, dtype, param_dtype, rngs: nnx.Rngs):
+        lead = ("layers",) * len(stack)
+        e, f = config.hidden_size, config.intermediate_size
+        self.dtype = dtype
+        self.gemma = config.is_gemma
+        self.gate = _param(rngs, (*stack, e, f), lead + ("embed", "mlp"), param_dtype)
+        self.up = _param(rngs, (*stack, e, f), lead + ("embed", "mlp"), param_dtype)
+        self.down = _param(rngs, (*stack, f, e), lead + ("mlp", "embed"), param_dtype)
+
+    def __call__(self, x):
+        gate = x @ self.gate[...].astype(self.dtype)
+        gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
+        return (gate * (x @ self.up[...].astype(self.dtype))) @ self.down[...].astype(self.dtype)
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block; Gemma also normalizes the attention and MLP outputs."""
+
+    def __init__(self, config: DecoderConfig, stack, *, dtype, param_dtype, rngs: nnx.Rngs):
+        e = config.hidden_size
+        self.attn_norm = RMSNorm(stack, e, "norm", config, param_dtype)
+        self.attn = Attention(config, stack, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp_norm = RMSNorm(stack, e, "norm", config, param_dtype)
+        self.mlp = MLP(config, stack, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gemma = config.is_gemma
+        if self.gemma:
+            self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
+            self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
+
+    def __call__(self, x, cos, sin, mask, layer_cache=None, cache_index=None):
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, layer_cache, cache_index)
+        x = x + (self.attn_out_norm(y) if self.gemma else y)
+        y = self.mlp(self.mlp_norm(x))
+        return x + (self.mlp_out_norm(y) if self.gemma else y), new_kv
+
+
+class Decoder(nnx.Module):
+    """The policy: token ids -> logits. See the module docstring for the call and cache contract.
+
+    Args:
+      config: the architecture.
+      dtype: compute dtype (float32 or bfloat16); attention softmax, norms and logits run in float32.
+      param_dtype: parameter dtype.
+      remat: recompute each layer's activations in the backward pass instead of storing them.
+      rngs: initializer randomness (loaders overwrite the values).
+    """
+
+    def __init__(self, config: DecoderConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        self.dtype = dtype
+        self.remat = remat
+        self.embed = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), param_dtype)
+        self.layers = Block(c, (c.num_layers,), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.final_norm = RMSNorm((), c.hidden_size, "norm", c, param_dtype)
+        if not c.tie_word_embeddings:
+            self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), param_dtype)
+
+    def init_cache(self, batch_size: int, capacity: int, dtype=None) -> KVCache:
+        """An all-zero `KVCache` of [layers, batch_size, capacity, kv_heads, head_dim] (compute dtype by default)."""
+        c = self.config
+        shape = (c.num_layers, batch_size, capacity, c.num_kv_heads, c.head_dim)
+        dtype = dtype or self.dtype
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    def unembedding(self) -> jax.Array:
+        """The output projection [hidden, vocab] in the compute dtype (the embedding, transposed, when tied)."""
+        weight = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+        return weight.astype(self.dtype)
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
+        logits = jnp.matmul(hidden, self.unembedding(), preferred_element_type=jnp.float32)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+    def _check_tokens(self, tokens: jax.Array) -> None:
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, length], got shape {tokens.shape}")
+        if isinstance(tokens, jax.core.Tracer):
+            return
+        low, high = int(jnp.min(tokens)), int(jnp.max(tokens))
+        if low < 0 or high >= self.config.vocab_size:
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}) for this vocabulary, got min {low} and max {high}"
+            )
+
+    def hidden_states(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array | None = None,
+        *,
+        attention_mask: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_index: jax.Array | int | None = None,
+        kv_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Final-normalized hidden states [B, T, E] and the updated cache (None without one)."""
+        c = self.config
+        self._check_tokens(tokens)
+        batch, length = tokens.shape
+        if cache is None:
+            if segment_ids is not None and attention_mask is not None:
+                raise ValueError("pass either attention_mask or segment_ids, not both (segment id 0 marks padding)")
+            if positions is None:
+                positions = positions_from_mask(attention_mask, segment_ids, length)
+            if segment_ids is not None:
+                key_valid = segment_ids != 0
+            elif attention_mask is not None:
+                key_valid = attention_mask.astype(bool)
+            else:
+                key_valid = jnp.ones((batch, length), bool)
+            query_slots = jnp.arange(length)
+        else:
+            if cache_index is None or kv_mask is None:
+                raise ValueError("a cached call needs cache_index (first slot to write) and kv_mask [batch, capacity]")
+            if segment_ids is not None or attention_mask is not None:
+                raise ValueError("with a cache, mark padding through kv_mask, not attention_mask/segment_ids")
+            if kv_mask.shape != cache.k.shape[1:3]:
+                raise ValueError(f"kv_mask must be [batch, capacity] = {cache.k.shape[1:3]}, got {kv_mask.shape}")
+            if positions is None:
+                positions = cache_index + jnp.arange(length)[None]
+            key_valid = kv_mask.astype(bool)
+            query_slots = cache_index + jnp.arange(length)
+        positions = jnp.broadcast_to(positions, (batch, length))
+
+        segments = (segment_ids, segment_ids) if segment_ids is not None else (None, None)
+        full_mask = build_attention_mask(query_slots, key_valid, None, *segments)
+        sliding_mask = build_attention_mask(query_slots, key_valid, c.sliding_window, *segments) if c.sliding_window else full_mask
+        cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
+        cos_sliding, sin_sliding = rope_tables(positions, rope_inverse_frequencies(c.rope_sliding or c.rope, c.head_dim))
+
+        x = self.embed[...][tokens].astype(self.dtype)
+        if c.is_gemma:
+            x = x * jnp.asarray(c.embedding_scale, self.dtype)
+
+        graphdef, layer_params = nnx.split(self.layers)
+
+        def layer(carry, inputs):
+            x, cache = carry
+            params, index, sliding = inputs
+            block = nnx.merge(graphdef, params)
+            cos = jnp.where(sliding, cos_sliding, cos_full)
+            sin = jnp.where(sliding, sin_sliding, sin_full)
+            mask = jnp.where(sliding, sliding_mask, full_mask)
+            layer_cache = None if cache is None else (cache.k[index], cache.v[index])
+            x, (new_k, new_v) = block(x, cos, sin, mask, layer_cache, cache_index)
+            if cache is not None:
+                # Write only the T new slots; the rest of the (donatable) cache buffer is untouched.
+                start = (index, 0, cache_index, 0, 0)
+                cache = KVCache(
+                    jax.lax.dynamic_update_slice(cache.k, new_k[None].astype(cache.k.dtype), start),
+                    jax.lax.dynamic_update_slice(cache.v, new_v[None].astype(cache.v.dtype), start),
+                )
+            return (x, cache), None
+
+        if self.remat:
+            layer = jax.checkpoint(layer, prevent_cse=False)
+        (x, cache), _ = jax.lax.scan(
+            layer, (x, cache), (layer_params, jnp.arange(c.num_layers), jnp.asarray(c.sliding_layer_mask))
+        )
+        return self.final_norm(x), cache
+
+    def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None, kv_mask=None):
+        """Logits [B, T, V] float32; with `cache=`, `(logits, updated_cache)`."""
+        hidden, new_cache = self.hidden_states(
+            tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids,
+            cache=cache, cache_index=cache_index, kv_mask=kv_mask,
+        )
+        logits = self.logits_from_hidden(hidden)
+        return logits if cache is None else (logits, new_cache)
