@@ -94,20 +94,25 @@ def _run_reward(
     """Runs one reward on the batch; returns (f32[N] with NaN where it failed, bool[N] failed).
 
     The batch call is tried first; if it raises, each sample is retried alone so
-    that only the samples that fail are lost.
+    that only the samples that fail are lost. A wrong output shape is a bug of
+    the reward function, not of a sample, and raises.
     """
     batch_size = len(completions)
     try:
-        values = _as_rewards(reward_fn(list(completions), examples, **context), batch_size, name)
+        outputs = reward_fn(list(completions), examples, **context)
     except Exception as batch_error:  # noqa: BLE001 -- a reward bug must not stop the run.
         logging.warning("reward %s raised on the batch (%r); retrying sample by sample", name, batch_error)
-        values = np.full(batch_size, np.nan, dtype=np.float32)
-        for i in range(batch_size):
-            try:
-                sample_context = _slice_context(context, i, batch_size)
-                values[i] = _as_rewards(reward_fn([completions[i]], [examples[i]], **sample_context), 1, name)[0]
-            except Exception as sample_error:  # noqa: BLE001
-                logging.warning("reward %s raised on sample %d: %r", name, i, sample_error)
+    else:
+        values = _as_rewards(outputs, batch_size, name)
+        return values, ~np.isfinite(values)
+    values = np.full(batch_size, np.nan, dtype=np.float32)
+    for i in range(batch_size):
+        try:
+            outputs = reward_fn([completions[i]], [examples[i]], **_slice_context(context, i, batch_size))
+        except Exception as sample_error:  # noqa: BLE001
+            logging.warning("reward %s raised on sample %d: %r", name, i, sample_error)
+        else:
+            values[i] = _as_rewards(outputs, 1, name)[0]
     return values, ~np.isfinite(values)
 
 

@@ -43,14 +43,22 @@ MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u201
 NUMBER_PATTERN = r"(?:-\s?)?\$?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:\s?/\s?\d+(?:\.\d+)?)?"
 _NUMBER_RE = re.compile(NUMBER_PATTERN)
 
-# "The final answer is X", "answer: X", "#### X"; X runs to the end of the line.
+# "The final answer is X", "answer: X", "#### X"; X runs to the end of the line
+# or to the next such statement.
+_STATEMENT_MARKER = r"(?:answer\s*(?:is|=|:)|####)"
 _STATEMENT_RE = re.compile(
-    r"(?:answer\s*(?:is|=|:)|####)\s*:?\s*(?P<value>[^\n]*)",
+    _STATEMENT_MARKER + r"\s*:?\s*(?P<value>(?:(?!" + _STATEMENT_MARKER + r")[^\n])*)",
     flags=re.IGNORECASE,
 )
 
 _LATEX_FRACTION_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
-_LATEX_NOISE_RE = re.compile(r"\\(?:left|right|,|!|;|:|\s)|\\(?:text|mathrm|mbox)\{[^{}]*\}|\^\{?\\circ\}?")
+_LATEX_NOISE_RE = re.compile(r"\\(?:left|right|,|!|;|:|\s)|\^\{?\\circ\}?")
+_LATEX_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+
+
+def _strip_latex(text: str) -> str:
+    """Unwraps ``\\text{...}``-like macros and drops LaTeX spacing and degree marks."""
+    return _LATEX_NOISE_RE.sub("", _LATEX_TEXT_RE.sub(r"\1", text))
 _MAX_EXPRESSION_CHARS = 64
 
 
@@ -104,8 +112,7 @@ def extract_final_answer(text: str) -> str | None:
 
 def _strip_decorations(answer: str) -> str:
     """Removes what does not change a number's value: $, commas, units, LaTeX spacing."""
-    answer = answer.translate(MINUS_SIGNS).strip()
-    answer = _LATEX_NOISE_RE.sub("", answer)
+    answer = _strip_latex(answer.translate(MINUS_SIGNS)).strip()
     answer = _LATEX_FRACTION_RE.sub(r"(\1)/(\2)", answer)
     answer = answer.replace("\\$", "").replace("$", "").replace("%", "")
     answer = re.sub(r"(?<=\d),(?=\d{3}\b)", "", answer)
@@ -161,7 +168,7 @@ def parse_number(answer: str | None) -> Fraction | None:
 
 def _normalized_text(answer: str) -> str:
     """A non-numeric answer reduced for string comparison: case, spaces, LaTeX spacing."""
-    answer = _LATEX_NOISE_RE.sub("", answer.translate(MINUS_SIGNS))
+    answer = _strip_latex(answer.translate(MINUS_SIGNS))
     return re.sub(r"\s+", "", answer).rstrip(".").lower()
 
 
