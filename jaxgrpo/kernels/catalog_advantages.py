@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import betaln, xlogy
 
 from jaxgrpo.kernels import segments
@@ -52,7 +53,8 @@ def _check_ids_in_range(name: str, ids: Array, size: int, size_name: str) -> Non
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"{size_name} must be a positive Python int (it fixes a shape), got {size!r}")
     if is_concrete(ids) and ids.size:
-        lo, hi = int(jnp.min(ids)), int(jnp.max(ids))
+        values = np.asarray(ids)
+        lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= size:
             raise ValueError(f"{name} must lie in [0, {size_name}={size}), got values in [{lo}, {hi}]")
 
@@ -237,9 +239,11 @@ def bnpo(
     c = mu * (1.0 - mu) / jnp.where(fit, var, 1.0) - 1.0
     alpha = jnp.where(fit, jnp.maximum(1.0 + c * mu / 3.0, 1.0), 1.0)
     beta = jnp.where(fit, jnp.maximum(1.0 + c * (1.0 - mu) / 3.0, 1.0), 1.0)
-    p = jnp.clip(segments.gather(p_group, group_ids), 0.0, 1.0)
-    # xlogy keeps (alpha - 1) log p = 0 at alpha = 1, p = 0 (torch would give NaN there).
-    log_pdf = xlogy(alpha - 1.0, p) + xlogy(beta - 1.0, 1.0 - p) - betaln(alpha, beta)
+    p = segments.gather(p_group, group_ids)
+    # The authors assert 0 <= p <= 1; here rewards outside [min_value, max_value] are allowed and the
+    # density is read at p clipped to [0, 1]. xlogy keeps (alpha - 1) log p = 0 at alpha = 1, p = 0.
+    p_in = jnp.clip(p, 0.0, 1.0)
+    log_pdf = xlogy(alpha - 1.0, p_in) + xlogy(beta - 1.0, 1.0 - p_in) - betaln(alpha, beta)
     inverse_density = jnp.clip(jnp.exp(-log_pdf), 0.0, max_inverse_density)
     adv = inverse_density * (scaled - p)
     return _zero_invalid_and_singletons(adv, group_ids, num_groups, valid)
