@@ -4,7 +4,7 @@ With samples y ~ pi and x = log pi_ref(y) - log pi(y):
 
     k1 = -x                 unbiased, high variance, can be negative
     k2 = x^2 / 2            biased, low variance; its gradient is that of KL(pi || pi_ref)
-    k3 = exp(x) - x - 1     unbiased, low variance, always >= 0
+    k3 = exp(x) - x - 1     unbiased, low variance, always >= 0 (x clamped to +-20)
 
 Straight-through variants `k1+`, `k3+` take the value of k1/k3 and the gradient
 of k2. `k3_unbiased` weights k3 by the importance ratio pi / pi_old, which keeps
@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxgrpo.kernels.losses import MAX_LOG_RATIO
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.validation import check_token_inputs
 
@@ -36,6 +37,9 @@ def _k2(log_r):
 
 
 def _k3(log_r):
+    # exp overflows float32 past 88 (e.g. garbage log-probs at masked positions),
+    # and inf * 0 in the backward pass is NaN; clamp first, as verl's low_var_kl.
+    log_r = jnp.clip(log_r, -MAX_LOG_RATIO, MAX_LOG_RATIO)
     return jnp.exp(log_r) - log_r - 1.0
 
 
@@ -76,7 +80,7 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, 
     else:
         if old_logp is None:
             raise ValueError("kind='k3_unbiased' needs old_logp (log-probs of the sampling policy)")
-        kl = jnp.exp(jnp.clip(logp - old_logp, -20.0, 20.0)) * _k3(log_r)
+        kl = jnp.exp(jnp.clip(logp - old_logp, -MAX_LOG_RATIO, MAX_LOG_RATIO)) * _k3(log_r)
     if clamp is not None:
         kl = jnp.clip(kl, -clamp, clamp)
     return kl
