@@ -47,18 +47,21 @@ def test_greedy_decoding_with_cache_equals_full_forward(config):
     kv_mask[:, :prompt_length] = real
     positions = np.maximum(real.cumsum(1) - 1, 0)
     logits, cache = step(model, jnp.asarray(tokens, jnp.int32), jnp.asarray(positions), cache, 0, jnp.asarray(kv_mask))
-    sequence, mask = tokens, real
+    sequence, step_logits = tokens, []
     for t in range(new_tokens):
-        full = np.asarray(model(jnp.asarray(sequence, jnp.int32), attention_mask=jnp.asarray(mask)))
-        np.testing.assert_allclose(np.asarray(logits[:, -1]), full[:, -1], atol=1e-5)
-        next_token = np.asarray(logits[:, -1]).argmax(-1)
-        assert (next_token == full[:, -1].argmax(-1)).all()
+        step_logits.append(np.asarray(logits[:, -1]))
+        next_token = step_logits[-1].argmax(-1)
         sequence = np.concatenate([sequence, next_token[:, None]], axis=1)
-        mask = np.concatenate([mask, np.ones((2, 1), bool)], axis=1)
         index = prompt_length + t
         kv_mask[:, index] = True
         logits, cache = step(model, jnp.asarray(next_token[:, None], jnp.int32), jnp.asarray(positions[:, -1:] + t + 1),
                              cache, jnp.int32(index), jnp.asarray(kv_mask))
+    # Causality: one full forward over the final sequence holds every step's reference logits.
+    mask = np.concatenate([real, np.ones((2, new_tokens), bool)], axis=1)
+    full = np.asarray(model(jnp.asarray(sequence, jnp.int32), attention_mask=jnp.asarray(mask)))
+    reference = full[:, prompt_length - 1 : -1].transpose(1, 0, 2)
+    np.testing.assert_allclose(np.stack(step_logits), reference, atol=1e-5)
+    assert (np.stack(step_logits).argmax(-1) == reference.argmax(-1)).all()
     # Slots never written stay zero: writes touch only [cache_index, cache_index + S).
     assert not np.asarray(cache.k[:, :, prompt_length + new_tokens:]).any()
     assert np.asarray(cache.k[:, :, : prompt_length + new_tokens]).any()

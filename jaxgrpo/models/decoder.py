@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
+from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
 # Added to masked attention scores; finite so fully masked rows (padding queries) stay NaN-free.
 _MASKED_SCORE = -1e30
@@ -284,7 +285,9 @@ class Decoder(nnx.Module):
             raise ValueError(f"tokens must be [batch, length], got shape {tokens.shape}")
         if isinstance(tokens, jax.core.Tracer):
             return
-        low, high = int(jnp.min(tokens)), int(jnp.max(tokens))
+        # numpy, not jnp: this also runs on concrete arrays captured while tracing.
+        values = np.asarray(tokens)
+        low, high = int(values.min()), int(values.max())
         if low < 0 or high >= self.config.vocab_size:
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}) for this vocabulary, got min {low} and max {high}"
@@ -375,3 +378,25 @@ class Decoder(nnx.Module):
         )
         logits = self.logits_from_hidden(hidden)
         return logits if cache is None else (logits, new_cache)
+
+    def token_logprobs(
+        self,
+        tokens: jax.Array,
+        targets: jax.Array,
+        positions: jax.Array | None = None,
+        *,
+        attention_mask: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        temperature: float = 1.0,
+        sequence_chunk: int = 128,
+        vocab_chunk: int = 8192,
+    ) -> tuple[jax.Array, jax.Array]:
+        """(log p(targets[b, t] | tokens[b, :t+1]), entropy) [B, T] each, chunked (see `logprobs`).
+
+        `targets` is usually `tokens` shifted left by one; temperature divides the logits as in sampling.
+        """
+        hidden, _ = self.hidden_states(tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids)
+        return token_logprobs_and_entropy(
+            hidden, self.unembedding(), targets, temperature=temperature,
+            logit_softcap=self.config.final_logit_softcapping, sequence_chunk=sequence_chunk, vocab_chunk=vocab_chunk,
+        )
