@@ -145,7 +145,9 @@ def quantile_within_groups(x: Array, group_ids: Array, num_groups: int, valid: A
 # 8. MC-GRPO
 # --------------------------------------------------------------------------- #
 
-_MC_GRPO_PAPER = "MC-GRPO: Median-Centered Group Relative Policy Optimization for Small-Rollout Reinforcement Learning (2026)"
+_MC_GRPO_PAPER = (
+    "MC-GRPO: Median-Centered Group Relative Policy Optimization for Small-Rollout Reinforcement Learning (2026)"
+)
 
 
 def _median_and_mad(rewards, group_ids, num_groups, valid):
@@ -224,7 +226,7 @@ def bnpo(
     Differs from the authors' code only on single-rollout prompts, whose p_q is
     their own reward here (advantage 0) instead of 0.
 
-    Paper: Xiao et al., "BNPO: Beta Normalization Policy Optimization" (2025);
+    Paper: "BNPO: Beta Normalization Policy Optimization" (2025);
     formula and defaults from code BNPO a9c51b9.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
@@ -281,8 +283,8 @@ def gdpo(
       std_ddof: 1 (unbiased, `torch.std`) for group and batch std.
       eps: 1e-4 as TRL's normalization.
 
-    Paper: Liu et al. (NVIDIA), "GDPO: Group reward-Decoupled Normalization
-    Policy Optimization for Multi-reward RL Optimization" (2026); checked against TRL.
+    Paper: "GDPO: Group reward-Decoupled Normalization Policy Optimization for
+    Multi-reward RL Optimization" (2026); checked against TRL.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(
         rewards, group_ids, num_groups, valid, reward_shape="[N, K]"
@@ -317,8 +319,7 @@ def ngrpo(rewards, group_ids, *, num_groups: int, valid=None, r_max: float = 1.0
     group now gets negative advantages; a single rollout is compared with r_max.
     Use it with the asymmetric clip eps_low=0.16, eps_high=0.24 (`ppo_clip`).
 
-    Paper: Nan et al., "NGRPO: Negative-enhanced Group Relative Policy
-    Optimization" (2025); r_max=1 and eps from code NGRPO e7a3804.
+    Paper: "NGRPO: Negative-enhanced Group Relative Policy Optimization" (2025); r_max=1 and eps from code NGRPO e7a3804.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     n = segments.count(group_ids, num_groups, valid)
@@ -337,7 +338,9 @@ def ngrpo(rewards, group_ids, *, num_groups: int, valid=None, r_max: float = 1.0
 # --------------------------------------------------------------------------- #
 
 
-@register_advantage("krpo", paper="Kalman Filter Enhanced Group Relative Policy Optimization for Language Model Reasoning (2025)")
+@register_advantage(
+    "krpo", paper="Kalman Filter Enhanced Group Relative Policy Optimization for Language Model Reasoning (2025)"
+)
 def krpo(
     rewards,
     group_ids,
@@ -359,8 +362,8 @@ def krpo(
     over rows carrying the per-group state, so it jits with segment ids.
 
     Defaults Q=1e-5, R=1e-2 from the official KRPO code (df1ae2b).
-    Paper: Wang et al., "Kalman Filter Enhanced Group Relative Policy
-    Optimization for Language Model Reasoning" (2025).
+    Paper: "Kalman Filter Enhanced Group Relative Policy Optimization for
+    Language Model Reasoning" (2025).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     dtype = rewards.dtype
@@ -551,8 +554,8 @@ def stratified_grpo(
       num_strata: number of strata (static).
       blend: alpha.
 
-    Paper: Zhu et al., "Stratified GRPO: Handling Structural Heterogeneity in
-    Reinforcement Learning of LLM Search Agents" (2025).
+    Paper: "Stratified GRPO: Handling Structural Heterogeneity in Reinforcement
+    Learning of LLM Search Agents" (2025).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     strata_ids = _check_row_array("strata_ids", strata_ids, rewards.shape[0], integer=True)
@@ -592,7 +595,9 @@ def semantic_entropy_from_clusters(group_ids, cluster_ids, num_groups: int, vali
 
 
 @register_advantage(
-    "seed_grpo", paper="SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy Optimization (2025)"
+    "seed_grpo",
+    paper="SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy Optimization (2025)",
+    experimental=True,  # the scaling functions f and alpha are reconstructed
 )
 def seed_grpo(
     rewards,
@@ -625,8 +630,8 @@ def seed_grpo(
       semantic_entropy: f32[num_groups] or None.
       cluster_ids: i32[N] semantic cluster of each answer within its group, or None.
 
-    Paper: Chen et al., "SEED-GRPO: Semantic Entropy Enhanced GRPO for
-    Uncertainty-Aware Policy Optimization" (2025).
+    Paper: "SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware
+    Policy Optimization" (2025).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     if scaling not in SEED_SCALINGS:
@@ -654,7 +659,8 @@ def seed_grpo(
         factor = jnp.power(1.0 - x, focal_gamma)
     centered = rewards - segments.gather(segments.mean(rewards, group_ids, num_groups, valid), group_ids)
     if std_normalize:
-        centered = centered / (segments.gather(segments.std(rewards, group_ids, num_groups, valid, ddof=1), group_ids) + eps)
+        std = segments.std(rewards, group_ids, num_groups, valid, ddof=1)
+        centered = centered / (segments.gather(std, group_ids) + eps)
     return _zero_invalid_and_singletons(centered * segments.gather(factor, group_ids), group_ids, num_groups, valid)
 
 
@@ -663,7 +669,9 @@ def seed_grpo(
 # --------------------------------------------------------------------------- #
 
 
-@register_advantage("riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training (2025)")
+@register_advantage(
+    "riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training (2025)"
+)
 def riskpo(
     rewards,
     group_ids,
@@ -698,8 +706,8 @@ def riskpo(
       tracked_quantiles: optional (q_a, q_b) tracked across steps by the
         trainer; averaged with the batch quantiles (the code's "mix" mode).
 
-    Paper: Ren et al., "RiskPO: Risk-based Policy Optimization via Verifiable
-    Reward for LLM Post-Training" (2025); code RiskPO 65ec40c (uniform credit).
+    Paper: "RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM
+    Post-Training" (2025); code RiskPO 65ec40c (uniform credit).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     n = rewards.shape[0]
@@ -743,7 +751,9 @@ def riskpo(
 
 
 @register_advantage(
-    "xrpo", paper="XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation (2025)"
+    "xrpo",
+    paper="XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation (2025)",
+    experimental=True,  # formula from a third-party re-implementation
 )
 def xrpo(
     rewards,
@@ -803,7 +813,7 @@ def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: f
     A negative shift lowers the baseline, so updates lean positive. Single-row
     groups get 0 (Trinity-RFT uses baseline 0 there, i.e. A = r).
 
-    Paper: Yao et al., "Group-Relative REINFORCE Is Secretly an Off-Policy
+    Paper: "Group-Relative REINFORCE Is Secretly an Off-Policy
     Algorithm" (2025); delta=-0.1 from Trinity-RFT `asymre`.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
@@ -822,7 +832,7 @@ def opmd(rewards, group_ids, *, num_groups: int, valid=None, baseline: str = "me
     the soft-max baseline of the KL-regularized optimum). Pair with the `opmd`
     loss, which divides by 1 + tau. Single-row groups get 0 (Trinity-RFT: A = r).
 
-    Paper: Yao et al., "Group-Relative REINFORCE Is Secretly an Off-Policy
+    Paper: "Group-Relative REINFORCE Is Secretly an Off-Policy
     Algorithm" (2025); defaults (mean, tau=1) from Trinity-RFT `opmd`.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
@@ -868,7 +878,7 @@ def rec(
     Defaults: eps_low = eps_high = 0.2 (Trinity-RFT); "one_sided" is the paper's
     REC-OneSide-NoIS variant (Trinity-RFT's class default is "none").
 
-    Paper: Yao et al., "Group-Relative REINFORCE Is Secretly an Off-Policy
+    Paper: "Group-Relative REINFORCE Is Secretly an Off-Policy
     Algorithm" (2025); checked against Trinity-RFT `rec_policy_loss.py`.
     """
     if clip_mode not in REC_CLIP_MODES:
@@ -896,7 +906,7 @@ def opmd_loss(logp, old_logp, advantages, mask, *, tau: float = 1.0):
     policy (regularization strength tau=1, Trinity-RFT default). `old_logp`
     only feeds the ratio metrics. Aggregate with `token_mean` as Trinity-RFT.
 
-    Paper: Yao et al., "Group-Relative REINFORCE Is Secretly an Off-Policy
+    Paper: "Group-Relative REINFORCE Is Secretly an Off-Policy
     Algorithm" (2025); Trinity-RFT `opmd_policy_loss.py`.
     """
     if tau <= -1.0:
