@@ -27,13 +27,11 @@ at least ``"answer"``, the exact final answer as a string).
 from __future__ import annotations
 
 import ast
-import fractions
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
-
-Fraction = fractions.Fraction
 
 # Hyphen-like characters models emit in place of an ASCII minus.
 MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2012": "-"})
@@ -51,6 +49,10 @@ _STATEMENT_RE = re.compile(
     flags=re.IGNORECASE,
 )
 
+# Longer text is prose, not a number; the bounds also keep the regexes and ast cheap.
+_MAX_ANSWER_CHARS = 256
+_MAX_EXPRESSION_CHARS = 64
+
 _LATEX_FRACTION_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _LATEX_NOISE_RE = re.compile(r"\\(?:left|right|,|!|;|:|\s)|\^\{?\\circ\}?")
 _LATEX_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
@@ -59,7 +61,6 @@ _LATEX_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 def _strip_latex(text: str) -> str:
     """Unwraps ``\\text{...}``-like macros and drops LaTeX spacing and degree marks."""
     return _LATEX_NOISE_RE.sub("", _LATEX_TEXT_RE.sub(r"\1", text))
-_MAX_EXPRESSION_CHARS = 64
 
 
 def last_boxed(text: str) -> str | None:
@@ -155,7 +156,7 @@ def parse_number(answer: str | None) -> Fraction | None:
     >>> parse_number("\\\\frac{3}{4}") == parse_number("0.75")
     True
     """
-    if answer is None:
+    if answer is None or len(answer) > _MAX_ANSWER_CHARS:
         return None
     expression = _strip_decorations(answer)
     if not expression or len(expression) > _MAX_EXPRESSION_CHARS:
