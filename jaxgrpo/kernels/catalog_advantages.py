@@ -8,7 +8,7 @@ Every estimator follows the outcome-estimator contract::
 with method-specific inputs (step returns, anchor ids, strata, cluster ids,
 bundle ids, sequence log-likelihoods, a reward matrix f32[N, K]) passed as
 explicit keyword arrays. Rows with `valid=False` get 0 and never enter a
-statistic; no input gives NaN. Advantages are constants for the policy
+statistic; finite inputs give finite outputs. Advantages are constants for the policy
 gradient, so every estimator returns `stop_gradient` of its result.
 
 Companions: `mc_grpo_pivot_mask` (kind "mask"), `dgpo_question_weights`
