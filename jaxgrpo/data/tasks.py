@@ -77,7 +77,8 @@ class ExampleSource(Sequence):
         return {key: value.decode("utf-8") if isinstance(value, bytes) else value for key, value in record.items()}
 
 
-def _prepared_source(builder: tfds.core.DatasetBuilder, split: str, download_config=None) -> tfds.core.DatasetBuilder:
+def _data_source(builder: tfds.core.DatasetBuilder, split: str, download_config=None) -> Sequence[dict]:
+    """``split`` of ``builder`` as a random-access data source, preparing the builder on first use."""
     if split not in builder.info.splits:
         builder.download_and_prepare(download_config=download_config)
     if split not in builder.info.splits:
@@ -120,7 +121,7 @@ class Gsm8kTask(_MathPrompting):
             raise FileNotFoundError(f"GSM8K data directory {os.path.abspath(data_dir)} does not exist. {gsm8k.HOW_TO_PROVIDE}")
         builder = gsm8k.Gsm8k(data_dir=self.tfds_data_dir, file_format="array_record")
         download_config = tfds.download.DownloadConfig(manual_dir=data_dir)
-        return ExampleSource(_prepared_source(builder, split, download_config), num_examples)
+        return ExampleSource(_data_source(builder, split, download_config), num_examples)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +166,7 @@ class ArithmeticTask(_MathPrompting):
                 "and set tfds_data_dir on the task to choose where the prepared records are written"
             )
         builder = arithmetic.Arithmetic(data_dir=self.tfds_data_dir, config=self.config, file_format="array_record")
-        return ExampleSource(_prepared_source(builder, split), num_examples)
+        return ExampleSource(_data_source(builder, split), num_examples)
 
 
 def _arithmetic_task(config: str | None = None, **kwargs: Any) -> ArithmeticTask:
