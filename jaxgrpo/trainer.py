@@ -1,0 +1,840 @@
+"""The GRPO loop: sample -> reward -> advantage -> loss -> update.
+
+The trainer composes registered kernels; it holds no method-specific math.
+One training step:
+
+1. sample `group_size` completions for each of `prompts_per_step` prompts with
+   the current policy (`jaxgrpo.sampler`), optionally resampling until enough
+   groups carry signal (DAPO dynamic sampling);
+2. score them with the task's reward functions (host side, any Python);
+3. compute advantages with the registered estimator (`cfg.advantage`), or GAE
+   with a value head (`cfg.value_head`);
+4. for `num_epochs` x `num_minibatches`, call one jitted `update` that computes
+   the registered policy loss (`cfg.loss`) plus optional KL and entropy terms,
+   accumulates exact gradients over micro-batches (the aggregation's
+   full-minibatch denominator is computed first), and applies the optax update.
+
+`update` is a pure function of `(TrainState, minibatch)` with the state donated
+and explicit shardings on the mesh; Python loops live outside jit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import os
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxgrpo import kernels
+from jaxgrpo.config import Config, OptimizerConfig, validate
+from jaxgrpo.kernels.segments import masked_mean
+from jaxgrpo.models.logprobs import token_logprobs_and_entropy
+
+Array = jax.Array
+
+#: Mesh axes the batch is split over (the model axis holds tensor-parallel shards).
+BATCH_AXES = ("data", "fsdp")
+
+
+# -- the policy -----------------------------------------------------------------------
+
+
+class ValueHead(nnx.Module):
+    """A scalar value per token from the policy's final hidden states (PPO critic)."""
+
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(jnp.zeros((hidden_size, 1), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((1,), jnp.float32))
+
+    def __call__(self, hidden: Array) -> Array:
+        return (hidden.astype(jnp.float32) @ self.kernel[...] + self.bias[...])[..., 0]
+
+
+class Policy(nnx.Module):
+    """The decoder being trained, with an optional value head."""
+
+    def __init__(self, decoder: nnx.Module, *, value_head: bool = False, rngs: nnx.Rngs | None = None):
+        self.decoder = decoder
+        self.value_head = ValueHead(decoder.config.hidden_size, rngs=rngs or nnx.Rngs(0)) if value_head else None
+
+
+class TrainState(NamedTuple):
+    """Everything that changes during training (a pytree; donated to `update`)."""
+
+    params: Any
+    opt_state: Any
+    step: Array
+
+
+class TrainBatch(NamedTuple):
+    """One minibatch as the jitted update sees it; every leaf has a leading [micro_batches, micro] shape."""
+
+    tokens: Array  # i32[..., L] prompt (left padded) + completion
+    attention_mask: Array  # bool[..., L]
+    positions: Array  # i32[..., L]
+    completion_mask: Array  # f32[..., C]
+    old_logp: Array  # f32[..., C] log-probs of the sampling policy
+    advantages: Array  # f32[..., C]
+    ref_logp: Array  # f32[..., C] (zeros without a KL term)
+    returns: Array  # f32[..., C] (zeros without a value head)
+    old_values: Array  # f32[..., C] (zeros without a value head)
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """AdamW with linear warm-up, after global-norm clipping."""
+    schedule = (
+        optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps > 0 else optax.constant_schedule(cfg.lr)
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+    )
+
+
+def completion_outputs(policy: Policy, tokens, attention_mask, positions, completion_len: int, temperature: float, *, with_values: bool):
+    """Per-token log-probs, entropies (and values) of the last `completion_len` tokens.
+
+    The hidden state at position t predicts token t + 1, so the completion's
+    tokens are scored from the hidden states just before them. Log-probs are
+    computed in vocabulary chunks (never materializing [B, C, V] float32 logits).
+    """
+    decoder = policy.decoder
+    hidden, _ = decoder.hidden_states(tokens, positions, attention_mask=attention_mask)
+    prompt_len = tokens.shape[1] - completion_len
+    hidden = hidden[:, prompt_len - 1 : -1]
+    logp, entropy = token_logprobs_and_entropy(
+        hidden, decoder.unembedding(), tokens[:, prompt_len:], temperature=temperature,
+        logit_softcap=decoder.config.final_logit_softcapping,
+    )
+    values = policy.value_head(hidden) if with_values else None
+    return logp, entropy, values
+
+
+def _weighted_metrics(metrics: dict, weight: Array) -> dict:
+    return {k: v * weight for k, v in metrics.items()}
+
+
+def make_loss_fn(cfg: Config, graphdef, rest) -> Callable:
+    """loss(params, micro_batch, denominator) -> (scalar loss, metrics); sums exactly over micro-batches."""
+    policy_loss = kernels.get_loss(cfg.loss)
+    temperature = cfg.sampling.temperature
+    max_len = cfg.aggregation_max_len or cfg.sampling.max_new_tokens
+
+    def loss_fn(params, batch: TrainBatch, denominator):
+        policy = nnx.merge(graphdef, params, rest)
+        completion_len = batch.completion_mask.shape[-1]
+        logp, entropy, values = completion_outputs(
+            policy, batch.tokens, batch.attention_mask, batch.positions, completion_len, temperature,
+            with_values=cfg.value_head,
+        )
+        mask = batch.completion_mask
+        per_token, metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, **cfg.loss_kwargs)
+        metrics = dict(metrics)
+        if cfg.kl_coef:
+            kl = kernels.kl_penalty(logp, batch.ref_logp, cfg.kl_kind)
+            per_token = per_token + cfg.kl_coef * kl * mask
+            metrics["kl"] = masked_mean(kl, mask)
+        if cfg.entropy_coef:
+            per_token = per_token - cfg.entropy_coef * entropy * mask
+        loss, parts = kernels.aggregate(per_token, mask, cfg.aggregation, max_len=max_len, denominator=denominator)
+        metrics["policy_loss"] = loss
+        if cfg.value_head:
+            value_loss, value_metrics = kernels.clipped_value_loss(values, batch.old_values, batch.returns, mask)
+            value_loss, _ = kernels.aggregate(value_loss, mask, cfg.aggregation, max_len=max_len, denominator=denominator)
+            loss = loss + cfg.value_coef * value_loss
+            metrics.update(value_metrics, value_loss=value_loss)
+        metrics["entropy"] = masked_mean(entropy, mask)
+        metrics["logp_gap"] = masked_mean(jnp.abs(logp - batch.old_logp), mask)
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransformation, mesh, state_sharding):
+    """The jitted update: (TrainState, TrainBatch [num_micro, micro, ...]) -> (TrainState, metrics).
+
+    Gradients of the micro-batches are summed in a `lax.scan`; each micro-batch
+    loss is divided by the whole minibatch's aggregation denominator, so the sum
+    is exactly the minibatch loss and gradient.
+    """
+    loss_fn = make_loss_fn(cfg, graphdef, rest)
+    max_len = cfg.aggregation_max_len or cfg.sampling.max_new_tokens
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def update(state: TrainState, batch: TrainBatch):
+        flat_mask = batch.completion_mask.reshape(-1, batch.completion_mask.shape[-1])
+        denominator = kernels.aggregation_denominator(flat_mask, cfg.aggregation, max_len=max_len)
+
+        def micro_step(carry, micro: TrainBatch):
+            grads_acc, loss_acc = carry
+            (loss, metrics), grads = grad_fn(state.params, micro, denominator)
+            tokens = micro.completion_mask.sum()
+            return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss), (_weighted_metrics(metrics, tokens), tokens)
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        (grads, loss), (metrics, tokens) = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), batch)
+        total_tokens = jnp.maximum(tokens.sum(), 1.0)
+        metrics = {k: v.sum() / total_tokens for k, v in metrics.items()}
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+        return TrainState(params, opt_state, state.step + 1), metrics
+
+    batch_sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+    return jax.jit(
+        update,
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, NamedSharding(mesh, P())),
+        donate_argnums=(0,),
+    )
+
+
+# -- host side: data, rollouts, rewards -------------------------------------------------
+
+
+class Rollout(NamedTuple):
+    """One step's sampled, scored batch of N = groups x group_size sequences (numpy, host side)."""
+
+    prompt_tokens: np.ndarray  # i32[N, P] left padded
+    prompt_mask: np.ndarray  # bool[N, P]
+    completion_tokens: np.ndarray  # i32[N, C]
+    completion_mask: np.ndarray  # f32[N, C]
+    sampler_logp: np.ndarray  # f32[N, C]
+    finished: np.ndarray  # bool[N] stopped on a stop token (not by length)
+    rewards: np.ndarray  # f32[N]
+    per_reward: dict  # name -> f32[N]
+    correct: np.ndarray  # f32[N]
+    valid: np.ndarray  # bool[N]
+    group_ids: np.ndarray  # i32[N]
+    texts: list  # N completion strings
+    examples: list  # N examples (one per row)
+
+
+def group_stats(correct: np.ndarray, group_ids: np.ndarray, valid: np.ndarray) -> dict[str, float]:
+    """Fractions of groups that are all correct / all wrong, over groups with a valid row."""
+    all_correct, all_wrong, groups = 0, 0, 0
+    for g in np.unique(group_ids):
+        rows = (group_ids == g) & valid
+        if rows.any():
+            groups += 1
+            all_correct += bool(correct[rows].min() >= 1.0)
+            all_wrong += bool(correct[rows].max() <= 0.0)
+    groups = max(groups, 1)
+    return {"frac_all_correct": all_correct / groups, "frac_all_wrong": all_wrong / groups}
+
+
+class PromptStream:
+    """Deterministic prompts by position in a shuffled, repeated grain dataset.
+
+    The position (examples consumed so far) is all the state there is, so a
+    resumed run continues exactly: grain's `MapDataset` is random access, with
+    a fresh permutation each epoch derived from the seed.
+    """
+
+    def __init__(self, examples: Sequence[dict], seed: int):
+        import grain
+
+        if not len(examples):
+            raise ValueError("the training split has no examples")
+        self.examples = examples
+        self._dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat()
+        self.position = 0
+
+    def take(self, count: int) -> list[dict]:
+        batch = [self._dataset[self.position + i] for i in range(count)]
+        self.position += count
+        return batch
+
+
+def resolve_rewards(cfg: Config, task) -> list:
+    """[(reward_fn, weight)] from `cfg.rewards` (names of `jaxgrpo.rewards` functions), or the task's defaults."""
+    from jaxgrpo import rewards as reward_lib
+
+    if not cfg.rewards:
+        return list(task.default_rewards())
+    pairs = []
+    for name, weight in cfg.rewards.items():
+        fn = getattr(reward_lib, name, None) or getattr(reward_lib, name + "_reward", None)
+        if not callable(fn):
+            valid = sorted(n for n in reward_lib.__all__ if callable(getattr(reward_lib, n)) and n.endswith(("_reward", "_penalty")))
+            raise KeyError(f"unknown reward {name!r} in config.rewards; valid names: {', '.join(valid)}")
+        pairs.append((fn, float(weight)))
+    return pairs
+
+
+def _toy_tiny(dtype, remat):
+    from jaxgrpo import toy
+
+    return toy.tiny_model(0, dtype=dtype, remat=remat)
+
+
+#: Models built by code rather than loaded from a checkpoint: name -> fn(dtype, remat) -> (model, tokenizer).
+MODEL_BUILDERS: dict[str, Callable[..., tuple]] = {"toy-tiny": _toy_tiny}
+
+
+def register_model_builder(name: str, builder: Callable[..., tuple]) -> None:
+    """Makes `Config.model = name` build its policy with `builder(dtype=..., remat=...)`."""
+    MODEL_BUILDERS[name] = builder
+
+
+def build_model(cfg: Config):
+    """(model, tokenizer) for `cfg.model`: a registered builder, else `jaxgrpo.models.load`."""
+    from jaxgrpo import models
+
+    dtypes = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+    if cfg.dtype not in dtypes:
+        raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {cfg.dtype!r}")
+    if cfg.model in MODEL_BUILDERS:
+        return MODEL_BUILDERS[cfg.model](dtype=dtypes[cfg.dtype], remat=cfg.remat)
+    return models.load(cfg.model, dtype=dtypes[cfg.dtype], remat=cfg.remat)
+
+
+def make_mesh(cfg: Config) -> jax.sharding.Mesh:
+    """A (data, fsdp, model) mesh over all devices, with Auto axes."""
+    n = jax.device_count()
+    shape = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model]
+    if shape.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {shape}")
+    fixed = math.prod(s for s in shape if s != -1)
+    if n % fixed:
+        raise ValueError(f"mesh {shape} does not divide the {n} devices")
+    shape = [n // fixed if s == -1 else s for s in shape]
+    if math.prod(shape) != n:
+        raise ValueError(f"mesh {shape} uses {math.prod(shape)} devices but {n} are present")
+    return jax.make_mesh(tuple(shape), ("data", "fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+# -- the loop ---------------------------------------------------------------------------
+
+
+class Trainer:
+    """Runs a `Config`: builds the policy, task, rewards, mesh and jitted update, then loops.
+
+    Everything can also be passed in (a model and tokenizer, a task, reward
+    functions) so tests and notebooks run without downloads.
+    """
+
+    def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
+        from jaxgrpo import data
+
+        self.cfg = cfg
+        self.mesh = mesh or make_mesh(cfg)
+        validate(cfg, num_devices=None)
+        self.loss_name, self.advantage_name = cfg.loss, cfg.advantage
+        kernels.get_loss(cfg.loss)  # fail early on unknown names, with the valid ones listed
+        if not cfg.value_head:
+            kernels.get_advantage(cfg.advantage)
+        if cfg.loss_mask:
+            kernels.get("mask", cfg.loss_mask)
+        if cfg.aggregation not in kernels.AGGREGATION_MODES:
+            raise ValueError(f"unknown aggregation {cfg.aggregation!r}; valid modes: {', '.join(kernels.AGGREGATION_MODES)}")
+
+        if model is None:
+            model, tokenizer = build_model(cfg)
+        if tokenizer is None:
+            raise ValueError(f"model {cfg.model!r} has no tokenizer; the trainer needs one to render prompts")
+        self.tokenizer = tokenizer
+        if task is None:
+            import jaxgrpo.toy  # noqa: F401  (registers the offline toy_sum task)
+
+            task = data.get_task(cfg.task.name, **cfg.task.kwargs)
+        self.task = task
+        self.reward_fns = reward_fns or resolve_rewards(cfg, self.task)
+        self.stop_tokens = _stop_tokens(tokenizer)
+        self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
+
+        policy = Policy(model, value_head=cfg.value_head)
+        self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
+        self.optimizer = make_optimizer(cfg.optimizer)
+        with jax.set_mesh(self.mesh):
+            params = _shard_params(params, self.mesh)
+            opt_state = self.optimizer.init(params)
+        # Every leaf on the mesh (scalars replicated), so the jitted update sees one input type.
+        self.state = _on_mesh(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), self.mesh)
+        self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
+        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.kl_coef else None
+        self._update = make_update_fn(cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding)
+
+        self.train_examples = self.task.load(cfg.task.train_split, data_dir=cfg.task.data_dir)
+        self.prompts = PromptStream(self.train_examples, cfg.seed)
+        self.eval_examples = (
+            self.task.load(cfg.task.eval_split, data_dir=cfg.task.data_dir, num_examples=cfg.task.num_eval_examples)
+            if cfg.task.num_eval_examples
+            else []
+        )
+        self._prompt_cache: dict[str, list[int]] = {}
+
+    # -- pieces -----------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        return nnx.merge(self.graphdef, self.state.params, self.rest)
+
+    def prompt_ids(self, example: dict) -> list[int]:
+        from jaxgrpo.data import render_prompt
+
+        text = render_prompt(self.tokenizer, self.task.messages(example))
+        if text not in self._prompt_cache:
+            self._prompt_cache[text] = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._prompt_cache[text]
+
+    def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False, temperature=None):
+        from jaxgrpo import sampler
+
+        s = self.cfg.sampling
+        return sampler.generate(
+            self.policy.decoder,
+            [self.prompt_ids(e) for e in examples],
+            num_samples=num_samples,
+            key=key,
+            temperature=s.temperature if temperature is None else temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            min_p=s.min_p,
+            greedy=greedy,
+            max_new_tokens=s.max_new_tokens,
+            stop_tokens=self.stop_tokens,
+            pad_id=self.pad_id,
+        )
+
+    def score(self, texts: list[str], examples: list[dict], lengths: np.ndarray):
+        from jaxgrpo import rewards as reward_lib
+
+        result = reward_lib.score(self.reward_fns, texts, examples, completion_lengths=lengths)
+        if self.cfg.correctness_reward not in result.per_reward:
+            raise KeyError(
+                f"correctness_reward={self.cfg.correctness_reward!r} is not among the rewards "
+                f"{sorted(result.per_reward)}; set it to the reward that decides correctness"
+            )
+        return result
+
+    def rollout(self, key: Array) -> tuple[Rollout, dict]:
+        """Samples and scores `prompts_per_step` groups (resampling zero-signal groups under dynamic sampling)."""
+        from jaxgrpo import sampler
+
+        cfg, g = self.cfg, self.cfg.group_size
+        kept: list[Rollout] = []
+        rejected: list[Rollout] = []
+        rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
+        while sum(len(r.rewards) for r in kept) < cfg.batch_size:
+            need = cfg.prompts_per_step - sum(len(r.rewards) for r in kept) // g
+            if rounds >= (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+                break
+            examples = self.prompts.take(need)
+            t0 = time.perf_counter()
+            out = self.generate(examples, g, jax.random.fold_in(key, rounds))
+            tokens = np.asarray(out.completion_tokens)
+            mask = np.asarray(out.completion_mask, np.float32)
+            timings["time_sample"] += time.perf_counter() - t0
+            sampled_tokens += int(mask.sum())
+            t0 = time.perf_counter()
+            row_examples = [e for e in examples for _ in range(g)]
+            lengths = mask.sum(-1).astype(np.int32)
+            texts = self.tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
+            result = self.score(texts, row_examples, lengths)
+            shaped = result.rewards
+            if cfg.overlong_cache_len:
+                shaped = shaped + np.asarray(kernels.overlong_penalty(
+                    lengths, max_len=cfg.sampling.max_new_tokens, cache_len=cfg.overlong_cache_len)) * result.valid
+            timings["time_reward"] += time.perf_counter() - t0
+            correct = result.per_reward[self.cfg.correctness_reward].astype(np.float32)
+            group_ids = np.repeat(np.arange(need), g).astype(np.int32)
+            rollout = Rollout(
+                # The untruncated policy log-probs: what the trainer computes for the same tokens.
+                np.asarray(out.prompt_tokens), np.asarray(out.prompt_mask, bool), tokens, mask,
+                np.asarray(out.policy_logprobs, np.float32), np.asarray(out.finish_reason) == sampler.FINISH_STOP,
+                shaped.astype(np.float32), result.per_reward, correct, result.valid, group_ids, texts, row_examples,
+            )
+            if cfg.dynamic_sampling:
+                keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=result.valid))
+                keep_groups = np.unique(group_ids[keep])
+                kept.append(_select_groups(rollout, keep_groups))
+                rejected.append(_select_groups(rollout, np.setdiff1d(np.arange(need), keep_groups)))
+            else:
+                kept.append(rollout)
+            rounds += 1
+        batch = _concat_rollouts(kept + rejected, cfg.prompts_per_step, g)
+        # Groups beyond those that carry signal fill the batch as invalid rows (static shapes).
+        num_signal_rows = sum(len(r.rewards) for r in kept)
+        if cfg.dynamic_sampling:
+            batch = batch._replace(valid=batch.valid & (np.arange(len(batch.valid)) < num_signal_rows))
+        timings.update(sampling_rounds=rounds, sampled_tokens=sampled_tokens)
+        return batch, timings
+
+    def advantages(self, batch: Rollout) -> np.ndarray:
+        """The registered estimator's advantages f32[N].
+
+        Estimators that take more than rewards get what they ask for by keyword,
+        when the trainer has it: `reward_weights` (then rewards are [N, K], one
+        column per reward function), `lengths` (completion tokens), `seq_logp`
+        (mean sampler log-prob per completion).
+        """
+        cfg = self.cfg
+        estimator = kernels.get_advantage(cfg.advantage)
+        accepted = inspect.signature(estimator).parameters
+        lengths = batch.completion_mask.sum(-1)
+        available = {
+            "reward_weights": np.array([w for _, w in self.reward_fns], np.float32),
+            "lengths": lengths.astype(np.float32),
+            "seq_logp": (batch.sampler_logp * batch.completion_mask).sum(-1) / np.maximum(lengths, 1),
+        }
+        kwargs = {k: v for k, v in available.items() if k in accepted and k not in cfg.advantage_kwargs}
+        kwargs.update(cfg.advantage_kwargs)
+        rewards = batch.rewards
+        if "reward_weights" in accepted:
+            rewards = np.stack(list(batch.per_reward.values()), axis=-1)
+        return np.asarray(
+            estimator(jnp.asarray(rewards), jnp.asarray(batch.group_ids), num_groups=cfg.prompts_per_step,
+                      valid=jnp.asarray(batch.valid), **kwargs)
+        )
+
+    def train_batch(self, batch: Rollout) -> TrainBatch:
+        """Assembles the arrays the jitted update consumes (advantages, reference log-probs, GAE)."""
+        cfg = self.cfg
+        tokens = np.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1).astype(np.int32)
+        attention = np.concatenate([batch.prompt_mask, batch.completion_mask > 0], axis=1)
+        positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
+        valid = batch.valid
+        if cfg.loss_mask:
+            valid = valid & np.asarray(kernels.get("mask", cfg.loss_mask)(
+                jnp.asarray(batch.rewards), jnp.asarray(batch.group_ids), num_groups=cfg.prompts_per_step,
+                valid=jnp.asarray(batch.valid)))
+        mask = batch.completion_mask * valid[:, None]
+        old_logp = batch.sampler_logp
+        zeros = np.zeros_like(mask)
+        ref_logp, returns, old_values = zeros, zeros, zeros
+        if cfg.kl_coef or cfg.value_head:
+            ref_logp, old_values = self._reference_outputs(tokens, attention, positions, mask.shape[1])
+        if cfg.value_head:
+            token_rewards = np.zeros_like(mask)
+            last = np.maximum(mask.sum(-1).astype(np.int32) - 1, 0)
+            token_rewards[np.arange(len(last)), last] = batch.rewards * batch.valid
+            if cfg.kl_coef:
+                token_rewards = token_rewards - cfg.kl_coef * (old_logp - ref_logp) * mask
+            adv, returns = kernels.gae(jnp.asarray(token_rewards), jnp.asarray(old_values), jnp.asarray(mask),
+                                       gamma=cfg.gae_gamma, lam=cfg.gae_lambda)
+            advantages = np.asarray(kernels.masked_whiten(adv, jnp.asarray(mask)))
+            returns = np.asarray(returns)
+        else:
+            advantages = np.broadcast_to(self.advantages(batch)[:, None], mask.shape)
+        return TrainBatch(tokens, attention, positions, mask.astype(np.float32), old_logp.astype(np.float32),
+                          np.asarray(advantages, np.float32), np.asarray(ref_logp, np.float32),
+                          np.asarray(returns, np.float32), np.asarray(old_values, np.float32))
+
+    def _reference_outputs(self, tokens, attention, positions, completion_len):
+        """(reference-policy log-probs, current values) for a batch, without gradients."""
+        fn = self._forward_fn()
+        ref_logp = values = np.zeros((tokens.shape[0], completion_len), np.float32)
+        if self.ref_params is not None:
+            ref_logp = np.asarray(fn(self.ref_params, tokens, attention, positions, completion_len)[0])
+        if self.cfg.value_head:
+            values = np.asarray(fn(self.state.params, tokens, attention, positions, completion_len)[1])
+        return ref_logp, values
+
+    @functools.cache
+    def _forward_fn(self):
+        cfg = self.cfg
+
+        @functools.partial(jax.jit, static_argnums=(4,))
+        def forward(params, tokens, attention, positions, completion_len):
+            policy = nnx.merge(self.graphdef, params, self.rest)
+            logp, _, values = completion_outputs(policy, tokens, attention, positions, completion_len,
+                                                 cfg.sampling.temperature, with_values=cfg.value_head)
+            return logp, (values if values is not None else jnp.zeros_like(logp))
+
+        return forward
+
+    def update(self, batch: TrainBatch) -> dict:
+        """num_epochs x num_minibatches jitted updates over the batch; returns the mean metrics."""
+        cfg = self.cfg
+        n = batch.tokens.shape[0]
+        minibatch = n // cfg.num_minibatches
+        micro = cfg.micro_batch_size or minibatch
+        rng = np.random.default_rng([cfg.seed, int(self.state.step), 7])
+        history = []
+        for epoch in range(cfg.num_epochs):
+            order = np.arange(n) if epoch == 0 and cfg.num_minibatches == 1 else rng.permutation(n)
+            for m in range(cfg.num_minibatches):
+                rows = order[m * minibatch : (m + 1) * minibatch]
+                mb = jax.tree.map(lambda x: x[rows].reshape((minibatch // micro, micro) + x.shape[1:]), batch)
+                with jax.set_mesh(self.mesh):
+                    self.state, metrics = self._update(self.state, mb)
+                history.append(metrics)
+        metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
+        return metrics
+
+    def correct_flags(self, texts: list[str], examples: list[dict]) -> np.ndarray:
+        """Correctness (the `correctness_reward`) of each completion."""
+        lengths = np.array([len(self.tokenizer.encode(t)) for t in texts], np.int32)
+        return self.score(texts, examples, lengths).per_reward[self.cfg.correctness_reward].astype(np.float32)
+
+    def evaluate(self, step: int) -> dict:
+        """Greedy accuracy, and pass@1 / pass@k of `eval_pass_k` samples, on the held-out examples."""
+        if not self.eval_examples:
+            return {}
+        examples = list(self.eval_examples)
+        key = jax.random.fold_in(jax.random.key(self.cfg.seed + 1), step)
+        greedy_texts = _decode(self.tokenizer, self.generate(examples, 1, key, greedy=True))
+        metrics = {"greedy_accuracy": float(self.correct_flags(greedy_texts, examples).mean())}
+        k = self.cfg.eval_pass_k
+        if k > 1:
+            texts = _decode(self.tokenizer, self.generate(examples, k, key))
+            correct = self.correct_flags(texts, [e for e in examples for _ in range(k)]).reshape(len(examples), k)
+            num_correct = correct.sum(-1)
+            metrics["pass@1"] = float(np.mean([pass_at_k(k, int(c), 1) for c in num_correct]))
+            metrics[f"pass@{k}"] = float(np.mean([pass_at_k(k, int(c), k) for c in num_correct]))
+        return metrics
+
+    # -- supervised warm-up -----------------------------------------------------------
+
+    def reference_completion(self, example: dict) -> list[int]:
+        """Token ids of a correct completion: the task's own, else "The answer is N.", then EOS."""
+        text = getattr(self.task, "reference_completion", None)
+        text = text(example) if text else f"The answer is {example['answer']}."
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return ids + [self.stop_tokens[-1]] if self.stop_tokens else ids
+
+    def warmup(self, steps: int, *, lr: float | None = None, batch_size: int | None = None) -> list[float]:
+        """Supervised warm-up on reference completions (teacher forcing); returns the losses.
+
+        A tiny random model cannot sample a correct answer at all; a few SFT
+        steps give it the partial competence that makes group-relative RL work.
+        The RL optimizer state is left untouched.
+        """
+        cfg = self.cfg
+        batch_size = batch_size or cfg.batch_size
+        optimizer = optax.adam(lr or cfg.warmup_sft_lr)
+        params = self.state.params
+        opt_state = optimizer.init(params)
+
+        @jax.jit
+        def sft_step(params, opt_state, tokens, attention, positions, mask):
+            def nll(p):
+                policy = nnx.merge(self.graphdef, p, self.rest)
+                logp, _, _ = completion_outputs(policy, tokens, attention, positions, mask.shape[1], 1.0, with_values=False)
+                return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+            loss, grads = jax.value_and_grad(nll)(params)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        stream = PromptStream(self.train_examples, cfg.seed + 12345)
+        losses = []
+        for _ in range(steps):
+            examples = stream.take(batch_size)
+            prompts = [self.prompt_ids(e) for e in examples]
+            answers = [self.reference_completion(e) for e in examples]
+            width = max(map(len, prompts))
+            cwidth = max(map(len, answers))
+            tokens = np.full((batch_size, width + cwidth), self.pad_id, np.int32)
+            attention = np.zeros(tokens.shape, bool)
+            mask = np.zeros((batch_size, cwidth), np.float32)
+            for i, (p, a) in enumerate(zip(prompts, answers)):
+                tokens[i, width - len(p) : width] = p
+                tokens[i, width : width + len(a)] = a
+                attention[i, width - len(p) : width + len(a)] = True
+                mask[i, : len(a)] = 1.0
+            positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
+            with jax.set_mesh(self.mesh):
+                params, opt_state, loss = sft_step(params, opt_state, tokens, attention, positions, mask)
+            losses.append(float(loss))
+        self.state = self.state._replace(params=params)
+        if self.ref_params is not None:  # the KL anchor is the warmed-up policy
+            self.ref_params = jax.tree.map(jnp.copy, params)
+        return losses
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def checkpoint_state(self, key_data: Array) -> dict:
+        return {"train": self.state, "rng": key_data, **({"ref": self.ref_params} if self.ref_params is not None else {})}
+
+    def save(self, checkpointer, step: int, key: Array) -> None:
+        meta = {"step": step, "data_position": self.prompts.position}
+        checkpointer.save(step, self.checkpoint_state(jax.random.key_data(key)), meta)
+
+    def restore(self, checkpointer, key: Array) -> tuple[int, Array]:
+        like = self.checkpoint_state(jax.random.key_data(key))
+        restored, meta = checkpointer.restore(None, like)
+        self.state = restored["train"]
+        if self.ref_params is not None:
+            self.ref_params = restored["ref"]
+        self.prompts.position = int(meta["data_position"])
+        return int(meta["step"]), jax.random.wrap_key_data(restored["rng"])
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def train_step(self, step: int, key: Array) -> dict:
+        """One GRPO step: rollout, advantages, updates. Returns the step's metrics."""
+        t_start = time.perf_counter()
+        rollout, metrics = self.rollout(jax.random.fold_in(key, step))
+        batch = self.train_batch(rollout)
+        t0 = time.perf_counter()
+        metrics.update(self.update(batch))
+        metrics["time_train"] = time.perf_counter() - t0
+        valid = rollout.valid
+        lengths = rollout.completion_mask.sum(-1)
+        trained_tokens = float(batch.attention_mask.sum()) * self.cfg.num_epochs
+        metrics.update(
+            reward_mean=float(rollout.rewards[valid].mean()) if valid.any() else float("nan"),
+            reward_std=float(rollout.rewards[valid].std()) if valid.any() else float("nan"),
+            accuracy=float(rollout.correct[valid].mean()) if valid.any() else float("nan"),
+            completion_length=float(lengths.mean()),
+            frac_truncated=float(1.0 - rollout.finished.mean()),
+            num_invalid_rewards=float((~valid).sum()),
+            sample_tokens_per_s=metrics["sampled_tokens"] / max(metrics["time_sample"], 1e-9),
+            train_tokens_per_s=trained_tokens / max(metrics["time_train"], 1e-9),
+            time_step=time.perf_counter() - t_start,
+            **{f"reward/{k}": float(v[valid].mean()) if valid.any() else float("nan") for k, v in rollout.per_reward.items()},
+            **group_stats(rollout.correct, rollout.group_ids, valid),
+        )
+        return metrics
+
+    def run(self, *, resume: bool = False, progress: bool = True) -> list[dict]:
+        """Trains for `cfg.steps` steps (continuing from the latest checkpoint with `resume`)."""
+        from jaxgrpo.checkpoint import Checkpointer
+        from jaxgrpo.metrics import EVAL_FILE, MetricsWriter
+
+        cfg = self.cfg
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        writer = MetricsWriter(cfg.run_dir)
+        checkpointer = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), keep=cfg.keep_checkpoints)
+        key = jax.random.key(cfg.seed)
+        start = 0
+        if resume and checkpointer.latest_step() is not None:
+            start, key = self.restore(checkpointer, key)
+            writer.truncate_after(start)
+        elif resume:
+            print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
+        if start == 0 and cfg.warmup_sft_steps:
+            losses = self.warmup(cfg.warmup_sft_steps)
+            print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        if start == 0 and self.eval_examples and cfg.eval_every:
+            writer.write(0, self.evaluate(0), file=EVAL_FILE, prefix="eval/")
+        history = []
+        bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
+        for step in bar:
+            metrics = self.train_step(step, key)
+            record = writer.write(step + 1, metrics)
+            history.append(record)
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
+                                s_per_step=f"{record['time_step']:.1f}")
+            done = step + 1
+            if cfg.eval_every and self.eval_examples and (done % cfg.eval_every == 0 or done == cfg.steps):
+                writer.write(done, self.evaluate(done), file=EVAL_FILE, prefix="eval/")
+            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                self.save(checkpointer, done, key)
+        checkpointer.close()
+        writer.close()
+        return history
+
+
+# -- small helpers ----------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of n samples with c correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def _stop_tokens(tokenizer) -> tuple[int, ...]:
+    """EOS and the chat template's end-of-turn token, when the tokenizer has them."""
+    ids = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if convert is not None:
+        for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
+            token_id = convert(token)
+            if isinstance(token_id, int) and token_id >= 0 and token_id != getattr(tokenizer, "unk_token_id", None):
+                ids.add(token_id)
+    return tuple(sorted(ids))
+
+
+def _shard_params(params, mesh):
+    """Places parameters on the mesh with the model's partitioning rules (replicated if none)."""
+    try:
+        from jaxgrpo.models.partitioning import shard_params
+    except ImportError:
+        return jax.device_put(params, NamedSharding(mesh, P()))
+    return shard_params(params, mesh)
+
+
+def _on_mesh(tree, mesh):
+    """Leaves not already laid out on `mesh` are replicated over it."""
+
+    def place(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+            return x
+        return jax.device_put(x, NamedSharding(mesh, P()))
+
+    return jax.tree.map(place, tree)
+
+
+def _decode(tokenizer, out) -> list[str]:
+    tokens, mask = np.asarray(out.completion_tokens), np.asarray(out.completion_mask)
+    lengths = mask.sum(-1).astype(int)
+    return tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
+
+
+def _select_groups(r: Rollout, groups: np.ndarray) -> Rollout:
+    rows = np.flatnonzero(np.isin(r.group_ids, groups))
+    return Rollout(
+        *(x[rows] for x in r[:6]), r.rewards[rows], {k: v[rows] for k, v in r.per_reward.items()},
+        r.correct[rows], r.valid[rows], r.group_ids[rows],
+        [r.texts[i] for i in rows], [r.examples[i] for i in rows],
+    )
+
+
+def _concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> Rollout:
+    """Concatenates rollouts (padding prompts to one length) and keeps the first `num_groups` groups."""
+    parts = [p for p in parts if len(p.rewards)]
+    width = max(p.prompt_tokens.shape[1] for p in parts)
+    cwidth = max(p.completion_tokens.shape[1] for p in parts)
+
+    def left_pad(x, w):
+        return np.pad(x, ((0, 0), (w - x.shape[1], 0)))
+
+    def right_pad(x, w):
+        return np.pad(x, ((0, 0), (0, w - x.shape[1])))
+
+    n = num_groups * group_size
+    cat = lambda xs: np.concatenate(xs)[:n]
+    group_ids = np.repeat(np.arange(sum(len(p.rewards) for p in parts) // group_size), group_size)[:n]
+    return Rollout(
+        cat([left_pad(p.prompt_tokens, width) for p in parts]),
+        cat([left_pad(p.prompt_mask, width) for p in parts]),
+        cat([right_pad(p.completion_tokens, cwidth) for p in parts]),
+        cat([right_pad(p.completion_mask, cwidth) for p in parts]),
+        cat([right_pad(p.sampler_logp, cwidth) for p in parts]),
+        cat([p.finished for p in parts]),
+        cat([p.rewards for p in parts]),
+        {k: cat([p.per_reward[k] for p in parts]) for k in parts[0].per_reward},
+        cat([p.correct for p in parts]),
+        cat([p.valid for p in parts]),
+        group_ids.astype(np.int32),
+        sum((p.texts for p in parts), [])[:n],
+        sum((p.examples for p in parts), [])[:n],
+    )
+
+
+def _progress(iterable, *, enabled: bool, initial: int, total: int):
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, initial=initial, total=total, desc="train", dynamic_ncols=True)
