@@ -1,6 +1,9 @@
 """Pure, jit-compiled advantage and loss kernels, registered by name.
 
-Importing this package registers every built-in kernel.
+Importing this package registers every built-in kernel: the baselines
+(advantages, losses, kl, token, aggregation, shaping, correction), the verified
+catalog methods (catalog_advantages, catalog_losses, credit, group_rewards,
+selection) and the documented reconstructions (experimental).
 """
 
 from jaxgrpo.kernels import segments
@@ -30,3 +33,6 @@ from jaxgrpo.kernels.registry import (
 )
 from jaxgrpo.kernels.shaping import dynamic_sampling_filter, overlong_penalty
 from jaxgrpo.kernels.token import discounted_returns, gae, masked_whiten, reinforce_pp_returns
+
+# The method catalog: importing registers the kernels.
+from jaxgrpo.kernels import catalog_advantages, catalog_losses, credit, experimental, group_rewards, selection  # noqa: E402,F401
