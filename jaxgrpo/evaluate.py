@@ -101,26 +101,25 @@ def evaluate(
     return results
 
 
+def _parse_completions(record: dict) -> tuple[list[str], int | None]:
+    samples = record["completions"]
+    if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
+        raise ValueError("'completions' must be a list of strings")
+    return samples, (int(record["index"]) if "index" in record else None)
+
+
 def _read_completions(path: str, num_examples: int) -> tuple[list[list[str]], list[int]]:
+    """The completions of a jsonl file and the split index of each line's example."""
+    from jaxgrpo.data import jsonl
+
     completions, indices = [], []
-    with open(path, encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                samples = record["completions"]
-                if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
-                    raise ValueError("'completions' must be a list of strings")
-                index = int(record.get("index", len(indices)))
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                raise ValueError(
-                    f'{path}:{line_number}: expected {{"completions": [str, ...], "index": int (optional)}}: {error!r}'
-                ) from error
-            if not 0 <= index < num_examples:
-                raise ValueError(f"{path}:{line_number}: index {index} is outside the split's {num_examples} examples")
-            completions.append(samples)
-            indices.append(index)
+    lines = jsonl.parse_jsonl(path, _parse_completions, '{"completions": [str, ...], "index": int (optional)}')
+    for line_number, (samples, index) in lines:
+        index = len(indices) if index is None else index
+        if not 0 <= index < num_examples:
+            raise ValueError(f"{path}:{line_number}: index {index} is outside the split's {num_examples} examples")
+        completions.append(samples)
+        indices.append(index)
     return completions, indices
 
 

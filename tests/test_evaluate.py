@@ -86,5 +86,5 @@ def test_command_line_evaluates_a_completions_file(tmp_path, capsys):
 def test_command_line_names_a_malformed_line(tmp_path):
     path = tmp_path / "samples.jsonl"
     path.write_text(json.dumps({"completions": ["a"]}) + "\n" + json.dumps({"completions": "a"}) + "\n")
-    with pytest.raises(ValueError, match=f"{path}:2: expected"):
+    with pytest.raises(ValueError, match=f"{path}:2: malformed .*must be a list of strings"):
         evaluation._read_completions(str(path), num_examples=10)

@@ -18,11 +18,12 @@ calculator notes ``<<...>>`` included) and ``answer``, the final answer after
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterator, Mapping
 
 import tensorflow_datasets as tfds
+
+from jaxgrpo.data import jsonl
 
 SOURCE_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data"
 URLS: Mapping[str, str] = {split: f"{SOURCE_URL}/{split}.jsonl" for split in ("train", "test")}
@@ -50,6 +51,13 @@ def final_answer(solution: str) -> str:
     return answer
 
 
+def parse_example(record: dict) -> dict:
+    """A GSM8K example from one jsonl record ``{"question", "answer"}`` (answer = full solution)."""
+    if not {"question", "answer"} <= record.keys():
+        raise ValueError("expected an object with keys 'question' and 'answer'")
+    return {"question": record["question"], "solution": record["answer"], "answer": final_answer(record["answer"])}
+
+
 def read_jsonl(path: os.PathLike | str) -> Iterator[tuple[int, dict]]:
     """Yields (line number, example) for each line of a GSM8K jsonl file.
 
@@ -57,22 +65,7 @@ def read_jsonl(path: os.PathLike | str) -> Iterator[tuple[int, dict]]:
       ValueError: naming the file and the line, for a line that is not JSON or
         lacks ``question``, ``answer`` or a ``####`` final answer.
     """
-    with open(path, encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict) or not {"question", "answer"} <= record.keys():
-                    raise ValueError("expected an object with keys 'question' and 'answer'")
-                example = {
-                    "question": record["question"],
-                    "solution": record["answer"],
-                    "answer": final_answer(record["answer"]),
-                }
-            except ValueError as error:  # json.JSONDecodeError is a ValueError.
-                raise ValueError(f"{path}:{line_number}: malformed GSM8K example: {error}") from error
-            yield line_number, example
+    return jsonl.parse_jsonl(path, parse_example, "GSM8K example")
 
 
 def file_sha256(path: os.PathLike | str) -> str:
