@@ -164,18 +164,20 @@ def test_dhpo_reduces_to_ppo_clip_and_gspo_token_in_value_and_gradient():
 
 
 def test_dhpo_hand_case_average_and_entropy_weights():
-    # One sequence of two tokens, A = +1, rho = [1.5, 1.0]:
-    # token branch: -min(rho, clip(rho, 0.8, 1.2)) = [-1.2, -1.0];
-    # sequence branch: s = exp((log 1.5 + 0) / 2) = 1.2247 -> clipped at 1.0004 -> [-1.0004, -1.0004].
-    # average (w = 0.5): [-1.1002, -1.0002].
-    # entropy H = [3, 1]: mean 2 -> w = [3/5, 1/3]:
-    # [0.6 * -1.2 + 0.4 * -1.0004, 1/3 * -1.0 + 2/3 * -1.0004] = [-1.12016, -1.000267].
-    logp = jnp.log(jnp.array([[1.5, 1.0]], jnp.float32))
+    # One sequence of two tokens, A = +1, rho = [0.7, 2.0]: s = exp((log 0.7 + log 2) / 2) = sqrt(1.4) = 1.183216.
+    # Clipped branches: clip(rho, 0.8, 1.2) = [0.8, 1.2]; clip(s, 1 - 3e-4, 1 + 4e-4) = 1.0004.
+    # Average (w = 0.5): mixed r = [0.35 + 0.591608, 1.0 + 0.591608] = [0.941608, 1.591608];
+    # clipped r = [0.4 + 0.5002, 0.6 + 0.5002] = [0.9002, 1.1002]; l = -min(r, r_clip) = [-0.9002, -1.1002].
+    # (Mixing the two branch losses instead would give -(0.5 * 0.7 + 0.5 * 1.0004) = -0.8502 for token 0.)
+    logp = jnp.log(jnp.array([[0.7, 2.0]], jnp.float32))
     old = jnp.zeros((1, 2), jnp.float32)
     adv, mask = jnp.array([1.0]), jnp.ones((1, 2))
-    _close(ex.dhpo(logp, old, adv, mask)[0], [[-1.1002, -1.0002]], atol=1e-5)
+    _close(ex.dhpo(logp, old, adv, mask)[0], [[-0.9002, -1.1002]], atol=1e-5)
+    # Entropy H = [3, 1]: sequence mean 2 -> w = [3/5, 1/3].
+    # Token 0: r = 0.6 * 0.7 + 0.4 * 1.183216 = 0.893286, r_clip = 0.48 + 0.40016 = 0.88016 -> -0.88016.
+    # Token 1: r = 2/3 + 2/3 * 1.183216 = 1.455477, r_clip = 0.4 + 2/3 * 1.0004 = 1.066933 -> -1.066933.
     loss, metrics = ex.dhpo(logp, old, adv, mask, token_entropy=jnp.array([[3.0, 1.0]]))
-    _close(loss, [[-1.12016, -1.000267]], atol=1e-5)
+    _close(loss, [[-0.88016, -1.066933]], atol=1e-5)
     _close(metrics["token_weight_mean"], (0.6 + 1 / 3) / 2, atol=1e-6)
 
 
@@ -281,7 +283,10 @@ def test_a_grae_hand_case():
     # lambda+ = 0.5 -> [0.75, -0.5, -0.5, -0.5]; tau = 0: w = 1 + 0.5 * 1 * (0.5 - 1) = 0.75
     # -> [0.5625, -0.375, -0.375, -0.375]; tau = 1: w = 1 + 0.5 * (-1) * (-0.5) = 1.25
     # -> [0.9375, -0.625, -0.625, -0.625] (hard prompts weigh more late in training).
+    # Default progress = batch mean reward 0.25: w = 1 + 0.5 * 0.5 * (-0.5) = 0.875
+    # -> [0.65625, -0.4375, -0.4375, -0.4375].
     r, g = jnp.array([1.0, 0.0, 0.0, 0.0]), jnp.zeros(4, jnp.int32)
+    _close(ex.a_grae(r, g, num_groups=1), [0.65625, -0.4375, -0.4375, -0.4375], atol=1e-5)
     _close(ex.a_grae(r, g, num_groups=1, progress=0.0), [0.5625, -0.375, -0.375, -0.375], atol=1e-5)
     _close(ex.a_grae(r, g, num_groups=1, progress=1.0), [0.9375, -0.625, -0.625, -0.625], atol=1e-5)
     # progress may be traced: a schedule does not recompile.
@@ -430,6 +435,8 @@ def test_aepo_entropy_is_scaled_reinforce_and_raises_sampled_token_probability()
     # Gradient of the loss w.r.t. a sampled token's log-prob is -c A m: descent raises log pi of positive-A samples.
     grad = jax.grad(lambda lp: ex.aepo_entropy(lp, old, adv, mask, coef=0.5)[0].sum())(logp)
     _close(grad, -0.5 * adv[:, None] * mask)
+    # positive_only drops the samples with A <= 0.
+    _close(ex.aepo_entropy(logp, old, adv, mask, positive_only=True)[0], -jnp.maximum(adv, 0)[:, None] * logp * mask)
 
 
 def test_aepo_temperature_update_hand_case():

@@ -48,11 +48,11 @@ from jaxgrpo.kernels.validation import (
 Array = jax.Array
 
 _ETR = "ETR: Outcome-Guided Elastic Trust Regions for Policy Optimization (2026)"
-_DHPO = "Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization (2025)"
+_DHPO = "Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for RLVR (2026)"
 _SPO = "Single-stream Policy Optimization (2025)"
-_AGRAE = "Unveiling Implicit Advantage Symmetry: Why GRPO Struggles with Exploration and Difficulty Adaptation (2025)"
+_AGRAE = "Unveiling Implicit Advantage Symmetry: Why GRPO Struggles with Exploration and Difficulty Adaptation (2026)"
 _TPPO = "Truncated Proximal Policy Optimization (2025)"
-_VPS = "GRPO-VPS: Enhancing Group Relative Policy Optimization with Verifiable Process Supervision (2025)"
+_VPS = "GRPO-VPS: Enhancing Group Relative Policy Optimization with Verifiable Process Supervision for Effective Reasoning (2026)"
 _AEPO = "Arbitrary Entropy Policy Optimization: Entropy Is Controllable in Reinforcement Fine-tuning (2025)"
 _LAMBDA = "Stable Reinforcement Learning for Efficient Reasoning (2025)"
 _CONCISER = "Walk Before You Run! Concise LLM Reasoning via Reinforcement Learning (2025)"
@@ -158,13 +158,15 @@ def dhpo(
     seq_eps_low: float = 3e-4,
     seq_eps_high: float = 4e-4,
 ):
-    """DHPO (reconstruction): a weighted mix of a clipped token-ratio and a clipped sequence-ratio loss.
+    """DHPO (reconstruction): one clipped surrogate on a weighted mix of token and sequence ratios.
 
-    l_t = w_t l^tok_t + (1 - w_t) l^seq_t, where l^tok is the PPO/GRPO clipped
-    surrogate on rho_t = pi/pi_old (range [1 - eps_tok_low, 1 + eps_tok_high]) and
-    l^seq is the GSPO-token surrogate on s_{i,t} = sg[s_i] pi(y_t)/sg[pi(y_t)],
-    s_i = exp(mean_t log rho_t) (range [1 - eps_seq_low, 1 + eps_seq_high]).
-    Each branch is clipped in its own trust region before mixing.
+    l_t = -min(r_t A_t, r^clip_t A_t), with the mixed ratio and its branch-clipped version
+        r_t      = w_t rho_t + (1 - w_t) s_{i,t},
+        r^clip_t = w_t clip(rho_t, 1 - eps_tok_low, 1 + eps_tok_high)
+                   + (1 - w_t) clip(s_{i,t}, 1 - eps_seq_low, 1 + eps_seq_high),
+    rho_t = pi/pi_old the token ratio (GRPO) and s_{i,t} = sg[s_i] pi(y_t)/sg[pi(y_t)],
+    s_i = exp(mean_t log rho_t), the sequence ratio with per-token gradients
+    (GSPO-token). Each branch is clipped in its own trust region before mixing.
 
     Weights: "average" mode (no entropy given) uses the constant w = token_weight;
     "entropy-guided" mode (token_entropy given) uses w_t = H_t / (H_t + mean_i H),
@@ -172,14 +174,15 @@ def dhpo(
     on their own token ratio and confident ones on the sequence ratio (equal
     entropies give w = 0.5).
 
-    Reconstructed from the abstract of "Orchestrating Tokens and Sequences:
-    Dynamic Hybrid Policy Optimization" (2025) ("mix token-level and
-    sequence-level ratios, average or entropy-guided weights, each branch
-    clipped in its own trust region"). Unverified: the entropy weighting
-    formula and its direction, and the mixing of losses (rather than of
-    ratios). Defaults: the token branch's 0.2 from GRPO, the sequence branch's
-    3e-4/4e-4 from GSPO, w = 0.5 (plain average). w = 1 is exactly `ppo_clip`,
-    w = 0 exactly `gspo_token`.
+    Reconstructed from the abstract of Min et al., "Orchestrating Tokens and
+    Sequences: Dynamic Hybrid Policy Optimization for RLVR" (2026): "combines
+    token-level and sequence-level importance ratios [...] within a single
+    clipped surrogate objective", "averaged mixing and entropy-guided mixing",
+    "branch-specific clipping [...] within separate trust regions before
+    mixing". Unverified: the arithmetic (not geometric) mix, the
+    entropy-weight formula and its direction, and the defaults: the token
+    branch's 0.2 from GRPO, the sequence branch's 3e-4/4e-4 from GSPO, w = 0.5.
+    w = 1 is exactly `ppo_clip`, w = 0 exactly `gspo_token`.
 
     Args:
       token_weight: w in [0, 1] for the "average" mode.
@@ -192,11 +195,10 @@ def dhpo(
     token_eps_high = token_eps_low if token_eps_high is None else token_eps_high
     log_r = log_ratio(logp, old_logp)
     ratio = jnp.exp(log_r)
-    token_loss, token_clipped = _clipped_surrogate(ratio, adv, 1.0 - token_eps_low, 1.0 + token_eps_high)
-
     seq_log_r = (log_r * mask).sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1)
     seq_ratio = jnp.exp(jax.lax.stop_gradient(seq_log_r) + logp - jax.lax.stop_gradient(logp))
-    seq_loss, seq_clipped = _clipped_surrogate(seq_ratio, adv, 1.0 - seq_eps_low, 1.0 + seq_eps_high)
+    token_clip = jnp.clip(ratio, 1.0 - token_eps_low, 1.0 + token_eps_high)
+    seq_clip = jnp.clip(seq_ratio, 1.0 - seq_eps_low, 1.0 + seq_eps_high)
 
     if token_entropy is None:
         weight = jnp.full_like(logp, token_weight)
@@ -206,10 +208,14 @@ def dhpo(
         seq_entropy = masked_mean(entropy, mask, axis=-1)[:, None]
         denom = entropy + seq_entropy
         weight = jnp.where(denom > 0, entropy / jnp.where(denom > 0, denom, 1.0), 0.5)
-    loss = weight * token_loss + (1.0 - weight) * seq_loss
+    mixed = weight * ratio + (1.0 - weight) * seq_ratio
+    mixed_clip = weight * token_clip + (1.0 - weight) * seq_clip
+    unclipped, clipped = -adv * mixed, -adv * mixed_clip
+    loss = jnp.maximum(unclipped, clipped)
     metrics = {
-        "token_clip_fraction": masked_mean(token_clipped.astype(logp.dtype), mask),
-        "seq_clip_fraction": masked_mean(seq_clipped.astype(logp.dtype), mask),
+        "clip_fraction": masked_mean((clipped > unclipped).astype(logp.dtype), mask),
+        "token_clip_fraction": masked_mean((token_clip != ratio).astype(logp.dtype), mask),
+        "seq_clip_fraction": masked_mean((seq_clip != seq_ratio).astype(logp.dtype), mask),
         "token_weight_mean": masked_mean(weight, mask),
     }
     metrics.update(ratio_metrics(ratio, mask, log_r))
@@ -367,7 +373,7 @@ def a_grae(
     valid=None,
     positive_scale: float = 0.5,
     difficulty_strength: float = 0.5,
-    progress=0.0,
+    progress=None,
     std_ddof: int = 1,
     eps: float = 1e-6,
 ) -> Array:
@@ -378,18 +384,24 @@ def a_grae(
 
     lambda_+ < 1 breaks GRPO's +/- symmetry by suppressing the advantage of
     correct trajectories (less sharpening, more exploration). tau in [0, 1]
-    is training progress: at tau = 0 easy groups (p_g > 0.5) are up-weighted,
-    at tau = 1 hard ones, moving the focus easy -> hard.
+    is the training progress: at tau = 0 easy groups (p_g > 0.5) are
+    up-weighted, at tau = 1 hard ones, moving the focus easy -> hard. By
+    default tau is the batch's mean reward (the policy's current competence).
 
-    Reconstructed from the abstract of "Unveiling Implicit Advantage Symmetry:
-    Why GRPO Struggles with Exploration and Difficulty Adaptation" (2025).
-    Unverified: the multiplicative damping, the linear schedule and every
-    default (lambda_+ = 0.5, k = 0.5). With lambda_+ = 1 and k = 0 it is `grpo`.
+    Reconstructed from the abstract of Yu et al., "Unveiling Implicit Advantage
+    Symmetry: Why GRPO Struggles with Exploration and Difficulty Adaptation"
+    (2026) ("asymmetrically suppressing the advantages of correct trajectories";
+    "prioritizing simpler samples initially before gradually shifting to
+    complex ones") and a summary saying the shift is guided by the batch mean
+    reward. Unverified: the multiplicative damping, the linear schedule, tau =
+    batch mean reward, and every default (lambda_+ = 0.5, k = 0.5). With
+    lambda_+ = 1 and k = 0 it is `grpo`.
 
     Args:
       positive_scale: lambda_+.
       difficulty_strength: k in [0, 1] (keeps w_g >= 0).
-      progress: tau, a Python float or a traced scalar (so a schedule does not recompile).
+      progress: tau; None uses the mean reward of the valid rows (clipped to
+        [0, 1]); a Python float or a traced scalar sets it (a schedule does not recompile).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     if not 0.0 <= difficulty_strength <= 1.0:
@@ -397,7 +409,8 @@ def a_grae(
     base = grpo(rewards, group_ids, num_groups=num_groups, valid=valid, std_ddof=std_ddof, eps=eps)
     damped = jnp.where(base > 0, positive_scale * base, base)
     p = jnp.clip(segments.gather(segments.mean(rewards, group_ids, num_groups, valid), group_ids), 0.0, 1.0)
-    tau = jnp.clip(jnp.asarray(progress, rewards.dtype), 0.0, 1.0)
+    tau = masked_mean(rewards, valid) if progress is None else jnp.asarray(progress, rewards.dtype)
+    tau = jnp.clip(tau, 0.0, 1.0)
     weight = 1.0 + difficulty_strength * (1.0 - 2.0 * tau) * (2.0 * p - 1.0)
     return weight * damped
 
@@ -540,7 +553,7 @@ def grpo_vps_progress(
 
 
 @register("loss", "experimental/aepo_entropy", paper=_AEPO)
-def aepo_entropy(logp, old_logp, advantages, mask, *, coef: float = 1.0):
+def aepo_entropy(logp, old_logp, advantages, mask, *, coef: float = 1.0, positive_only: bool = False):
     """Arbitrary-Entropy PO regularizer (reconstruction): REINFORCE on samples of a tempered policy.
 
     l_t = -c A_t log pi_theta(y_t), where y is sampled from the temperature-T
@@ -557,9 +570,18 @@ def aepo_entropy(logp, old_logp, advantages, mask, *, coef: float = 1.0):
     temperature regulated to hold entropy at a target"). Unverified: the
     advantages used for the tempered samples (any estimator over them; all
     ones gives plain likelihood), the absence of importance correction, and
-    c = 1. With c = 1 it equals `reinforce`.
+    c = 1. With c = 1 it equals `reinforce`. Title of arXiv 2510.08141 v1
+    (later versions: "... Breaks The Exploration Bottleneck of Reinforcement Learning").
+
+    Args:
+      coef: c, the weight of the regularizer.
+      positive_only: keep only tempered samples with A > 0; a third-party
+        summary says negative samples are filtered ("unidirectional
+        optimization"), which we could not check, so it is off by default.
     """
     logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
+    if positive_only:
+        adv = jnp.maximum(adv, 0.0)
     log_r = log_ratio(logp, old_logp)
     return -coef * adv * logp * mask, ratio_metrics(jnp.exp(log_r), mask, log_r)
 
