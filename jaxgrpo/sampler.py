@@ -41,6 +41,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxgrpo.models import partitioning
+
 logger = logging.getLogger(__name__)
 
 FINISH_STOP = 1
@@ -308,24 +310,44 @@ class _Layout:
     prompt_bucket: int
     new_bucket: int
     sampling: SamplingParams
-    mesh: jax.sharding.Mesh | None
-    kv_heads_axis: bool  # whether the cache's kv-heads dimension is split over `model`
+    mesh: jax.sharding.Mesh | None = None
+    batch_axes: tuple[str, ...] = ()  # mesh axes the batch (rows) is split over
+    kv_heads_axes: Any = None  # the cache's kv-heads entry of the PartitionSpec
 
     @property
     def capacity(self) -> int:
         return self.prompt_bucket + self.new_bucket
 
     def constrain(self, x: jax.Array, *spec) -> jax.Array:
-        """Shard x's leading dims as `spec` on the mesh (batch over `data`) when there is one."""
+        """Shard x's leading dims as `spec` on the mesh, where the mesh axes divide them."""
         if self.mesh is None:
             return x
-        spec = tuple(a if a is None or x.shape[i] % self.mesh.shape[a] == 0 else None for i, a in enumerate(spec))
+
+        def fits(entry, size):
+            axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+            return entry if axes and size % math.prod(self.mesh.shape[a] for a in axes) == 0 else None
+
+        spec = tuple(fits(entry, x.shape[i]) for i, entry in enumerate(spec))
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+    def constrain_rows(self, x: jax.Array) -> jax.Array:
+        """Split the leading (row) axis over the batch axes."""
+        return self.constrain(x, self.batch_axes or None)
 
     def constrain_cache(self, cache):
         """Cache leaves are [layers, batch, capacity, kv_heads, head_dim]: batch over data, heads over model."""
-        heads = "model" if self.kv_heads_axis else None
-        return jax.tree.map(lambda x: self.constrain(x, None, "data", None, heads), cache)
+        return jax.tree.map(lambda x: self.constrain(x, None, self.batch_axes or None, None, self.kv_heads_axes), cache)
+
+
+def _layout_for(model, mesh, num_samples: int, prompt_bucket: int, new_bucket: int, sampling: SamplingParams) -> _Layout:
+    """Rows over the mesh's `data`/`fsdp` axes, the cache's kv heads as the model's rules shard them."""
+    if mesh is None:
+        return _Layout(num_samples, prompt_bucket, new_bucket, sampling)
+    if "data" not in mesh.axis_names:
+        raise ValueError(f"mesh must have a 'data' axis to shard the batch over, got axes {mesh.axis_names}")
+    batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+    heads = partitioning.logical_to_mesh_spec(("kv_heads",), (model.config.num_kv_heads,), mesh)[0]
+    return _Layout(num_samples, prompt_bucket, new_bucket, sampling, mesh, batch_axes, heads)
 
 
 def _is_done(tokens: jax.Array, stop_tokens: jax.Array) -> jax.Array:
@@ -343,14 +365,14 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
     g, n = layout.num_samples, layout.new_bucket
     logger.info("compiling sampler prefill: batch=%d x %d samples, prompt bucket %d, completion bucket %d", batch, g, prompt_len, n)
     model = nnx.merge(graphdef, state)
-    prompt_tokens = layout.constrain(prompt_tokens, "data", None)
-    prompt_mask = layout.constrain(prompt_mask, "data", None)
+    prompt_tokens = layout.constrain_rows(prompt_tokens)
+    prompt_mask = layout.constrain_rows(prompt_mask)
     positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
     cache = layout.constrain_cache(model.init_cache(batch, prompt_len))
     hidden, cache = model.hidden_states(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
     # Left padding puts every prompt's last token in the last column.
     last_logits = model.logits_from_hidden(hidden[:, -1])
-    last_logits = layout.constrain(jnp.repeat(last_logits, g, axis=0), "data", None)
+    last_logits = layout.constrain_rows(jnp.repeat(last_logits, g, axis=0))
 
     def share(x):  # [L, B, P, ...] -> [L, B*G, P+N, ...]
         x = jnp.repeat(x, g, axis=1)
@@ -363,7 +385,7 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
     done = _is_done(tokens, stop_tokens)
 
     def first_column(x, fill):
-        return layout.constrain(jnp.full((rows, n), fill, x.dtype).at[:, 0].set(x), "data", None)
+        return layout.constrain_rows(jnp.full((rows, n), fill, x.dtype).at[:, 0].set(x))
 
     return _DecodeState(
         step=jnp.int32(1),
@@ -374,7 +396,7 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
         done=done | (max_new_tokens <= 1),
         finish_reason=jnp.where(done, FINISH_STOP, 0).astype(jnp.int32),
         prompt_lengths=jnp.repeat(prompt_mask.sum(axis=1, dtype=jnp.int32), g),
-        kv_mask=layout.constrain(kv_mask, "data", None),
+        kv_mask=layout.constrain_rows(kv_mask),
         keys=keys,
         cache=cache,
     )
@@ -434,6 +456,24 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
 
 _prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "layout"))
 _decode_jit = jax.jit(_decode, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
+
+
+def _stop_array(stop_tokens: Sequence[int]) -> np.ndarray:
+    """The stop set as int32 [S], S a power of two >= 8 padded with -1 (never a token), so
+    changing the stop set does not recompile."""
+    stop = sorted({int(t) for t in stop_tokens})
+    out = np.full(bucket_length(len(stop), 8), -1, np.int32)
+    out[: len(stop)] = stop
+    return out
+
+
+def _run(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens: int, pad_id: int, layout: _Layout) -> _DecodeState:
+    """Prefill then decode with a given layout (`generate` without the checks; benchmarks use it
+    to pick the cache capacity). Returns the final loop state; its buffers hold `layout.new_bucket` columns."""
+    stop = _stop_array(stop_tokens)
+    limit, pad = jnp.int32(max_new_tokens), jnp.int32(pad_id)
+    carry = _prefill_jit(graphdef, state, prompt_tokens, prompt_mask, keys, stop, limit, pad, layout=layout)
+    return _decode_jit(graphdef, state, carry, stop, limit, pad, layout=layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,22 +561,13 @@ def generate(
         raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} entries but there are {batch} prompts")
     if not 0 <= pad_id < config.vocab_size:
         raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id}")
-    stop = np.asarray(sorted({int(t) for t in stop_tokens}), np.int32).reshape(-1)
 
     graphdef, state = nnx.split(model)
     mesh = mesh if mesh is not None else _mesh_of(state)
-    if mesh is not None and "data" not in mesh.axis_names:
-        raise ValueError(f"mesh must have a 'data' axis to shard the batch over, got axes {mesh.axis_names}")
-    kv_heads_axis = bool(mesh is not None and "model" in mesh.axis_names and config.num_kv_heads % mesh.shape["model"] == 0)
     prompt_bucket = bucket_length(max(len(p) for p in prompts))
-    layout = _Layout(num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling, mesh, kv_heads_axis)
-
+    layout = _layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
     tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
-    keys = row_keys(key, prompt_ids, num_samples)
-    limit = jnp.int32(max_new_tokens)
-    pad = jnp.int32(pad_id)
-    carry = _prefill_jit(graphdef, state, tokens, mask, keys, stop, limit, pad, layout=layout)
-    final = _decode_jit(graphdef, state, carry, stop, limit, pad, layout=layout)
+    final = _run(graphdef, state, tokens, mask, row_keys(key, prompt_ids, num_samples), stop_tokens, max_new_tokens, pad_id, layout)
 
     n = max_new_tokens
     completion_mask = jnp.arange(n) < final.lengths[:, None]
@@ -550,3 +581,75 @@ def generate(
         finish_reason=final.finish_reason,
         prompt_index=jnp.repeat(jnp.arange(batch, dtype=jnp.int32), num_samples),
     )
+
+
+def default_stop_tokens(tokenizer) -> list[int]:
+    """The tokenizer's EOS plus the end-of-turn markers of common chat templates it knows."""
+    stop = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        stop.add(int(tokenizer.eos_token_id))
+    vocab = tokenizer.get_vocab()
+    for marker in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
+        if marker in vocab:
+            stop.add(int(vocab[marker]))
+    return sorted(stop)
+
+
+def encode_prompts(tokenizer, prompts, *, chat_template: bool | None = None) -> list[list[int]]:
+    """Token ids of each prompt: a string or a list of chat messages (`{"role", "content"}` dicts).
+
+    With the chat template (the default when the tokenizer has one) a string is a single user
+    turn and the template's generation prompt is appended; without it a string is encoded as is.
+    """
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    use_template = has_template if chat_template is None else chat_template
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str) and not use_template:
+            encoded.append(list(tokenizer(prompt)["input_ids"]))
+            continue
+        if not has_template:
+            raise ValueError(f"prompts[{i}] needs a chat template but the tokenizer has none; pass chat_template=False and strings")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        encoded.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    return encoded
+
+
+def generate_text(
+    model: nnx.Module,
+    tokenizer,
+    prompts: Sequence[str] | Sequence[Sequence[dict]],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int = 256,
+    seed: int = 0,
+    chat_template: bool | None = None,
+    stop_tokens: Sequence[int] | None = None,
+    skip_special_tokens: bool = True,
+    **sampling,
+) -> list[list[str]]:
+    """Generate from text prompts and decode: `result[b][g]` is completion g of prompt b.
+
+    Args:
+      model, tokenizer: as returned by `jaxgrpo.models.load`.
+      prompts: strings, or conversations (lists of `{"role": ..., "content": ...}` messages).
+      num_samples, max_new_tokens: as in `generate`.
+      seed: PRNG seed of the sampling (ignored when greedy).
+      chat_template: apply the tokenizer's chat template (default: when it has one).
+      stop_tokens: default `default_stop_tokens(tokenizer)` (EOS, `<|im_end|>`, ...).
+      skip_special_tokens: drop special tokens (the stop token among them) from the text.
+      **sampling: `temperature`, `top_k`, `top_p`, `min_p`, `greedy` and the other keyword
+        arguments of `generate`.
+    """
+    if isinstance(prompts, (str, bytes)):
+        raise TypeError("prompts must be a list of strings or conversations, got a single string; wrap it in a list")
+    token_prompts = encode_prompts(tokenizer, prompts, chat_template=chat_template)
+    rollout = generate(
+        model, token_prompts, num_samples=num_samples, max_new_tokens=max_new_tokens, key=jax.random.key(seed),
+        stop_tokens=default_stop_tokens(tokenizer) if stop_tokens is None else stop_tokens,
+        pad_id=sampling.pop("pad_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0), **sampling,
+    )
+    tokens, mask = np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask)
+    texts = [tokenizer.decode(row[keep].tolist(), skip_special_tokens=skip_special_tokens) for row, keep in zip(tokens, mask)]
+    return [texts[b * num_samples:(b + 1) * num_samples] for b in range(len(token_prompts))]
