@@ -552,3 +552,22 @@ def test_trapo_selection_sharded_matches_unsharded(mesh_2x4):
     unlabeled = jnp.asarray(rng.uniform(size=(16, 4)), jnp.float32)
     fn = lambda unlabeled_pass_rates: ex.trapo_selection(unlabeled_pass_rates, labeled)  # noqa: E731
     assert_sharded_matches(fn, dict(unlabeled_pass_rates=unlabeled), mesh_2x4)
+
+
+@FAST
+@given(
+    st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=32, max_size=32),
+    st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=12, max_size=12),
+    st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_trapo_selection_finite_and_keeps_only_valid_prompts(unlabeled, labeled, valid):
+    # All-zero trajectories (never solved) have no direction: similarity 0, never NaN.
+    keep, sim = _trapo(jnp.asarray(unlabeled).reshape(8, 4), jnp.asarray(labeled).reshape(3, 4), unlabeled_valid=jnp.asarray(valid))
+    _finite(sim)
+    assert np.all(np.asarray(sim) <= 1.0 + 1e-6)
+    assert not np.any(np.asarray(keep) & ~np.asarray(valid))
+    # At least ceil(10%) of the valid prompts are kept.
+    assert np.asarray(keep).sum() >= min(1, sum(valid))
+
+
+_trapo = jax.jit(ex.trapo_selection)
