@@ -79,23 +79,23 @@ def token_logprobs_and_entropy(
     num_sequence_chunks = -(-length // sequence_chunk)
     num_vocab_chunks = -(-vocab // vocab_chunk)
 
+    # Pad only when the chunks do not tile the arrays; otherwise chunks are sliced in place.
     padded_length = num_sequence_chunks * sequence_chunk
-    hidden = jnp.pad(hidden, ((0, 0), (0, padded_length - length), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, padded_length - length)))
-    # [chunks, B, chunk, ...] so lax.map walks the sequence.
-    hidden = hidden.reshape(batch, num_sequence_chunks, sequence_chunk, width).swapaxes(0, 1)
-    targets = targets.reshape(batch, num_sequence_chunks, sequence_chunk).swapaxes(0, 1)
+    if padded_length != length:
+        hidden = jnp.pad(hidden, ((0, 0), (0, padded_length - length), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, padded_length - length)))
     padded_vocab = num_vocab_chunks * vocab_chunk
-    weight_blocks = jnp.pad(unembedding, ((0, 0), (0, padded_vocab - vocab)))
-    weight_blocks = weight_blocks.reshape(width, num_vocab_chunks, vocab_chunk).swapaxes(0, 1)
+    if padded_vocab != vocab:
+        unembedding = jnp.pad(unembedding, ((0, 0), (0, padded_vocab - vocab)))
 
     @jax.checkpoint
-    def sequence_block(inputs):
-        h, y = inputs  # [B, chunk, E], [B, chunk]
+    def sequence_block(position):
+        h = jax.lax.dynamic_slice_in_dim(hidden, position, sequence_chunk, axis=1)  # [B, chunk, E]
+        y = jax.lax.dynamic_slice_in_dim(targets, position, sequence_chunk, axis=1)  # [B, chunk]
 
-        def vocab_block(carry, block):
+        def vocab_block(carry, start):
             running_max, normalizer, weighted_sum, target_logit = carry
-            w, start = block
+            w = jax.lax.dynamic_slice_in_dim(unembedding, start, vocab_chunk, axis=1)
             z = _softcapped_scaled(jnp.matmul(h, w, preferred_element_type=jnp.float32), temperature, logit_softcap)
             column = start + jnp.arange(vocab_chunk)
             z = jnp.where(column < vocab, z, _PADDING_LOGIT)
@@ -110,10 +110,10 @@ def token_logprobs_and_entropy(
         zeros = jnp.zeros(y.shape, jnp.float32)
         init = (jnp.full(y.shape, _PADDING_LOGIT), zeros, zeros, zeros)
         starts = jnp.arange(num_vocab_chunks) * vocab_chunk
-        (running_max, normalizer, weighted_sum, target_logit), _ = jax.lax.scan(vocab_block, init, (weight_blocks, starts))
+        (running_max, normalizer, weighted_sum, target_logit), _ = jax.lax.scan(vocab_block, init, starts)
         log_normalizer = running_max + jnp.log(normalizer)
         return target_logit - log_normalizer, log_normalizer - weighted_sum / normalizer
 
-    log_probs, entropy = jax.lax.map(sequence_block, (hidden, targets))
+    log_probs, entropy = jax.lax.map(sequence_block, jnp.arange(num_sequence_chunks) * sequence_chunk)
     unchunk = lambda x: x.swapaxes(0, 1).reshape(batch, padded_length)[:, :length]  # noqa: E731
     return unchunk(log_probs), unchunk(entropy)
