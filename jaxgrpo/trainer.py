@@ -39,6 +39,7 @@ from jaxgrpo import kernels
 from jaxgrpo.config import Config, OptimizerConfig, validate
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
+from jaxgrpo.models.partitioning import shard_model
 
 Array = jax.Array
 
@@ -353,11 +354,11 @@ class Trainer:
         self.stop_tokens = _stop_tokens(tokenizer)
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
 
+        shard_model(model, self.mesh)  # FSDP / tensor-parallel layout from the model's logical axes
         policy = Policy(model, value_head=cfg.value_head)
         self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
         self.optimizer = make_optimizer(cfg.optimizer)
         with jax.set_mesh(self.mesh):
-            params = _shard_params(params, self.mesh)
             opt_state = self.optimizer.init(params)
         # Every leaf on the mesh (scalars replicated), so the jitted update sees one input type.
         self.state = _on_mesh(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), self.mesh)
@@ -656,21 +657,23 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------
 
-    def checkpoint_state(self, key_data: Array) -> dict:
-        return {"train": self.state, "rng": key_data, **({"ref": self.ref_params} if self.ref_params is not None else {})}
+    def checkpoint_state(self) -> dict:
+        return {"train": self.state, **({"ref": self.ref_params} if self.ref_params is not None else {})}
 
     def save(self, checkpointer, step: int, key: Array) -> None:
-        meta = {"step": step, "data_position": self.prompts.position}
-        checkpointer.save(step, self.checkpoint_state(jax.random.key_data(key)), meta)
+        """Saves the train state (and reference policy); the step, data position and RNG key go in the metadata."""
+        meta = {"step": step, "data_position": self.prompts.position,
+                "rng_key_data": np.asarray(jax.random.key_data(key)).tolist()}
+        checkpointer.save(step, self.checkpoint_state(), meta)
 
-    def restore(self, checkpointer, key: Array) -> tuple[int, Array]:
-        like = self.checkpoint_state(jax.random.key_data(key))
-        restored, meta = checkpointer.restore(None, like)
+    def restore(self, checkpointer) -> tuple[int, Array]:
+        """Restores the latest checkpoint; returns (step, RNG key)."""
+        restored, meta = checkpointer.restore(None, self.checkpoint_state())
         self.state = restored["train"]
         if self.ref_params is not None:
             self.ref_params = restored["ref"]
         self.prompts.position = int(meta["data_position"])
-        return int(meta["step"]), jax.random.wrap_key_data(restored["rng"])
+        return int(meta["step"]), jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32))
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -700,8 +703,12 @@ class Trainer:
         )
         return metrics
 
-    def run(self, *, resume: bool = False, progress: bool = True) -> list[dict]:
-        """Trains for `cfg.steps` steps (continuing from the latest checkpoint with `resume`)."""
+    def run(self, *, resume: bool = False, progress: bool = True, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+        """Trains for `cfg.steps` steps (continuing from the latest checkpoint with `resume`).
+
+        `on_step(step, record)` is called after each step's metrics, evaluation
+        and checkpoint are written (e.g. for live plots in a notebook).
+        """
         from jaxgrpo.checkpoint import Checkpointer
         from jaxgrpo.metrics import EVAL_FILE, MetricsWriter
 
@@ -712,7 +719,7 @@ class Trainer:
         key = jax.random.key(cfg.seed)
         start = 0
         if resume and checkpointer.latest_step() is not None:
-            start, key = self.restore(checkpointer, key)
+            start, key = self.restore(checkpointer)
             writer.truncate_after(start)
         elif resume:
             print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
@@ -735,6 +742,8 @@ class Trainer:
                 writer.write(done, self.evaluate(done), file=EVAL_FILE, prefix="eval/")
             if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
                 self.save(checkpointer, done, key)
+            if on_step is not None:
+                on_step(done, record)
         checkpointer.close()
         writer.close()
         return history
@@ -762,15 +771,6 @@ def _stop_tokens(tokenizer) -> tuple[int, ...]:
             if isinstance(token_id, int) and token_id >= 0 and token_id != getattr(tokenizer, "unk_token_id", None):
                 ids.add(token_id)
     return tuple(sorted(ids))
-
-
-def _shard_params(params, mesh):
-    """Places parameters on the mesh with the model's partitioning rules (replicated if none)."""
-    try:
-        from jaxgrpo.models.partitioning import shard_params
-    except ImportError:
-        return jax.device_put(params, NamedSharding(mesh, P()))
-    return shard_params(params, mesh)
 
 
 def _on_mesh(tree, mesh):
