@@ -125,7 +125,8 @@ def _require(value: Any, expected: Any, field: str, model_type: str) -> None:
 def _rope_from_dict(params: Mapping[str, Any] | None, default_theta: float) -> RopeConfig:
     """A `RopeConfig` from a transformers 5 `rope_parameters` entry or a 4.x `rope_scaling` dict."""
     params = dict(params or {})
-    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    legacy_type = params.pop("type", None)  # transformers < 4.45 spelled it `type`
+    rope_type = params.pop("rope_type", None) or legacy_type or "default"
     theta = params.pop("rope_theta", default_theta)
     known = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
     extra = set(params) - known
