@@ -97,11 +97,11 @@ _SUMMARIES = {
 
 
 def _registered_estimator(kind: str):
-    def estimator(logp, ref_logp, **kwargs):
-        return kl_penalty(logp, ref_logp, kind, **kwargs)
+    def estimator(logp, ref_logp, *, clamp: float | None = None, old_logp=None):
+        return kl_penalty(logp, ref_logp, kind, clamp=clamp, old_logp=old_logp)
 
     estimator.__name__ = "kl_" + kind.replace("+", "_straight_through")
-    estimator.__doc__ = _SUMMARIES[kind] + "\n\nSee `kl_penalty`; accepts its keyword arguments."
+    estimator.__doc__ = _SUMMARIES[kind] + "\n\nSee `kl_penalty` for the arguments."
     return estimator
 
 
