@@ -45,6 +45,9 @@ def importance_correction(
 
     Returns:
       (weights f32[N, T] zero where masked, metrics).
+
+    Paper: Yao et al., "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training" (2025).
     """
     if level not in ("token", "sequence"):
         raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")

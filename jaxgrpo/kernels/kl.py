@@ -62,6 +62,10 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, 
 
     Returns:
       f32[N, T] per-token estimate (not masked).
+
+    With x = log pi_ref - log pi: k1 = -x, k2 = x^2 / 2, k3 = exp(x) - x - 1.
+
+    Paper: J. Schulman, "Approximating KL Divergence" (2020).
     """
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
@@ -101,7 +105,9 @@ def _registered_estimator(kind: str):
         return kl_penalty(logp, ref_logp, kind, clamp=clamp, old_logp=old_logp)
 
     estimator.__name__ = "kl_" + kind.replace("+", "_straight_through")
-    estimator.__doc__ = _SUMMARIES[kind] + "\n\nSee `kl_penalty` for the arguments."
+    estimator.__doc__ = (
+        _SUMMARIES[kind] + "\n\nSee `kl_penalty` for the arguments.\n\nPaper: J. Schulman, \"Approximating KL Divergence\" (2020)."
+    )
     return estimator
 
 

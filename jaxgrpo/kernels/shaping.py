@@ -24,6 +24,8 @@ def overlong_penalty(lengths, *, max_len: int = 20480, cache_len: int = 4096) ->
     Args:
       lengths: [N] completion lengths in tokens.
       max_len, cache_len: L_max and L_cache; 20480 and 4096 from the paper.
+
+    Paper: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
     """
     check_rank("lengths", lengths, 1, "[N]")
     if not 0 < cache_len <= max_len:
@@ -45,6 +47,8 @@ def dynamic_sampling_filter(rewards, group_ids, *, num_groups: int, valid=None, 
     Returns:
       bool[N]: True for valid rows of groups with at least two distinct rewards
       (max - min > atol).
+
+    Paper: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     spread = segments.max(rewards, group_ids, num_groups, valid) - segments.min(rewards, group_ids, num_groups, valid)

@@ -44,6 +44,8 @@ def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
     """Reward-to-go G_t = sum_{k >= t} gamma^(k-t) r_k over the unmasked tokens.
 
     Masked tokens are skipped: they add no reward and no discount step.
+
+    Reference: Sutton & Barto, "Reinforcement Learning: An Introduction" (2018).
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, mask=mask.astype(jnp.float32))
