@@ -15,6 +15,8 @@ CORE = [
     "safetensors>=0.4",
     "gguf==0.19.0",
     "tensorflow-datasets==4.9.10",
+    # TFDS imports it to prepare builders that live in a package (its metadata omits it on 3.10+).
+    "importlib_resources==7.1.0",
     "grain==0.2.18",
     "array-record>=0.7",
     "sympy>=1.13",
@@ -36,7 +38,7 @@ TEST = [
 # wheel pinned here (an unpinned torch pulls a multi-GB CUDA build).
 PARITY = ["torch==2.13.0"]
 
-BENCH = PARITY + ["trl", "accelerate", "datasets"]
+BENCH = PARITY + ["trl", "accelerate==1.15.0", "datasets"]
 
 setup(
     name="jaxgrpo",
