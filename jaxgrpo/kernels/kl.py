@@ -94,9 +94,9 @@ _SUMMARIES = {
     "k1": "k1 = log pi - log pi_ref: unbiased KL estimate, high variance.",
     "k2": "k2 = (log pi - log pi_ref)^2 / 2: low variance; its gradient is the KL's.",
     "k3": "k3 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, non-negative (GRPO's KL term).",
-    "k1+": "k1 value with the gradient of k2 (straight-through).",
-    "k3+": "k3 value with the gradient of k2 (straight-through).",
-    "k3_unbiased": "(pi/pi_old) * k3: unbiased when samples come from pi_old (needs old_logp).",
+    "k1+": "k1+ = k2 + sg(k1 - k2): the value of k1 with the gradient of k2 (straight-through).",
+    "k3+": "k3+ = k2 + sg(k3 - k2): the value of k3 with the gradient of k2 (straight-through).",
+    "k3_unbiased": "k3_unbiased = (pi/pi_old) k3: unbiased when samples come from pi_old (needs old_logp).",
 }
 
 

@@ -44,9 +44,11 @@ def dynamic_sampling_filter(rewards, group_ids, *, num_groups: int, valid=None, 
     gives zero advantage and no gradient; DAPO drops it and samples more. Use
     the raw correctness (before shaping) as `rewards`.
 
+    keep_i = valid_i and (max_g r - min_g r > atol), max and min over the valid
+    rows of i's group.
+
     Returns:
-      bool[N]: True for valid rows of groups with at least two distinct rewards
-      (max - min > atol).
+      bool[N]: True for valid rows of groups with at least two distinct rewards.
 
     Paper: Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
     """

@@ -63,6 +63,9 @@ def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
 def reinforce_pp_returns(token_rewards, mask, *, gamma: float = 1.0, eps: float = 1e-8) -> Array:
     """REINFORCE++ token advantages: discounted returns whitened over the global batch.
 
+    A_t = (G_t - mean) / sqrt(var + eps), G_t = sum_{k >= t} gamma^(k-t) r_k, with
+    mean and (unbiased) var over every unmasked token of the batch.
+
     Fold a KL penalty into `token_rewards` first (r_t - beta * k1_t) as the paper does.
 
     Paper: Hu, "REINFORCE++" (2025); whitening as in verl.
