@@ -21,7 +21,8 @@ class Checkpointer:
     def __init__(self, directory: str, *, keep: int = 3):
         if keep < 1:
             raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
-        self.directory = os.path.abspath(directory)
+        # Remote paths (gs://...) go to orbax as they are: every host of a pod must see the same storage.
+        self.directory = directory if "://" in directory else os.path.abspath(directory)
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False),

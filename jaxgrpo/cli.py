@@ -9,10 +9,22 @@ import sys
 
 
 def _distributed_init() -> None:
-    """Joins a multi-host run when the launcher says so (JAX_COORDINATOR_ADDRESS or a TPU pod / SLURM)."""
+    """Joins a multi-host run when the launcher says so.
+
+    `JAX_COORDINATOR_ADDRESS` (with `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID`, as
+    `launch/slurm.sbatch` exports them), or `JAXGRPO_DISTRIBUTED=1` on a TPU pod,
+    where JAX finds its peers by itself.
+    """
     import jax
 
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("JAXGRPO_DISTRIBUTED") == "1":
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        kwargs = {}
+        if "JAX_NUM_PROCESSES" in os.environ:
+            kwargs["num_processes"] = int(os.environ["JAX_NUM_PROCESSES"])
+        if "JAX_PROCESS_ID" in os.environ:
+            kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
+        jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], **kwargs)
+    elif os.environ.get("JAXGRPO_DISTRIBUTED") == "1":
         jax.distributed.initialize()
 
 
