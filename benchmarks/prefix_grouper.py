@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 from jaxgrpo.models.prefix import shared_prefix_token_logprobs
 
 SMOLLM2_135M = DecoderConfig(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
@@ -56,8 +57,11 @@ def main():
     targets = jnp.roll(replicated, -1, axis=1)
 
     def replicated_loss(params):
-        log_probs, _ = nnx.merge(graphdef, params).token_logprobs(replicated, targets)
-        return jnp.mean(log_probs[:, p - 1 : p + s - 1])
+        # Project only the positions that predict completion tokens, as a trainer would.
+        model = nnx.merge(graphdef, params)
+        hidden, _ = model.hidden_states(replicated)
+        log_probs, _ = token_logprobs_and_entropy(hidden[:, p - 1 : p + s - 1], model.unembedding(), targets[:, p - 1 : p + s - 1])
+        return jnp.mean(log_probs)
 
     def shared_loss(params):
         log_probs, _ = shared_prefix_token_logprobs(nnx.merge(graphdef, params), prompts, prompt_mask, completions)

@@ -86,3 +86,16 @@ def test_gguf_tokenizers_round_trip(smollm2, gemma3):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert len(ids) > 3
         assert tokenizer.decode(ids) == text
+
+
+def test_directory_with_tokenizer_files_loads_the_tokenizer(smollm2, tmp_path):
+    _, gguf_tokenizer, *_ = smollm2
+    config = transformers.LlamaConfig(vocab_size=len(gguf_tokenizer), hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    gguf_tokenizer.save_pretrained(tmp_path)
+    _, tokenizer = load(str(tmp_path))
+    text = "Hello, world!"
+    assert tokenizer(text)["input_ids"] == gguf_tokenizer(text)["input_ids"]
+    messages = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == gguf_tokenizer.apply_chat_template(messages, tokenize=False)
