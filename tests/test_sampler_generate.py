@@ -46,8 +46,9 @@ def random_model(family: str) -> Decoder:
 
 @functools.lru_cache(maxsize=None)
 def _full_forward(family: str):
-    model = random_model(family)
-    return jax.jit(lambda tokens, mask: model(tokens, attention_mask=mask))
+    graphdef, state = nnx.split(random_model(family))
+    forward = jax.jit(lambda state, tokens, mask: nnx.merge(graphdef, state)(tokens, attention_mask=mask))
+    return functools.partial(forward, state)
 
 
 def greedy_reference(family: str, prompts, new_tokens: int) -> np.ndarray:

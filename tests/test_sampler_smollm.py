@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxgrpo.models
 from jaxgrpo import sampler
@@ -30,11 +31,12 @@ def test_greedy_generation_equals_argmax_of_full_forwards_and_answers_five(smoll
     buffer = np.full((len(prompts), int(lengths.max()) + NEW_TOKENS), tokenizer.pad_token_id, np.int32)
     for row, prompt in enumerate(prompts):
         buffer[row, : len(prompt)] = prompt
-    forward = jax.jit(lambda tokens, mask: model(tokens, attention_mask=mask))
+    graphdef, state = nnx.split(model)  # weights as arguments, not constants folded into the program
+    forward = jax.jit(lambda state, tokens, mask: nnx.merge(graphdef, state)(tokens, attention_mask=mask))
     ends = lengths.copy()
     for _ in range(NEW_TOKENS):
         mask = np.arange(buffer.shape[1])[None] < ends[:, None]
-        logits = np.asarray(forward(jnp.asarray(buffer), jnp.asarray(mask)))
+        logits = np.asarray(forward(state, jnp.asarray(buffer), jnp.asarray(mask)))
         buffer[np.arange(len(prompts)), ends] = logits[np.arange(len(prompts)), ends - 1].argmax(-1)
         ends += 1
 
