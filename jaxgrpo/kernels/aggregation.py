@@ -17,6 +17,7 @@ the micro-batch losses, and their gradients, then sum to the full-batch ones.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -66,7 +67,7 @@ def aggregation_denominator(mask, mode: str = "token_mean", *, max_len: int | No
     num_seqs = (mask.sum(-1) > 0).astype(jnp.float32).sum()
     if mode == "seq_mean_token_sum_norm":
         length = mask.shape[-1] if max_len is None else max_len
-        if not isinstance(length, (int, float)) or length <= 0:
+        if isinstance(length, bool) or not isinstance(length, numbers.Real) or length <= 0:
             raise ValueError(f"max_len must be a positive number, got {max_len!r}")
         return num_seqs * float(length)
     return num_seqs
