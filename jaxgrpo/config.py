@@ -272,6 +272,11 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
             f"micro-batch of {micro} sequences cannot be split over {num_devices} devices; "
             f"make micro_batch_size a multiple of {num_devices}"
         )
+    if not 0 <= cfg.overlong_cache_len <= cfg.sampling.max_new_tokens:
+        raise ValueError(
+            f"overlong_cache_len={cfg.overlong_cache_len} must lie in [0, sampling.max_new_tokens="
+            f"{cfg.sampling.max_new_tokens}]: the penalty window sits at the end of the completion budget"
+        )
     if cfg.steps < 0:
         raise ValueError(f"steps must be >= 0, got {cfg.steps}")
 

@@ -161,6 +161,8 @@ def test_every_experiment_runs_two_steps(name, tmp_path):
         overrides.append("correctness_reward=first_char_reward")
     if cfg.group_size > 1:
         overrides += ["prompts_per_step=8", f"group_size={5 if cfg.loss_mask else 4}"]
+    if cfg.overlong_cache_len:
+        overrides.append("overlong_cache_len=2")
     apply_overrides(cfg, overrides)
     trainer = Trainer(cfg)
     before = params_of(trainer)
