@@ -67,14 +67,25 @@ def test_experiment_without_entry_point(tmp_path):
         load_experiment(str(tmp_path / "missing.py"))
 
 
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "jaxgrpo.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
 def test_cli_errors_are_one_line(tmp_path):
-    """A typo in --set exits 2 with a single error line naming the key and the valid ones."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxgrpo.cli", os.path.join(ROOT, "experiments", "grpo.py"), "--set", "optimzer.lr=1"],
-        capture_output=True, text=True, cwd=tmp_path,
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown config key 'optimzer.lr'" in lines[0] and "optimizer.lr" in lines[0]
-    proc = subprocess.run([sys.executable, "-m", "jaxgrpo.cli", str(tmp_path / "nope.py")], capture_output=True, text=True)
-    assert proc.returncode == 2 and "not found" in proc.stderr
+    """A config typo, a missing entry point, an indivisible batch: exit 2 with one line saying what to fix."""
+    grpo = os.path.join(ROOT, "experiments", "grpo.py")
+    no_entry = tmp_path / "no_entry.py"
+    no_entry.write_text("x = 1\n")
+    cases = {
+        ("--set", "optimzer.lr=1"): ["unknown config key 'optimzer.lr'", "optimizer.lr"],
+        (str(no_entry),): ["must define a function config()"],
+        (str(tmp_path / "nope.py"),): ["not found"],
+        ("--set", "prompts_per_step=3", "group_size=3", "num_minibatches=2"): ["not divisible by num_minibatches=2"],
+    }
+    for args, needles in cases.items():
+        argv = args if not args[0].startswith("--") else (grpo, *args)
+        proc = _cli(*argv, cwd=tmp_path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("jaxgrpo-train: error:"), (args, lines)
+        assert all(n in lines[0] for n in needles), (args, lines[0])
