@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import kernels
@@ -323,6 +324,25 @@ class Trainer:
 
     Everything can also be passed in (a model and tokenizer, a task, reward
     functions) so tests and notebooks run without downloads.
+
+    Multi-host (one process per host, `jax.distributed.initialize()` called
+    first, as `jaxgrpo.cli` does): the mesh spans every host's devices and every
+    process runs this same loop. The model is built identically everywhere (a
+    fixed seed or the same weights file) and laid out on the global mesh.
+
+    * Sampling is one global SPMD program: its rows are split over the batch
+      axes, so each host's devices sample their share. Every process reads the
+      same prompt positions of the deterministic `PromptStream` (the sampler's
+      static shapes depend on the whole step's prompts), and the sampled rows
+      are gathered to every host (`_to_host`), which then scores all of them
+      and computes the same advantages: host-side work is replicated, not split.
+    * The update's inputs are global arrays to which each process contributes
+      only its addressable shards, i.e. its own rows of the batch (`_from_host`).
+    * Checkpoints are written and restored by every process (orbax writes each
+      host's shards); metrics, plots and progress bars come from process 0 only.
+
+    The result equals a single-process run on the same number of devices
+    (`tests/test_multihost.py`: 2 processes x 4 CPU devices vs 1 x 8).
     """
 
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
@@ -365,6 +385,7 @@ class Trainer:
         self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
         self.ref_params = jax.tree.map(jnp.copy, params) if cfg.kl_coef else None
         self._update = make_update_fn(cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding)
+        self._batch_sharding = NamedSharding(self.mesh, P(None, BATCH_AXES))
 
         self.train_examples = self.task.load(cfg.task.train_split, data_dir=cfg.task.data_dir)
         self.prompts = PromptStream(self.train_examples, cfg.seed)
@@ -433,9 +454,9 @@ class Trainer:
                 break
             examples = self.prompts.take(need)
             t0 = time.perf_counter()
-            out = self.generate(examples, g, jax.random.fold_in(key, rounds))
-            tokens = np.asarray(out.completion_tokens)
-            mask = np.asarray(out.completion_mask, np.float32)
+            out = _to_host(self.generate(examples, g, jax.random.fold_in(key, rounds)))
+            tokens = out.completion_tokens
+            mask = out.completion_mask.astype(np.float32)
             timings["time_sample"] += time.perf_counter() - t0
             sampled_tokens += int(mask.sum())
             t0 = time.perf_counter()
@@ -452,8 +473,8 @@ class Trainer:
             group_ids = np.repeat(np.arange(need), g).astype(np.int32)
             rollout = Rollout(
                 # The untruncated policy log-probs: what the trainer computes for the same tokens.
-                np.asarray(out.prompt_tokens), np.asarray(out.prompt_mask, bool), tokens, mask,
-                np.asarray(out.policy_logprobs, np.float32), np.asarray(out.finish_reason) == sampler.FINISH_STOP,
+                out.prompt_tokens, out.prompt_mask.astype(bool), tokens, mask,
+                out.policy_logprobs.astype(np.float32), out.finish_reason == sampler.FINISH_STOP,
                 shaped.astype(np.float32), result.per_reward, correct, result.valid, group_ids, texts, row_examples,
             )
             if cfg.dynamic_sampling:
@@ -537,9 +558,9 @@ class Trainer:
         fn = self._forward_fn()
         ref_logp = values = np.zeros((tokens.shape[0], completion_len), np.float32)
         if self.ref_params is not None:
-            ref_logp = np.asarray(fn(self.ref_params, tokens, attention, positions, completion_len)[0])
+            ref_logp = _to_host(fn(self.ref_params, tokens, attention, positions, completion_len)[0])
         if self.cfg.value_head:
-            values = np.asarray(fn(self.state.params, tokens, attention, positions, completion_len)[1])
+            values = _to_host(fn(self.state.params, tokens, attention, positions, completion_len)[1])
         return ref_logp, values
 
     @functools.cache
@@ -568,6 +589,7 @@ class Trainer:
             for m in range(cfg.num_minibatches):
                 rows = order[m * minibatch : (m + 1) * minibatch]
                 mb = jax.tree.map(lambda x: x[rows].reshape((minibatch // micro, micro) + x.shape[1:]), batch)
+                mb = _from_host(mb, self._batch_sharding)
                 with jax.set_mesh(self.mesh):
                     self.state, metrics = self._update(self.state, mb)
                 history.append(metrics)
@@ -721,11 +743,12 @@ class Trainer:
         if resume and checkpointer.latest_step() is not None:
             start, key = self.restore(checkpointer)
             writer.truncate_after(start)
-        elif resume:
+        elif resume and writer.enabled:
             print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
         if start == 0 and cfg.warmup_sft_steps:
             losses = self.warmup(cfg.warmup_sft_steps)
-            print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+            if writer.enabled:  # process 0 speaks for a multi-host run
+                print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         if start == 0 and self.eval_examples and cfg.eval_every:
             writer.write(0, self.evaluate(0), file=EVAL_FILE, prefix="eval/")
         history = []
@@ -785,8 +808,32 @@ def _on_mesh(tree, mesh):
     return jax.tree.map(place, tree)
 
 
+def _to_host(tree):
+    """Numpy copies of a pytree's arrays, the same global values on every process.
+
+    Arrays that span other processes' devices (the sampler's rows are split over
+    every host) are gathered with `process_allgather`; the rest are copied.
+    """
+
+    def fetch(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(fetch, tree)
+
+
+def _from_host(tree, sharding: NamedSharding):
+    """Global arrays laid out as `sharding` from numpy arrays every process holds in full.
+
+    Each process builds only its addressable shards (its own rows of the batch),
+    so in a multi-host run every host feeds its share of the global batch.
+    """
+    return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), tree)
+
+
 def _decode(tokenizer, out) -> list[str]:
-    tokens, mask = np.asarray(out.completion_tokens), np.asarray(out.completion_mask)
+    tokens, mask = _to_host((out.completion_tokens, out.completion_mask))
     lengths = mask.sum(-1).astype(int)
     return tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
 
