@@ -58,7 +58,7 @@ def test_greedy_decoding_with_cache_equals_full_forward(config):
                              cache, jnp.int32(index), jnp.asarray(kv_mask))
     # Causality: one full forward over the final sequence holds every step's reference logits.
     mask = np.concatenate([real, np.ones((2, new_tokens), bool)], axis=1)
-    full = np.asarray(model(jnp.asarray(sequence, jnp.int32), attention_mask=jnp.asarray(mask)))
+    full = np.asarray(jax.jit(lambda m, t, a: m(t, attention_mask=a))(model, jnp.asarray(sequence, jnp.int32), jnp.asarray(mask)))
     reference = full[:, prompt_length - 1 : -1].transpose(1, 0, 2)
     np.testing.assert_allclose(np.stack(step_logits), reference, atol=1e-5)
     assert (np.stack(step_logits).argmax(-1) == reference.argmax(-1)).all()
