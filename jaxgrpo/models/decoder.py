@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
-from jaxgrpo.models.logprobs import token_logprobs_and_entropy
+from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 
 # Added to masked attention scores; finite so fully masked rows (padding queries) stay NaN-free.
 _MASKED_SCORE = -1e30
@@ -277,8 +277,7 @@ class Decoder(nnx.Module):
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
         logits = jnp.matmul(hidden, self.unembedding(), preferred_element_type=jnp.float32)
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else cap * jnp.tanh(logits / cap)
+        return soft_cap(logits, self.config.final_logit_softcapping)
 
     def _check_tokens(self, tokens: jax.Array) -> None:
         if tokens.ndim != 2:

@@ -22,10 +22,13 @@ import jax.numpy as jnp
 _PADDING_LOGIT = -1e30
 
 
+def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
+    """Gemma's logit soft-capping `cap * tanh(logits / cap)`; identity when cap is None."""
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+
 def _softcapped_scaled(logits: jax.Array, temperature: float, logit_softcap: float | None) -> jax.Array:
-    if logit_softcap is not None:
-        logits = logit_softcap * jnp.tanh(logits / logit_softcap)
-    return logits / temperature
+    return soft_cap(logits, logit_softcap) / temperature
 
 
 def token_logprobs_and_entropy_reference(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.models.decoder import Decoder, KVCache
+from jaxgrpo.models.decoder import Decoder, KVCache, positions_from_mask
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
 
@@ -36,7 +36,7 @@ def shared_prefix_hidden_states(
     capacity = prompt_length + completion_length
     prompt_mask = prompt_mask.astype(bool)
     kv_mask = jnp.zeros((num_prompts, capacity), bool).at[:, :prompt_length].set(prompt_mask)
-    positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+    positions = positions_from_mask(prompt_mask, None, prompt_length)
     prompt_hidden, cache = model.hidden_states(
         prompt_tokens, positions, cache=model.init_cache(num_prompts, capacity), cache_index=0, kv_mask=kv_mask
     )
