@@ -1,0 +1,127 @@
+"""The multi-host path for real on one machine: 2 processes x 4 CPU devices == 1 process x 8 devices.
+
+Each process is a separate Python interpreter joined by `jax.distributed.initialize` with a
+coordinator on 127.0.0.1 (cross-process collectives over gloo), so the mesh, the sampler, the
+update, the gathers and the orbax checkpoint all take their multi-controller code paths.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+from jaxgrpo.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
+TIMEOUT_S = 1800  # per run; the machine may be shared and each process compiles its own programs
+
+# One process of a run: train (or resume) the toy experiment, then write the parameters every
+# process sees (gathered from all hosts) and the run's step and data position to an .npz.
+_WORKER = textwrap.dedent(
+    """
+    import sys
+
+    num_processes, process_id, port, run_dir, out, resume = sys.argv[1:7]
+    num_processes, process_id = int(num_processes), int(process_id)
+
+    import jax
+
+    if num_processes > 1:
+        jax.distributed.initialize(f"127.0.0.1:{{port}}", num_processes=num_processes, process_id=process_id)
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from jaxgrpo.config import apply_overrides, load_experiment
+    from jaxgrpo.trainer import Trainer
+
+    assert jax.process_count() == num_processes and jax.device_count() == 8, (jax.process_count(), jax.device_count())
+    cfg = load_experiment({toy!r})
+    apply_overrides(cfg, ["steps=2", "warmup_sft_steps=2", "eval_every=0", "task.num_eval_examples=0",
+                          "checkpoint_every=2", "run_dir=" + run_dir])
+    trainer = Trainer(cfg)
+    trainer.run(resume=resume == "resume", progress=False)
+    params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+    flat = {{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
+    np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.prompts.position)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(script, num_processes, process_id, port, run_dir, out, mode, devices):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+    args = [sys.executable, str(script), str(num_processes), str(process_id), str(port), str(run_dir), str(out), mode]
+    with open(f"{out}.log", "w") as log:  # a file, not a pipe: nobody reads a pipe while the run goes on
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(procs):
+    """Waits for every process; on the first failure (or the timeout) stops the others and fails with its log."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(p.poll() is None for p in procs.values()):
+        failed = [name for name, p in procs.items() if p.returncode not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(1)
+    for name, p in procs.items():
+        p.wait()
+        if p.returncode != 0:
+            with open(p.args[6] + ".log") as log:
+                raise AssertionError(f"{name} exited with {p.returncode}:\n{log.read()[-4000:]}")
+
+
+def _load(path):
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def test_two_processes_train_save_and_restore_like_one(tmp_path):
+    """2 steps on 2 hosts x 4 devices give the 1 x 8 run's parameters (1e-5); both hosts restore the checkpoint."""
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER.format(toy=TOY))
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    port = _free_port()
+    procs = {f"process {i}": _start(script, 2, i, port, multi, tmp_path / f"multi_{i}.npz", "fresh", 4) for i in range(2)}
+    procs["single process"] = _start(script, 1, 0, 0, single, tmp_path / "single.npz", "fresh", 8)
+    _wait(procs)
+
+    reference = _load(tmp_path / "single.npz")
+    trained = _load(tmp_path / "multi_0.npz")
+    assert sorted(trained) == sorted(reference) and len(reference) > 2
+    for name in reference:
+        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
+    for name, value in _load(tmp_path / "multi_1.npz").items():  # both hosts hold the same global values
+        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    assert int(trained["__step__"]) == 2
+    # Only process 0 logs: one record per step, not one per host.
+    assert [r["step"] for r in read_jsonl(multi / "metrics.jsonl")] == [1, 2]
+    assert sorted(os.listdir(multi / "checkpoints")) == ["2"]
+
+    # Both processes restore the checkpoint the two hosts wrote; steps=2 leaves nothing to train.
+    port = _free_port()
+    procs = {f"resumed process {i}": _start(script, 2, i, port, multi, tmp_path / f"restored_{i}.npz", "resume", 4)
+             for i in range(2)}
+    _wait(procs)
+    for i in range(2):
+        restored = _load(tmp_path / f"restored_{i}.npz")
+        assert sorted(restored) == sorted(trained)
+        for name in trained:
+            np.testing.assert_array_equal(restored[name], trained[name], err_msg=f"process {i}: {name}")
+    assert [r["step"] for r in read_jsonl(multi / "metrics.jsonl")] == [1, 2]
