@@ -1,0 +1,219 @@
+"""Forward+backward throughput of SmolLM2-135M (float32) against this machine's measured matmul peak.
+
+    python benchmarks/train_throughput.py [--shapes 8x128 16x256] [--repeats 5] [--out benchmarks/results/train_throughput.json]
+
+What is timed is the gradient the trainer's update computes: `jaxgrpo.trainer.completion_outputs`
+(the decoder, then chunked log-probs and entropies of every next token) under `jax.value_and_grad`,
+jitted, on B x T tokens, median of `--repeats` runs after one compile.
+
+Model FLOPs per step (PaLM's MFU convention, Chowdhery et al. 2022, appendix B):
+6 * N * tokens + 12 * L * H * Q * T * tokens, where N counts every parameter (the tied embedding once:
+it is the output projection's matmul), L layers, H query heads of size Q, T the sequence length. The
+peak is measured, not taken from a data sheet: the median FLOP/s of a jitted 4096^3 float32 matmul.
+
+To find where the rest goes, the step is split into its parts (the layer stack; the log-prob head;
+the forward pass alone), each with XLA's compiled cost analysis (flops, bytes accessed); the bytes
+are compared with the measured memory bandwidth (a jitted elementwise pass over 256 MiB), and the
+model's own matmul shapes are timed alone to show what this CPU's matmul reaches at those sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+PEAK_N = 4096
+
+
+def median_seconds(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_flops_per_second(m: int, k: int, n: int, repeats: int = 5) -> float:
+    """Measured FLOP/s of a jitted float32 [m, k] @ [k, n] (2 m k n FLOPs)."""
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+    seconds = median_seconds(jax.jit(jnp.matmul), a, b, repeats=repeats)
+    return 2.0 * m * k * n / seconds
+
+
+def memory_bandwidth(repeats: int = 5, mib: int = 256) -> float:
+    """Measured bytes/s of a jitted elementwise pass (read + write) over `mib` MiB of float32."""
+    x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+    seconds = median_seconds(jax.jit(lambda v: v * 1.0001 + 1.0), x, repeats=repeats)
+    return 2.0 * x.nbytes / seconds
+
+
+def model_flops(config, num_params: int, batch: int, length: int) -> float:
+    """Model FLOPs of one forward+backward pass over batch x length tokens (see the module docstring)."""
+    tokens = batch * length
+    attention = 12 * config.num_layers * config.num_heads * config.head_dim * length
+    return 6.0 * num_params * tokens + attention * tokens
+
+
+def compiled_cost(fn, *args) -> dict:
+    """XLA's cost analysis of the compiled function: flops and bytes accessed."""
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {"flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def step_functions(model):
+    """(train_grad, forward, layers_grad, head_grad) as functions of (params, tokens...) for `model`."""
+    from jaxgrpo.models.logprobs import token_logprobs_and_entropy
+    from jaxgrpo.trainer import Policy, completion_outputs
+
+    graphdef, params, rest = nnx.split(Policy(model), nnx.Param, ...)
+
+    def loss(p, tokens, mask, positions):
+        policy = nnx.merge(graphdef, p, rest)
+        logp, entropy, _ = completion_outputs(policy, tokens, mask, positions, tokens.shape[1] - 1, 1.0, with_values=False)
+        return -logp.mean() + 0.0 * entropy.mean()
+
+    def layers_loss(p, tokens, mask, positions):
+        hidden, _ = nnx.merge(graphdef, p, rest).decoder.hidden_states(tokens, positions, attention_mask=mask)
+        return jnp.mean(hidden * hidden)
+
+    def head_loss(hidden, unembedding, targets):
+        logp, entropy = token_logprobs_and_entropy(hidden, unembedding, targets)
+        return -logp.mean() + 0.0 * entropy.mean()
+
+    return params, {
+        "train_step": jax.value_and_grad(loss),
+        "forward": loss,
+        "layer_stack": jax.value_and_grad(layers_loss),
+        "logprob_head": jax.value_and_grad(head_loss, argnums=(0, 1)),
+    }
+
+
+def measure_shape(model, params, fns, batch: int, length: int, repeats: int, peak: float, bandwidth: float) -> dict:
+    config = model.config
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (batch, length)), jnp.int32)
+    mask = jnp.ones((batch, length), bool)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    hidden = jnp.asarray(rng.normal(size=(batch, length - 1, config.hidden_size)), jnp.float32)
+    unembedding = model.unembedding()
+    args = {
+        "train_step": (params, tokens, mask, positions),
+        "forward": (params, tokens, mask, positions),
+        "layer_stack": (params, tokens, mask, positions),
+        "logprob_head": (hidden, unembedding, tokens[:, 1:]),
+    }
+    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    flops = model_flops(config, num_params, batch, length)
+    row = {"batch": batch, "length": length, "tokens": batch * length, "num_params": num_params, "model_flops": flops,
+           "parts": {}}
+    for name, fn in fns.items():
+        jitted = jax.jit(fn)
+        seconds = median_seconds(jitted, *args[name], repeats=repeats)
+        cost = compiled_cost(fn, *args[name])
+        row["parts"][name] = {
+            "seconds": seconds, **cost,
+            "xla_flops_per_second": cost["flops"] / seconds,
+            "fraction_of_peak_xla_flops": cost["flops"] / seconds / peak,
+            # Lower bounds on the time if the part ran at the matmul peak / at the memory bandwidth.
+            "compute_bound_seconds": cost["flops"] / peak,
+            "memory_bound_seconds": cost["bytes_accessed"] / bandwidth,
+        }
+        print(f"  B={batch} T={length} {name:>13}: {seconds:6.2f} s, XLA flops {cost['flops'] / 1e9:7.1f} G "
+              f"({cost['flops'] / seconds / peak:5.1%} of peak), bytes {cost['bytes_accessed'] / 2**30:6.2f} GiB "
+              f"(>= {cost['bytes_accessed'] / bandwidth:5.2f} s at the measured bandwidth)", flush=True)
+    step = row["parts"]["train_step"]["seconds"]
+    row.update(seconds=step, tokens_per_second=batch * length / step, model_flops_per_second=flops / step,
+               fraction_of_peak=flops / step / peak)
+    return row
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["shapes"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    labels = [f"B={r['batch']} x T={r['length']}" for r in rows]
+    fractions = [100 * r["fraction_of_peak"] for r in rows]
+    bars = left.bar(labels, fractions, color="C0")
+    left.axhline(60, color="C3", ls="--", label="goal 60%")
+    for bar, r in zip(bars, rows):
+        left.annotate(f"{r['tokens_per_second']:.0f} tok/s", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                      ha="center", va="bottom", fontsize=9)
+    left.set_ylabel("model FLOP/s, % of measured fp32 matmul peak")
+    left.set_title(f"SmolLM2-135M forward+backward (peak {result['peak_flops_per_second'] / 1e9:.0f} GFLOP/s)")
+    left.legend()
+    shapes = result["matmul_shapes"]
+    right.barh([s["name"] for s in shapes], [100 * s["fraction_of_peak"] for s in shapes], color="C1")
+    right.axvline(100, color="k", lw=0.5)
+    right.set_xlabel(f"% of the {PEAK_N}^3 matmul peak")
+    right.set_title("the model's own matmul shapes, timed alone")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["8x128", "16x256"], help="BxT")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    parser.add_argument("--plot", default="docs/benchmarks_train_throughput.png")
+    args = parser.parse_args()
+
+    import jaxgrpo.models
+
+    peak = statistics.median(matmul_flops_per_second(PEAK_N, PEAK_N, PEAK_N) for _ in range(3))
+    bandwidth = memory_bandwidth()
+    print(f"float32 matmul peak {peak / 1e9:.0f} GFLOP/s ({PEAK_N}^3), memory bandwidth {bandwidth / 1e9:.1f} GB/s")
+    model, _ = jaxgrpo.models.load(args.model)
+    params, fns = step_functions(model)
+    rows = []
+    for shape in args.shapes:
+        batch, length = map(int, shape.lower().split("x"))
+        rows.append(measure_shape(model, params, fns, batch, length, args.repeats, peak, bandwidth))
+        r = rows[-1]
+        print(f"B={batch} T={length}: {r['tokens_per_second']:.0f} tokens/s, {r['model_flops_per_second'] / 1e9:.0f} "
+              f"model GFLOP/s = {r['fraction_of_peak']:.1%} of peak (goal 60%)", flush=True)
+    c = model.config
+    tokens = rows[0]["tokens"]
+    shapes = []
+    for name, (m, k, n) in {
+        "q/o projection [BT,576]x[576,576]": (tokens, c.hidden_size, c.num_heads * c.head_dim),
+        "k/v projection [BT,576]x[576,192]": (tokens, c.hidden_size, c.num_kv_heads * c.head_dim),
+        "MLP up/gate [BT,576]x[576,1536]": (tokens, c.hidden_size, c.intermediate_size),
+        "MLP down [BT,1536]x[1536,576]": (tokens, c.intermediate_size, c.hidden_size),
+        "attention scores [T,64]x[64,T]": (rows[0]["length"], c.head_dim, rows[0]["length"]),
+        "vocabulary chunk [BT,576]x[576,8192]": (tokens, c.hidden_size, 8192),
+    }.items():
+        rate = statistics.median(matmul_flops_per_second(m, k, n) for _ in range(3))
+        shapes.append({"name": name, "m": m, "k": k, "n": n, "flops_per_second": rate, "fraction_of_peak": rate / peak})
+        print(f"  matmul {name} (BT={tokens}): {rate / 1e9:.0f} GFLOP/s = {rate / peak:.0%} of peak")
+    result = {"benchmark": "train_throughput", "model": args.model, "dtype": "float32", "jax": jax.__version__,
+              "peak_flops_per_second": peak, "peak_matmul": f"{PEAK_N}^3 float32", "memory_bytes_per_second": bandwidth,
+              "shapes": rows, "matmul_shapes": shapes, "goal_fraction_of_peak": 0.6}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    if args.plot:
+        plot(result, args.plot)
+    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+
+
+if __name__ == "__main__":
+    main()

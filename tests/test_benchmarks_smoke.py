@@ -1,0 +1,72 @@
+"""Fast checks of the benchmark scripts' pure helpers: FLOP count, memory scaling, report parsing."""
+
+import importlib.util
+import os
+
+import jax
+import pytest
+
+from jaxgrpo.models import DecoderConfig
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+TINY = DecoderConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8, tie_word_embeddings=True)
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_model_flops_by_hand():
+    throughput = load_script("train_throughput")
+    # 6 N tokens + 12 L H Q T tokens with N=1000, 2 x 16 tokens, L=2, H=4, Q=8, T=16.
+    expected = 6 * 1000 * 32 + 12 * 2 * 4 * 8 * 16 * 32
+    assert throughput.model_flops(TINY, 1000, batch=2, length=16) == expected
+
+
+@pytest.mark.parametrize("scheme", ["fsdp", "fsdp_tp"])
+def test_parameter_and_optimizer_bytes_halve_on_two_devices(scheme):
+    scaling = load_script("scaling_memory")
+    configs = {"tiny": TINY}
+    one = scaling.measure("tiny", scheme, 1, batch=4, prompt=8, completion=8, configs=configs)
+    two = scaling.measure("tiny", scheme, 2, batch=4, prompt=8, completion=8, configs=configs)
+    assert one["param_bytes"] == one["param_bytes_global"]
+    # Every tiny dimension divides by 2, so the shards are exact halves; except that on the (1, 1, 2) mesh of
+    # FSDP x TP the RMSNorm weights (sharded over data/fsdp only) stay whole on both devices.
+    norms = 0 if scheme == "fsdp" else (2 * TINY.num_layers + 1) * TINY.hidden_size * 4
+    assert two["param_bytes"] * 2 == one["param_bytes"] + norms
+    assert two["optimizer_bytes"] * 2 == pytest.approx(one["optimizer_bytes"], abs=16)  # AdamW's step counters
+    assert two["activation_bytes"] < one["activation_bytes"]
+
+
+def test_mesh_shapes():
+    scaling = load_script("scaling_memory")
+    assert scaling.mesh_shape("fsdp", 8) == (1, 8, 1)
+    assert scaling.mesh_shape("fsdp_tp", 8) == (1, 4, 2)
+    assert scaling.mesh_shape("fsdp_tp", 1) == (1, 1, 1)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        scaling.mesh_shape("pipeline", 2)
+
+
+def test_markdown_tables_are_parsed_with_their_title():
+    report = load_script("report")
+    text = "### Throughput\n\n| sampler | tok/s |\n|---|---|\n| ours | 1,200 |\n| **ratio** | **3.10x** |\n\nafter\n"
+    (table,) = report.parse_markdown_tables(text)
+    assert table["title"] == "Throughput"
+    assert table["header"] == ["sampler", "tok/s"]
+    assert table["rows"] == [["ours", "1,200"], ["**ratio**", "**3.10x**"]]
+    assert report.number(report.table_value({"tables": [table]}, "ratio", 1)) == pytest.approx(3.10)
+    assert report.number(table["rows"][0][1]) == 1200
+
+
+def test_report_renders_without_results(tmp_path):
+    report = load_script("report")
+    text = report.render({}, "", str(tmp_path))
+    assert "# Benchmarks" in text and "Not run:" in text
+
+
+def test_fake_devices_present():
+    assert jax.device_count() >= 2, "conftest provides 8 fake CPU devices"
