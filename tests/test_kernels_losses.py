@@ -187,7 +187,7 @@ def test_gspo_token_has_gspo_value_but_per_token_gradients():
 )
 def test_cispo_weight_is_a_clipped_constant(ratio, hparams, weight):
     # l = -sg[w] A logp: value -w A logp and gradient -w A, for A = 2.
-    logp, old, adv, mask = one_token(ratio, 2.0)
+    logp = one_token(ratio, 2.0)[0]
     value, grad = value_and_grad_of_token(losses.cispo, ratio, 2.0, **hparams)
     np.testing.assert_allclose(value, -weight * 2.0 * float(logp[0, 0]), rtol=1e-5)
     np.testing.assert_allclose(grad, -weight * 2.0, rtol=1e-5)

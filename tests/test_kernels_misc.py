@@ -39,15 +39,15 @@ def test_overlong_penalty_slope():
     np.testing.assert_allclose(grad, [0.0, -0.25, 0.0])
 
 
+overlong_penalty_jit = jax.jit(overlong_penalty)
+
+
 @PROPERTY
 @given(lengths=st.lists(st.integers(0, 40000), min_size=1, max_size=8))
 def test_overlong_penalty_is_bounded_and_non_increasing(lengths):
     lengths = np.sort(np.pad(lengths, (0, 8 - len(lengths)), mode="edge"))
     penalty = np.asarray(overlong_penalty_jit(lengths))
     assert np.all((penalty <= 0) & (penalty >= -1)) and np.all(np.diff(penalty) <= 0)
-
-
-overlong_penalty_jit = jax.jit(overlong_penalty)
 
 
 def test_overlong_penalty_bad_inputs():
