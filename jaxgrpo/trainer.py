@@ -333,9 +333,12 @@ class Trainer:
     * Sampling is one global SPMD program: its rows are split over the batch
       axes, so each host's devices sample their share. Every process reads the
       same prompt positions of the deterministic `PromptStream` (the sampler's
-      static shapes depend on the whole step's prompts), and the sampled rows
-      are gathered to every host (`_to_host`), which then scores all of them
-      and computes the same advantages: host-side work is replicated, not split.
+      static shapes depend on the whole step's prompts, so no host can sample
+      its prompts alone), and the sampled rows are gathered to every host
+      (`_to_host`).
+    * Each host scores its contiguous share of the step's groups with the
+      reward functions (`score`); the rewards are gathered, and every host
+      then computes the same advantages from the whole batch.
     * The update's inputs are global arrays to which each process contributes
       only its addressable shards, i.e. its own rows of the batch (`_from_host`).
     * Checkpoints are written and restored by every process (orbax writes each
@@ -429,10 +432,24 @@ class Trainer:
             pad_id=self.pad_id,
         )
 
-    def score(self, texts: list[str], examples: list[dict], lengths: np.ndarray):
+    def score(self, texts: list[str], examples: list[dict], lengths: np.ndarray, *, group_size: int = 1):
+        """The rewards of N completions; in a multi-host run each host scores its share of the groups.
+
+        Rows are group-major (`group_size` consecutive rows per group). With
+        several processes, process p scores its contiguous share of the groups
+        and the results are gathered, so every host ends with the same whole
+        batch's rewards (a group never straddles two hosts).
+        """
         from jaxgrpo import rewards as reward_lib
 
-        result = reward_lib.score(self.reward_fns, texts, examples, completion_lengths=lengths)
+        def score_rows(rows: slice):
+            return reward_lib.score(self.reward_fns, texts[rows], examples[rows], completion_lengths=lengths[rows])
+
+        num_groups = len(texts) // group_size
+        if jax.process_count() == 1 or num_groups < jax.process_count():  # too few groups to share: score all
+            result = score_rows(slice(None))
+        else:
+            result = _score_per_process(score_rows, num_groups, group_size)
         if self.cfg.correctness_reward not in result.per_reward:
             raise KeyError(
                 f"correctness_reward={self.cfg.correctness_reward!r} is not among the rewards "
@@ -463,7 +480,7 @@ class Trainer:
             row_examples = [e for e in examples for _ in range(g)]
             lengths = mask.sum(-1).astype(np.int32)
             texts = self.tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
-            result = self.score(texts, row_examples, lengths)
+            result = self.score(texts, row_examples, lengths, group_size=g)
             shaped = result.rewards
             if cfg.overlong_cache_len:
                 shaped = shaped + np.asarray(kernels.overlong_penalty(
@@ -830,6 +847,28 @@ def _from_host(tree, sharding: NamedSharding):
     so in a multi-host run every host feeds its share of the global batch.
     """
     return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), tree)
+
+
+def _score_per_process(score_rows, num_groups: int, group_size: int):
+    """`score_rows` of this process's contiguous share of the groups, gathered from every process.
+
+    Shares differ by at most one group; each is padded to the largest for the
+    gather (which needs one shape everywhere) and the padding dropped after.
+    """
+    from jaxgrpo.rewards import RewardResult
+
+    shares = np.array_split(np.arange(num_groups), jax.process_count())
+    mine = shares[jax.process_index()]
+    local = score_rows(slice(mine[0] * group_size, (mine[-1] + 1) * group_size))
+    width = max(len(s) for s in shares) * group_size
+    pad = lambda x: np.pad(x, (0, width - len(x)))
+    columns = {"rewards": local.rewards, "valid": local.valid.astype(np.int32),
+               **{f"per_reward/{k}": v for k, v in local.per_reward.items()}}
+    gathered = multihost_utils.process_allgather({k: pad(v) for k, v in columns.items()})  # [processes, width]
+    rows = lambda x: np.concatenate([x[p, : len(s) * group_size] for p, s in enumerate(shares)])
+    valid = rows(gathered["valid"]).astype(bool)
+    per_reward = {k: rows(gathered[f"per_reward/{k}"]) for k in local.per_reward}
+    return RewardResult(rewards=rows(gathered["rewards"]), per_reward=per_reward, valid=valid, num_invalid=int((~valid).sum()))
 
 
 def _decode(tokenizer, out) -> list[str]:
