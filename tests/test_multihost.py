@@ -38,18 +38,29 @@ _WORKER = textwrap.dedent(
     import numpy as np
     from jax.experimental import multihost_utils
 
+    from jaxgrpo import rewards
     from jaxgrpo.config import apply_overrides, load_experiment
     from jaxgrpo.trainer import Trainer
 
+    scored_rows = []  # how many completions this process scored, per call
+    score = rewards.score
+
+    def counting_score(reward_fns, completions, examples, **context):
+        scored_rows.append(len(completions))
+        return score(reward_fns, completions, examples, **context)
+
+    rewards.score = counting_score
+
     assert jax.process_count() == num_processes and jax.device_count() == 8, (jax.process_count(), jax.device_count())
     cfg = load_experiment({toy!r})
-    apply_overrides(cfg, ["steps=2", "warmup_sft_steps=2", "eval_every=0", "task.num_eval_examples=0",
-                          "checkpoint_every=2", "run_dir=" + run_dir])
+    apply_overrides(cfg, ["mesh.data=2", "mesh.fsdp=4", "steps=2", "warmup_sft_steps=2", "eval_every=0",
+                          "task.num_eval_examples=0", "checkpoint_every=2", "run_dir=" + run_dir])
     trainer = Trainer(cfg)
     trainer.run(resume=resume == "resume", progress=False)
     params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
     flat = {{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
-    np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.prompts.position)
+    np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.prompts.position,
+             __scored_rows__=np.array(scored_rows, np.int32))
     """
 )
 
@@ -103,11 +114,15 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     _wait(procs)
 
     reference = _load(tmp_path / "single.npz")
-    trained = _load(tmp_path / "multi_0.npz")
+    trained, trained_1 = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    # Each host scored its half of the 8 groups x 8 samples of each step; one process scores all 64.
+    np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
+    np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
+    np.testing.assert_array_equal(trained_1.pop("__scored_rows__"), [32, 32])
     assert sorted(trained) == sorted(reference) and len(reference) > 2
     for name in reference:
         np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
-    for name, value in _load(tmp_path / "multi_1.npz").items():  # both hosts hold the same global values
+    for name, value in trained_1.items():  # both hosts hold the same global values
         np.testing.assert_array_equal(value, trained[name], err_msg=name)
     assert int(trained["__step__"]) == 2
     # Only process 0 logs: one record per step, not one per host.
@@ -121,6 +136,7 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     _wait(procs)
     for i in range(2):
         restored = _load(tmp_path / f"restored_{i}.npz")
+        assert restored.pop("__scored_rows__").size == 0  # restored at step 2: no step ran
         assert sorted(restored) == sorted(trained)
         for name in trained:
             np.testing.assert_array_equal(restored[name], trained[name], err_msg=f"process {i}: {name}")
