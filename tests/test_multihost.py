@@ -21,7 +21,8 @@ TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
 TIMEOUT_S = 1800  # per run; the machine may be shared and each process compiles its own programs
 
 # One process of a run: train (or resume) the toy experiment, then write the parameters every
-# process sees (gathered from all hosts) and the run's step and data position to an .npz.
+# process sees (gathered from all hosts), the run's step and data position, and how many
+# completions this process scored at each step, to an .npz.
 _WORKER = textwrap.dedent(
     """
     import sys
