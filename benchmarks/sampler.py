@@ -8,7 +8,7 @@
 2. Capacity: the per-step decode time with a cache of capacity 1024 versus 256 for the same live
    length (64-token prompts, batch 32): (time for 36 tokens - time for 4 tokens) / 32.
 
-    python benchmarks/sampler.py [--repeats 3] [--skip-torch]
+    python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity] [--new-tokens 128]
 """
 
 from __future__ import annotations
@@ -131,11 +131,14 @@ def capacity(model, tokenizer, repeats: int) -> None:
 
 
 def main() -> None:
+    global NEW_TOKENS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-torch", action="store_true", help="measure jaxgrpo only")
     parser.add_argument("--only", choices=("throughput", "capacity"), default=None)
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="fewer for a quick indicative run")
     args = parser.parse_args()
+    NEW_TOKENS = args.new_tokens
     model, tokenizer = jaxgrpo.models.load("smollm2-135m-instruct")
     if args.only != "capacity":
         throughput(model, tokenizer, args.repeats, args.skip_torch)
