@@ -15,7 +15,9 @@ runs `trainer.train()`; after each of its optimizer steps a callback runs one ja
 `Trainer.train_step`, so the steps alternate T J T J ... and slow drift of the machine's load hits
 both. Step k of each side sees the same 8 prompts. TRL's first step (allocation) and jaxgrpo's first
 step (XLA compilation of the sampler and the update) are reported apart; steady state is the median
-over the following pairs, with the median of the per-pair ratios.
+over the following pairs, with the median of the per-pair ratios. On a machine shared with other
+jobs, `--threads 1` keeps both frameworks' thread pools from waiting on descheduled peer threads
+(benchmarks/run_all.sh uses it); the results JSON is rewritten after every pair.
 
 Settings made equal (TRL name = jaxgrpo name): learning_rate = optimizer.lr = 1e-6, constant
 schedule, AdamW betas (0.9, 0.999), weight decay 0, max_grad_norm = 1.0; temperature 1.0, top-k/top-p
@@ -307,6 +309,7 @@ def main(args) -> None:
                                       "reward": metrics["reward_mean"]})
             print(f"step {step}: TRL {trl_row['seconds']:.1f} s ({trl_row['tokens']} tokens), "
                   f"jaxgrpo {seconds:.1f} s ({metrics['sampled_tokens']} tokens)", flush=True)
+            write_results(args, record, parity=None, weights_diff=weights_diff, same_prompt=same_prompt, final=False)
             self.mark = time.perf_counter()
 
     timing = _GenerationTimer()
@@ -325,37 +328,50 @@ def main(args) -> None:
           f"|diff| {parity['abs_diff']:.2e} (clip fraction {parity['clip_fraction']:.2f}); "
           f"advantages |diff| {parity['advantage_max_abs_diff']:.1e}: {'PASS' if parity['passed'] else 'FAIL'}")
 
+    write_results(args, record, parity=parity, weights_diff=weights_diff, same_prompt=same_prompt, final=True)
+
+
+def summarize(record: dict) -> dict:
+    """Medians of the steady-state steps (all but the first of each side) and the per-pair ratios."""
+    trl_steady = [r["seconds"] for r in record["trl"][1:]]
+    jax_steady = [r["seconds"] for r in record["jaxgrpo"][1 : len(record["trl"])]]
+    ratios = [t / j for t, j in zip(trl_steady, jax_steady)]
+    if not ratios:
+        return {}
+    out = {
+        "trl_first_step_seconds": record["trl"][0]["seconds"],
+        "jaxgrpo_first_step_seconds": record["jaxgrpo"][0]["seconds"],
+        "trl_median_seconds": statistics.median(trl_steady),
+        "jaxgrpo_median_seconds": statistics.median(jax_steady),
+        "speedup_median_of_pairs": statistics.median(ratios),
+        "pair_ratios": ratios,
+    }
+    # Compilation: the first step's excess over the steady state.
+    out["jaxgrpo_compile_seconds"] = out["jaxgrpo_first_step_seconds"] - out["jaxgrpo_median_seconds"]
+    for side in ("trl", "jaxgrpo"):
+        for part in ("generate_seconds", "tokens"):
+            out[f"{side}_median_{part}"] = statistics.median(r[part] for r in record[side][1 : len(ratios) + 1])
+    return out
+
+
+def write_results(args, record, *, parity, weights_diff, same_prompt, final: bool) -> None:
+    """Writes the JSON (after every pair too, so an interrupted run keeps what it measured)."""
     result = {
         "benchmark": "grpo_step_vs_trl", "threads": args.threads, "prompts": args.prompts,
         "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "versions": versions(),
         "weights_max_abs_diff": weights_diff, "same_prompt_tokens": bool(same_prompt), "parity": parity,
-        "steps": record,
+        "complete": final, "steps": record, **summarize(record),
     }
-    if not args.parity_only:
-        trl_steady = [r["seconds"] for r in record["trl"][1:]]
-        jax_steady = [r["seconds"] for r in record["jaxgrpo"][1:]]
-        ratios = [t / j for t, j in zip(trl_steady, jax_steady)]
-        result.update(
-            trl_first_step_seconds=record["trl"][0]["seconds"],
-            jaxgrpo_first_step_seconds=record["jaxgrpo"][0]["seconds"],
-            trl_median_seconds=statistics.median(trl_steady),
-            jaxgrpo_median_seconds=statistics.median(jax_steady),
-            speedup_median_of_pairs=statistics.median(ratios),
-            pair_ratios=ratios,
-        )
-        # Compilation: the first step's excess over the steady state (the first step also samples new prompts).
-        result["jaxgrpo_compile_seconds"] = result["jaxgrpo_first_step_seconds"] - result["jaxgrpo_median_seconds"]
-        for side in ("trl", "jaxgrpo"):
-            for part in ("generate_seconds", "tokens"):
-                result[f"{side}_median_{part}"] = statistics.median(r[part] for r in record[side][1:])
-        print(f"\nsteady state (median of {len(ratios)} pairs): TRL {result['trl_median_seconds']:.1f} s/step, "
+    if final and "speedup_median_of_pairs" in result:
+        print(f"\nsteady state (median of {len(result['pair_ratios'])} pairs): TRL {result['trl_median_seconds']:.1f} s/step, "
               f"jaxgrpo {result['jaxgrpo_median_seconds']:.1f} s/step, speedup {result['speedup_median_of_pairs']:.2f}x "
               f"(goal >= 3x); jaxgrpo first step {result['jaxgrpo_first_step_seconds']:.1f} s "
               f"(~{result['jaxgrpo_compile_seconds']:.1f} s compilation)")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    if final:
+        print(f"wrote {args.out}")
 
 
 class _GenerationTimer:

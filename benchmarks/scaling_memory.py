@@ -8,11 +8,13 @@ rules), and the trainer's own jitted update (`jaxgrpo.trainer.make_update_fn`: p
 log-probs, gradient, AdamW) is lowered and compiled for each mesh. Reported per device:
 
 * parameters and optimizer state: the bytes of each array's shard (`sharding.shard_shape`);
-* activations: XLA's compiled memory analysis, `temp_size_in_bytes` (everything the step allocates
-  besides its arguments and outputs).
+* temporaries ("activations" in the JSON): XLA's compiled memory analysis, `temp_size_in_bytes`:
+  everything the step allocates besides its arguments and outputs (activations kept for the backward
+  pass, gradients, gathered weights, update buffers); plus the largest buffers of the compiled program.
 
 Meshes (data, fsdp, model): FSDP is (1, N, 1); FSDP x TP is (1, N/2, 2) for N >= 2 (tensor
-parallelism over 2 devices, FSDP over the rest). The batch (8 sequences of 128 prompt + 128 completion
+parallelism over 2 devices, FSDP over the rest). `--schemes fsdp_pinned` is a what-if: FSDP with the
+decoder's activations pinned to batch sharding (`batch_sharded_activations`), to measure a fix. The batch (8 sequences of 128 prompt + 128 completion
 tokens) is fixed, so ideal scaling is 1/N for every column.
 """
 
@@ -24,8 +26,10 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import argparse
+import contextlib
 import json
 import math
+import re
 import time
 
 import jax
@@ -46,13 +50,13 @@ MODELS = {
     "1b": DecoderConfig(family="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
                         num_heads=32, num_kv_heads=8, head_dim=64, tie_word_embeddings=True),
 }
-SCHEMES = ("fsdp", "fsdp_tp")
+SCHEMES = ("fsdp", "fsdp_tp", "fsdp_pinned")
 BATCH, PROMPT, COMPLETION = 8, 128, 128
 
 
 def mesh_shape(scheme: str, devices: int) -> tuple[int, int, int]:
     """(data, fsdp, model) for `devices` devices under `scheme`."""
-    if scheme == "fsdp" or devices == 1:
+    if scheme in ("fsdp", "fsdp_pinned") or devices == 1:
         return (1, devices, 1)
     if scheme == "fsdp_tp":
         return (1, devices // 2, 2)
@@ -107,6 +111,52 @@ def abstract_batch(mesh, batch: int, prompt: int, completion: int) -> TrainBatch
                       f32(completion), f32(completion), f32(completion), f32(completion), f32(completion), f32(completion))
 
 
+@contextlib.contextmanager
+def batch_sharded_activations():
+    """What-if (scheme `fsdp_pinned`): the residual stream and MLP activations pinned to batch sharding.
+
+    Patches the Llama decoder's block and MLP for the duration (this benchmark only, not jaxgrpo): each
+    is wrapped in `jax.lax.with_sharding_constraint(x, P(("data", "fsdp"), None, None))`, so XLA
+    gathers each layer's weights instead of resharding activations along the hidden dimension.
+    """
+    from jax.sharding import PartitionSpec
+    from jaxgrpo.models import decoder
+
+    def pin(x):
+        return jax.lax.with_sharding_constraint(x, PartitionSpec(("data", "fsdp"), None, None))
+
+    block_call, mlp_call = decoder.Block.__call__, decoder.MLP.__call__
+
+    def block(self, x, *args, **kwargs):
+        x, new_kv = block_call(self, pin(x), *args, **kwargs)
+        return pin(x), new_kv
+
+    def mlp(self, x):
+        if self.gemma:
+            raise NotImplementedError("the what-if is written for the Llama MLP (SiLU)")
+        gate = jax.nn.silu(pin(x @ self.gate[...].astype(self.dtype)))
+        return pin((gate * pin(x @ self.up[...].astype(self.dtype))) @ self.down[...].astype(self.dtype))
+
+    decoder.Block.__call__, decoder.MLP.__call__ = block, mlp
+    try:
+        yield
+    finally:
+        decoder.Block.__call__, decoder.MLP.__call__ = block_call, mlp_call
+
+
+def largest_buffers(hlo_text: str, count: int = 3) -> list[dict]:
+    """The `count` largest distinct array shapes the compiled program produces (what fills its temporaries)."""
+    itemsize = {"f32": 4, "s32": 4, "bf16": 2, "pred": 1, "u32": 4, "f16": 2}
+    found = {}
+    for match in re.finditer(r"= (f32|s32|bf16|pred|u32|f16)\[([\d,]+)\]\S* ([a-z-]+)\(", hlo_text):
+        if match.group(3) == "parameter":  # a value passed in, produced (and counted) elsewhere
+            continue
+        dims = tuple(int(d) for d in match.group(2).split(","))
+        key = f"{match.group(1)}[{','.join(map(str, dims))}]"
+        found.setdefault(key, {"shape": key, "op": match.group(3), "mib": math.prod(dims) * itemsize[match.group(1)] / 2**20})
+    return sorted(found.values(), key=lambda b: -b["mib"])[:count]
+
+
 def measure(model: str, scheme: str, devices: int, *, batch=BATCH, prompt=PROMPT, completion=COMPLETION,
             configs=MODELS) -> dict:
     """Per-device bytes of parameters, optimizer state and activations of one compiled update."""
@@ -119,7 +169,8 @@ def measure(model: str, scheme: str, devices: int, *, batch=BATCH, prompt=PROMPT
     cfg.aggregation = "token_mean"
     optimizer = make_optimizer(cfg.optimizer)
     start = time.perf_counter()
-    with jax.set_mesh(mesh):
+    pinned = batch_sharded_activations() if scheme == "fsdp_pinned" else contextlib.nullcontext()
+    with jax.set_mesh(mesh), pinned:
         graphdef, rest, state = abstract_state(config, mesh, optimizer)
         state_sharding = jax.tree.map(lambda x: x.sharding, state)
         update = make_update_fn(cfg, graphdef, rest, optimizer, mesh, state_sharding)
@@ -135,6 +186,7 @@ def measure(model: str, scheme: str, devices: int, *, batch=BATCH, prompt=PROMPT
         "output_bytes": int(analysis.output_size_in_bytes),
         "param_bytes_global": global_bytes(state.params),
         "compile_seconds": time.perf_counter() - start,
+        "largest_buffers": largest_buffers(compiled.as_text()),
     }
 
 
@@ -147,6 +199,7 @@ def plot(rows: list[dict], path: str) -> None:
     models = sorted({r["model"] for r in rows}, key=list(MODELS).index)
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
     colors = {"param_bytes": "C0", "optimizer_bytes": "C1", "activation_bytes": "C2"}
+    names = {"param_bytes": "parameters", "optimizer_bytes": "optimizer", "activation_bytes": "temporaries"}
     for ax, model in zip(axes[0], models):
         for scheme, style in (("fsdp", "-o"), ("fsdp_tp", "--s")):
             sel = sorted((r for r in rows if r["model"] == model and r["scheme"] == scheme), key=lambda r: r["devices"])
@@ -155,7 +208,7 @@ def plot(rows: list[dict], path: str) -> None:
             n = [r["devices"] for r in sel]
             for key, color in colors.items():
                 ax.plot(n, [r[key] / 2**20 for r in sel], style, color=color,
-                        label=f"{key.replace('_bytes', '')} ({scheme.replace('_', ' x ').upper()})")
+                        label=f"{names[key]} ({scheme.replace('_', ' x ').upper()})")
         base = [r for r in rows if r["model"] == model and r["devices"] == 1 and r["scheme"] == "fsdp"]
         if base:
             n = sorted({r["devices"] for r in rows})
@@ -177,9 +230,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=["fsdp", "fsdp_tp"], choices=list(SCHEMES))
     parser.add_argument("--out", default="benchmarks/results/scaling_memory.json")
-    parser.add_argument("--plot", default="docs/benchmarks_memory_scaling.png")
+    parser.add_argument("--plot", default="docs/benchmarks_memory_scaling.png", help='PNG path, or "none"')
     args = parser.parse_args()
     if max(args.devices) > jax.device_count():
         sys.exit(f"needs {max(args.devices)} devices, found {jax.device_count()}; run with "
@@ -202,9 +255,10 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"benchmark": "scaling_memory", "batch": BATCH, "prompt": PROMPT, "completion": COMPLETION,
                    "jax": jax.__version__, "rows": rows}, f, indent=1)
-    if args.plot:
-        plot(rows, args.plot)
-    print(f"\nwrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    plot_path = None if args.plot in ("", "none") else args.plot
+    if plot_path:
+        plot(rows, plot_path)
+    print(f"\nwrote {args.out}" + (f" and {plot_path}" if plot_path else ""))
 
 
 if __name__ == "__main__":
