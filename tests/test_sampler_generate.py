@@ -206,8 +206,6 @@ def test_decode_donates_the_cache_and_writes_only_live_slots():
     assert not np.asarray(final.cache.k[:, :, written:]).any()
 
 
-@pytest.mark.xfail(strict=True, reason="the decoder carries the whole cache through its layer scan, and XLA copies "
-                   "it each step; a read-only-cache attention in jaxgrpo/models/decoder.py removes the copies")
 def test_compiled_decode_loop_never_copies_the_cache():
     # The cost of a decode step must not grow with the cache capacity beyond attention reading it.
     graphdef, state, carry, args, layout = _decode_inputs()

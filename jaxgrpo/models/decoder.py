@@ -186,18 +186,27 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_kv = (k, v)
-        if layer_cache is not None:
-            # Attend over this layer's cache with the new slots filled in.
-            start = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(layer_cache[0], k.astype(layer_cache[0].dtype), start).astype(self.dtype)
-            v = jax.lax.dynamic_update_slice(layer_cache[1], v.astype(layer_cache[1].dtype), start).astype(self.dtype)
         batch, length = q.shape[:2]
         groups = c.num_heads // c.num_kv_heads
         q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
-        scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(batch, length, c.num_heads, c.head_dim)
+        if layer_cache is None:
+            scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+            probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        else:
+            # The cache is read-only here: attend to the cached slots and to the T new tokens
+            # separately (one softmax over both), so no layer writes or copies the cache; the caller
+            # writes only the new slots, after the layer scan.
+            cache_mask, new_mask = mask
+            cached = jnp.einsum("btkgd,bskd->bkgts", q, layer_cache[0].astype(self.dtype), preferred_element_type=jnp.float32)
+            cached = jnp.where(cache_mask[:, None, None], cached * c.attention_scale, _MASKED_SCORE)
+            scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
+            probs = jax.nn.softmax(jnp.concatenate([cached, scores], axis=-1), axis=-1).astype(self.dtype)
+            capacity = cached.shape[-1]
+            out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :capacity], layer_cache[1].astype(self.dtype))
+            out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., capacity:], v)
+        out = out.reshape(batch, length, c.num_heads, c.head_dim)
         return jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype)), new_kv
 
 
@@ -333,8 +342,21 @@ class Decoder(nnx.Module):
         positions = jnp.broadcast_to(positions, (batch, length))
 
         segments = (segment_ids, segment_ids) if segment_ids is not None else (None, None)
-        full_mask = build_attention_mask(query_slots, key_valid, None, *segments)
-        sliding_mask = build_attention_mask(query_slots, key_valid, c.sliding_window, *segments) if c.sliding_window else full_mask
+        if cache is None:
+            full_mask = build_attention_mask(query_slots, key_valid, None, *segments)
+            sliding_mask = build_attention_mask(query_slots, key_valid, c.sliding_window, *segments) if c.sliding_window else full_mask
+        else:
+            # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T]); slots from
+            # cache_index on hold stale values until written, so only earlier ones count as cached.
+            old_valid = key_valid & (jnp.arange(key_valid.shape[1]) < cache_index)[None]
+            new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
+
+            def cached_and_new(window):
+                return (build_attention_mask(query_slots, old_valid, window),
+                        build_attention_mask(jnp.arange(length), new_valid, window))
+
+            full_mask = cached_and_new(None)
+            sliding_mask = cached_and_new(c.sliding_window) if c.sliding_window else full_mask
         cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
         cos_sliding, sin_sliding = rope_tables(positions, rope_inverse_frequencies(c.rope_sliding or c.rope, c.head_dim))
 
@@ -344,29 +366,27 @@ class Decoder(nnx.Module):
 
         graphdef, layer_params = nnx.split(self.layers)
 
-        def layer(carry, inputs):
-            x, cache = carry
-            params, index, sliding = inputs
+        def layer(x, inputs):
+            params, layer_cache, sliding = inputs
             block = nnx.merge(graphdef, params)
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
-            mask = jnp.where(sliding, sliding_mask, full_mask)
-            layer_cache = None if cache is None else (cache.k[index], cache.v[index])
-            x, (new_k, new_v) = block(x, cos, sin, mask, layer_cache, cache_index)
-            if cache is not None:
-                # Write only the T new slots; the rest of the (donatable) cache buffer is untouched.
-                start = (index, 0, cache_index, 0, 0)
-                cache = KVCache(
-                    jax.lax.dynamic_update_slice(cache.k, new_k[None].astype(cache.k.dtype), start),
-                    jax.lax.dynamic_update_slice(cache.v, new_v[None].astype(cache.v.dtype), start),
-                )
-            return (x, cache), None
+            mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
+            x, new_kv = block(x, cos, sin, mask, layer_cache, cache_index)
+            return x, (None if cache is None else new_kv)
 
         if self.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
-        (x, cache), _ = jax.lax.scan(
-            layer, (x, cache), (layer_params, jnp.arange(c.num_layers), jnp.asarray(c.sliding_layer_mask))
-        )
+        # The cache enters the scan as a read-only input; the layers' new keys and values [L, B, T, ...]
+        # come out and are written with one dynamic_update_slice each (in place when donated).
+        layer_caches = None if cache is None else (cache.k, cache.v)
+        x, new_kv = jax.lax.scan(layer, x, (layer_params, layer_caches, jnp.asarray(c.sliding_layer_mask)))
+        if cache is not None:
+            start = (0, 0, cache_index, 0, 0)
+            cache = KVCache(
+                jax.lax.dynamic_update_slice(cache.k, new_kv[0].astype(cache.k.dtype), start),
+                jax.lax.dynamic_update_slice(cache.v, new_kv[1].astype(cache.v.dtype), start),
+            )
         return self.final_norm(x), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None, kv_mask=None):
