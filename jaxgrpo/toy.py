@@ -37,6 +37,9 @@ class CharTokenizer:
     def __len__(self) -> int:
         return self.vocab_size
 
+    def get_vocab(self) -> dict[str, int]:
+        return {"<pad>": 0, "<bos>": 1, self.eos_token: 2, **self._index}
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         unknown = sorted(set(text) - set(self._index))
         if unknown:

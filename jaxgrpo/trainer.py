@@ -36,7 +36,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo import kernels
+from jaxgrpo import kernels, sampler
 from jaxgrpo.config import Config, OptimizerConfig, validate
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
@@ -189,7 +189,7 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
         metrics = {k: v.sum() / total_tokens for k, v in metrics.items()}
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+        metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
         return TrainState(params, opt_state, state.step + 1), metrics
 
     batch_sharding = NamedSharding(mesh, P(None, BATCH_AXES))
@@ -374,7 +374,7 @@ class Trainer:
             task = data.get_task(cfg.task.name, **cfg.task.kwargs)
         self.task = task
         self.reward_fns = reward_fns or resolve_rewards(cfg, self.task)
-        self.stop_tokens = _stop_tokens(tokenizer)
+        self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
 
         shard_model(model, self.mesh)  # FSDP / tensor-parallel layout from the model's logical axes
@@ -414,8 +414,6 @@ class Trainer:
         return self._prompt_cache[text]
 
     def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False, temperature=None):
-        from jaxgrpo import sampler
-
         s = self.cfg.sampling
         return sampler.generate(
             self.policy.decoder,
@@ -459,8 +457,6 @@ class Trainer:
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
         """Samples and scores `prompts_per_step` groups (resampling zero-signal groups under dynamic sampling)."""
-        from jaxgrpo import sampler
-
         cfg, g = self.cfg, self.cfg.group_size
         kept: list[Rollout] = []
         rejected: list[Rollout] = []
@@ -643,7 +639,8 @@ class Trainer:
         text = getattr(self.task, "reference_completion", None)
         text = text(example) if text else f"The answer is {example['answer']}."
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        return ids + [self.stop_tokens[-1]] if self.stop_tokens else ids
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return ids + [eos] if eos is not None else ids
 
     def warmup(self, steps: int, *, lr: float | None = None, batch_size: int | None = None) -> list[float]:
         """Supervised warm-up on reference completions (teacher forcing); returns the losses.
@@ -797,20 +794,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def _stop_tokens(tokenizer) -> tuple[int, ...]:
-    """EOS and the chat template's end-of-turn token, when the tokenizer has them."""
-    ids = set()
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-    if convert is not None:
-        for token in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
-            token_id = convert(token)
-            if isinstance(token_id, int) and token_id >= 0 and token_id != getattr(tokenizer, "unk_token_id", None):
-                ids.add(token_id)
-    return tuple(sorted(ids))
 
 
 def _on_mesh(tree, mesh):
