@@ -25,7 +25,8 @@ off; beta = kl_coef = 0; epsilon = eps_low = 0.2; loss_type "dapo" (TRL's defaul
 "token_mean" with the whole batch in one update; scale_rewards "group" (TRL's default) = advantage
 "grpo" with the unbiased group std and eps 1e-4; float32 (bf16=False) and no gradient checkpointing
 (remat=False) on both sides; per_device_train_batch_size = 32 completions, one gradient accumulation
-step.
+step (`--micro-batch 8`: 8 completions per forward/backward on both sides, gradients accumulated
+exactly over the 32; TRL: per_device_train_batch_size=8, gradient_accumulation_steps=4).
 
 Correctness cross-check (`loss_parity`): on one batch (the completions jaxgrpo sampled in its first
 step, old log-probs = those of the sampler perturbed so that some ratios leave [0.8, 1.2], the same
@@ -48,6 +49,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="completions per forward/backward on both sides (exact gradient accumulation); default all")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results/grpo_step_vs_trl.json")
     parser.add_argument("--parity-only", action="store_true", help="only the loss cross-check (no timing)")
@@ -93,7 +96,7 @@ LR, TEMPERATURE, EPSILON, ADVANTAGE_EPS, MAX_GRAD_NORM, BETAS = 1e-6, 1.0, 0.2, 
 # -- the two setups ------------------------------------------------------------------------
 
 
-def jaxgrpo_config(prompts: int, group_size: int, max_new_tokens: int, seed: int) -> Config:
+def jaxgrpo_config(prompts: int, group_size: int, max_new_tokens: int, seed: int, micro_batch: int | None = None) -> Config:
     """jaxgrpo's settings equal to TRL's GRPOConfig below (see the module docstring)."""
     c = Config()
     c.model = MODEL
@@ -108,6 +111,7 @@ def jaxgrpo_config(prompts: int, group_size: int, max_new_tokens: int, seed: int
     c.sampling.temperature, c.sampling.max_new_tokens = TEMPERATURE, max_new_tokens
     c.optimizer.lr, (c.optimizer.b1, c.optimizer.b2) = LR, BETAS
     c.optimizer.weight_decay, c.optimizer.warmup_steps, c.optimizer.max_grad_norm = 0.0, 0, MAX_GRAD_NORM
+    c.micro_batch_size = micro_batch
     c.seed = seed
     c.checkpoint_every, c.eval_every = 0, 0
     return c
@@ -143,11 +147,17 @@ def trl_trainer(model, tokenizer, examples, task, args, output_dir: str, callbac
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    batch = args.prompts * args.group_size
+    micro = args.micro_batch or batch
+    if batch % micro:
+        raise ValueError(f"--micro-batch={micro} must divide prompts x group size = {batch}")
     dataset = Dataset.from_list([{"prompt": task.messages(e), "question": e["question"], "answer": e["answer"]}
                                  for e in examples])
     config = GRPOConfig(
         output_dir=output_dir, use_cpu=True, bf16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=args.prompts * args.group_size, gradient_accumulation_steps=1,
+        # One generation of prompts x G completions and one optimizer step per TRL step; with a micro-batch,
+        # the accumulation steps split the same generation batch (loss_type "dapo" normalizes over all of it).
+        per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
         num_generations=args.group_size, max_completion_length=args.max_new_tokens,
         temperature=TEMPERATURE, top_k=0, top_p=1.0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
@@ -262,7 +272,7 @@ def main(args) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    cfg = jaxgrpo_config(args.prompts, args.group_size, args.max_new_tokens, args.seed)
+    cfg = jaxgrpo_config(args.prompts, args.group_size, args.max_new_tokens, args.seed, args.micro_batch)
     ours = Trainer(cfg, reward_fns=[(correctness_reward, 1.0)])
     initial_params = jax.tree.map(jnp.copy, ours.state.params)  # the update donates the state
     steps = 1 + (0 if args.parity_only else args.pairs)
@@ -358,7 +368,8 @@ def write_results(args, record, *, parity, weights_diff, same_prompt, final: boo
     """Writes the JSON (after every pair too, so an interrupted run keeps what it measured)."""
     result = {
         "benchmark": "grpo_step_vs_trl", "threads": args.threads, "prompts": args.prompts,
-        "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "versions": versions(),
+        "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "micro_batch": args.micro_batch,
+        "versions": versions(),
         "weights_max_abs_diff": weights_diff, "same_prompt_tokens": bool(same_prompt), "parity": parity,
         "complete": final, "steps": record, **summarize(record),
     }

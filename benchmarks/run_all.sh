@@ -15,7 +15,7 @@ RESULTS=benchmarks/results
 mkdir -p "$RESULTS"
 
 declare -A COMMANDS=(
-  [grpo_step_vs_trl]="python benchmarks/grpo_step_vs_trl.py --pairs 2 --threads 1 --out $RESULTS/grpo_step_vs_trl.json"
+  [grpo_step_vs_trl]="python benchmarks/grpo_step_vs_trl.py --pairs 1 --threads 1 --micro-batch 8 --out $RESULTS/grpo_step_vs_trl.json"
   [train_throughput]="python benchmarks/train_throughput.py --shapes 8x128 --repeats 3 --out $RESULTS/train_throughput.json --plot docs/benchmarks_train_throughput.png"
   [scaling_memory]="python benchmarks/scaling_memory.py --out $RESULTS/scaling_memory.json --plot docs/benchmarks_memory_scaling.png"
   [scaling_memory_pinned]="python benchmarks/scaling_memory.py --schemes fsdp fsdp_pinned --devices 1 8 --out $RESULTS/scaling_memory_pinned.json --plot none"
