@@ -43,7 +43,7 @@ for name in "${NAMES[@]}"; do
   start=$(date +%s)
   before=$(load)
   # The JSON-writing scripts keep their log; the others' stdout (markdown tables) is their result.
-  $command 2>"$RESULTS/$name.stderr" | tee "$RESULTS/$name.md"
+  $command 2>"${TMPDIR:-/tmp}/jaxgrpo-bench-$name.stderr" | tee "$RESULTS/$name.md"
   python - "$RESULTS/$name.meta.json" "$command" "$before" "$(load)" "$start" "$(date +%s)" <<'EOF'
 import json, sys, datetime
 path, command, before, after, start, end = sys.argv[1:]
