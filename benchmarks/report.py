@@ -224,8 +224,8 @@ def grpo_notes(d: dict, throughput: dict | None) -> list[str]:
                     f"{head:.0%}.")
     text.append(f"Generation is {ours_rate / trl_rate:.2f}x transformers' `generate` per completion token here (the "
                 "sampler benchmark compares them at fixed length). What would close the gap: the log-prob head fix "
-                "below (the update's largest inefficiency), then more completions per step, where one compiled program "
-                "amortizes better than eager torch; a 3x margin was not reached on this loaded machine.")
+                "below (the update's largest inefficiency, measured), and a re-run on an idle machine with more pairs "
+                "and both cores, which this session could not get.")
     return [" ".join(text), ""]
 
 
