@@ -198,7 +198,7 @@ def grpo_plot(d: dict, path: str) -> None:
 # -- the closing analysis (from the measured data) --------------------------------------------
 
 
-def grpo_notes(d: dict, throughput: dict | None) -> list[str]:
+def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = None) -> list[str]:
     if "speedup_median_of_pairs" not in d or d["speedup_median_of_pairs"] >= 3.0:
         return []
     target = d["trl_median_seconds"] / 3.0
@@ -222,8 +222,11 @@ def grpo_notes(d: dict, throughput: dict | None) -> list[str]:
         text.append(f"The training-throughput profile below locates it: the forward+backward runs at "
                     f"{first['fraction_of_peak']:.0%} of the adjacent matmul peak, and its chunked log-prob head at "
                     f"{head:.0%}.")
-    text.append(f"Generation is {ours_rate / trl_rate:.2f}x transformers' `generate` per completion token here (the "
-                "sampler benchmark compares them at fixed length). What would close the gap: the log-prob head fix "
+    text.append(f"Generation is {ours_rate / trl_rate:.2f}x transformers' `generate` per completion token here"
+                + (f", while the sampler benchmark measures {sampler_ratio:.2f}x at fixed length: inside the step the "
+                   "sampler does not keep its advantage (not yet profiled; candidates are recompilation when the "
+                   "prompt or completion bucket changes between steps, and host-side work per step)."
+                   if sampler_ratio else ".") + " What would close the gap: the log-prob head fix "
                 "below (the update's largest inefficiency, measured), and a re-run on an idle machine with more pairs "
                 "and both cores, which this session could not get.")
     return [" ".join(text), ""]
@@ -318,7 +321,9 @@ def bottleneck_notes(results: dict) -> str:
     data = {name: entry["data"] for name, entry in results.items() if entry.get("data")}
     out = []
     if "grpo_step_vs_trl" in data:
-        out += grpo_notes(data["grpo_step_vs_trl"], data.get("train_throughput"))
+        sampler = data.get("sampler")
+        ratio = number(table_value(sampler, "ratio jaxgrpo / transformers", 1)) if sampler else None
+        out += grpo_notes(data["grpo_step_vs_trl"], data.get("train_throughput"), ratio)
     if "train_throughput" in data:
         out += throughput_notes(data["train_throughput"])
     if "scaling_memory" in data:
