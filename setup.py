@@ -38,7 +38,9 @@ TEST = [
 # wheel pinned here (an unpinned torch pulls a multi-GB CUDA build).
 PARITY = ["torch==2.13.0"]
 
-BENCH = PARITY + ["trl", "accelerate==1.15.0", "datasets"]
+# The peer for the side-by-side benchmarks; the tests run the loss cross-check against it too.
+PEERS = ["trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0"]
+BENCH = PARITY + PEERS
 
 setup(
     name="jaxgrpo",
@@ -49,7 +51,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["jaxgrpo", "jaxgrpo.*"]),
     install_requires=CORE,
-    extras_require={"test": TEST + PARITY, "parity": PARITY, "bench": BENCH},
+    extras_require={"test": TEST + PARITY + PEERS, "parity": PARITY, "bench": BENCH},
     entry_points={
         "console_scripts": [
             "jaxgrpo-train=jaxgrpo.cli:train_main",
