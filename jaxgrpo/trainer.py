@@ -20,7 +20,6 @@ and explicit shardings on the mesh; Python loops live outside jit.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import math
@@ -354,7 +353,6 @@ class Trainer:
         self.cfg = cfg
         self.mesh = mesh or make_mesh(cfg)
         validate(cfg, num_devices=None)
-        self.loss_name, self.advantage_name = cfg.loss, cfg.advantage
         kernels.get_loss(cfg.loss)  # fail early on unknown names, with the valid ones listed
         if not cfg.value_head:
             kernels.get_advantage(cfg.advantage)
