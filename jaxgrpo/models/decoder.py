@@ -148,6 +148,67 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
+# Slots of the KV cache read per iteration when the live length is only known at run time.
+CACHE_CHUNK = 256
+
+
+def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype):
+    """Attention output [B, T, kv, G, D] over the live cache prefix and the T new tokens, one softmax.
+
+    q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
+    whole (k, v) [L, B, C, kv, D], of which layer `layer` is read; cache_mask [B, T, C]. Only slots
+    below `cache_index` are read, straight from the whole cache (never a per-layer copy): a static
+    index slices them (differentiable, as the shared-prefix forward needs); a traced one runs an
+    online softmax over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length
+    and not with the capacity.
+    """
+    cache_k, cache_v = cache
+    _, batch, capacity, kv_heads, head_dim = cache_k.shape
+
+    def read(buffer, start, size):  # [B, size, kv, D] of layer `layer`, slots [start, start + size)
+        block = jax.lax.dynamic_slice(buffer, (layer, 0, start, 0, 0), (1, batch, size, kv_heads, head_dim))
+        return block[0].astype(dtype)
+
+    if isinstance(cache_index, (int, np.integer)):
+        live = int(cache_index)
+        if live == 0:
+            probs = jax.nn.softmax(new_scores, axis=-1).astype(dtype)
+            return jnp.einsum("bkgts,bskd->btkgd", probs, v)
+        cached = jnp.einsum("btkgd,bskd->bkgts", q, read(cache_k, 0, live), preferred_element_type=jnp.float32)
+        cached = jnp.where(cache_mask[:, None, None, :, :live], cached * scale, _MASKED_SCORE)
+        probs = jax.nn.softmax(jnp.concatenate([cached, new_scores], axis=-1), axis=-1).astype(dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :live], read(cache_v, 0, live))
+        return out + jnp.einsum("bkgts,bskd->btkgd", probs[..., live:], v)
+
+    chunk = min(CACHE_CHUNK, capacity)
+    # Running max, normalizer and unnormalized output, started from the new tokens' block.
+    top = new_scores.max(axis=-1)
+    weights = jnp.exp(new_scores - top[..., None])
+    total = weights.sum(axis=-1)
+    out = jnp.einsum("bkgts,bskd->bkgtd", weights.astype(dtype), v, preferred_element_type=jnp.float32)
+
+    def one_chunk(i, carry):
+        top, total, out = carry
+        start = i * chunk
+        # The last chunk's start is clamped to fit the capacity; its slots below `start` were read already.
+        k_chunk, v_chunk = read(cache_k, start, chunk), read(cache_v, start, chunk)
+        mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
+        first = jnp.minimum(start, capacity - chunk)
+        mask &= (first + jnp.arange(chunk) >= start)[None, None]
+        s = jnp.einsum("btkgd,bskd->bkgts", q, k_chunk, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(mask[:, None, None], s, _MASKED_SCORE)
+        new_top = jnp.maximum(top, s.max(axis=-1))
+        rescale = jnp.exp(top - new_top)
+        w = jnp.exp(s - new_top[..., None])
+        out = out * rescale[..., None] + jnp.einsum("bkgts,bskd->bkgtd", w.astype(dtype), v_chunk, preferred_element_type=jnp.float32)
+        return new_top, total * rescale + w.sum(axis=-1), out
+
+    num_chunks = (cache_index + chunk - 1) // chunk
+    top, total, out = jax.lax.fori_loop(0, num_chunks, one_chunk, (top, total, out))
+    out = out / total[..., None]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(dtype)
+
+
 class Attention(nnx.Module):
     """Grouped-query attention with RoPE; optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3, Gemma 3)."""
 
@@ -174,11 +235,11 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, layer_cache=None, cache_index=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
-        With `layer_cache` (this layer's k, v [B, C, kv_heads, head_dim]) the queries attend over the
-        cache with the new keys written at `cache_index`; `mask` is then [B, T, C].
+        With `cache` (every layer's k, v [L, B, C, kv_heads, head_dim]) the queries also attend to
+        layer `layer`'s cached slots below `cache_index`; `mask` is then (cached [B, T, C], new [B, T, T]).
         """
         c = self.config
         q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
@@ -190,22 +251,17 @@ class Attention(nnx.Module):
         groups = c.num_heads // c.num_kv_heads
         q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
-        if layer_cache is None:
+        if cache is None:
             scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
             probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
             out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
         else:
-            # The cache is read-only here: attend to the cached slots and to the T new tokens
-            # separately (one softmax over both), so no layer writes or copies the cache; the caller
-            # writes only the new slots, after the layer scan.
+            # The cache is read-only here (the caller writes the new slots after the layer scan), and
+            # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
+            # whatever the capacity.
             cache_mask, new_mask = mask
-            cached = jnp.einsum("btkgd,bskd->bkgts", q, layer_cache[0].astype(self.dtype), preferred_element_type=jnp.float32)
-            cached = jnp.where(cache_mask[:, None, None], cached * c.attention_scale, _MASKED_SCORE)
             scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
-            probs = jax.nn.softmax(jnp.concatenate([cached, scores], axis=-1), axis=-1).astype(self.dtype)
-            capacity = cached.shape[-1]
-            out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :capacity], layer_cache[1].astype(self.dtype))
-            out = out + jnp.einsum("bkgts,bskd->btkgd", probs[..., capacity:], v)
+            out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale, self.dtype)
         out = out.reshape(batch, length, c.num_heads, c.head_dim)
         return jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype)), new_kv
 
@@ -242,8 +298,8 @@ class Block(nnx.Module):
             self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
             self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
 
-    def __call__(self, x, cos, sin, mask, layer_cache=None, cache_index=None):
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, layer_cache, cache_index)
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None):
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index)
         x = x + (self.attn_out_norm(y) if self.gemma else y)
         y = self.mlp(self.mlp_norm(x))
         return x + (self.mlp_out_norm(y) if self.gemma else y), new_kv
@@ -367,20 +423,21 @@ class Decoder(nnx.Module):
         graphdef, layer_params = nnx.split(self.layers)
 
         def layer(x, inputs):
-            params, layer_cache, sliding = inputs
+            params, index, sliding = inputs
             block = nnx.merge(graphdef, params)
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
-            x, new_kv = block(x, cos, sin, mask, layer_cache, cache_index)
+            x, new_kv = block(x, cos, sin, mask, cache, index, cache_index)
             return x, (None if cache is None else new_kv)
 
         if self.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
-        # The cache enters the scan as a read-only input; the layers' new keys and values [L, B, T, ...]
-        # come out and are written with one dynamic_update_slice each (in place when donated).
-        layer_caches = None if cache is None else (cache.k, cache.v)
-        x, new_kv = jax.lax.scan(layer, x, (layer_params, layer_caches, jnp.asarray(c.sliding_layer_mask)))
+        # Every layer reads the whole cache (closed over, read-only) at its own index, so no layer's
+        # slice is copied; the layers' new keys and values [L, B, T, ...] come out of the scan and are
+        # written with one dynamic_update_slice each (in place when donated).
+        layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
+        x, new_kv = jax.lax.scan(layer, x, (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
         if cache is not None:
             start = (0, 0, cache_index, 0, 0)
             cache = KVCache(
