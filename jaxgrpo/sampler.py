@@ -335,8 +335,8 @@ class _Layout:
         return self.constrain(x, self.batch_axes or None)
 
     def constrain_cache(self, cache):
-        """Cache leaves are [layers, batch, capacity, kv_heads, head_dim]: batch over data, heads over model."""
-        return jax.tree.map(lambda x: self.constrain(x, None, self.batch_axes or None, None, self.kv_heads_axes), cache)
+        """Cache leaves are [layers, batch, kv_heads, capacity, head_dim]: batch over data, heads over model."""
+        return jax.tree.map(lambda x: self.constrain(x, None, self.batch_axes or None, self.kv_heads_axes), cache)
 
 
 def _layout_for(model, mesh, num_samples: int, prompt_bucket: int, new_bucket: int, sampling: SamplingParams) -> _Layout:
@@ -374,9 +374,9 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
     last_logits = model.logits_from_hidden(hidden[:, -1])
     last_logits = layout.constrain_rows(jnp.repeat(last_logits, g, axis=0))
 
-    def share(x):  # [L, B, P, ...] -> [L, B*G, P+N, ...]
+    def share(x):  # [L, B, kv, P, D] -> [L, B*G, kv, P+N, D]
         x = jnp.repeat(x, g, axis=1)
-        return jnp.pad(x, [(0, 0), (0, 0), (0, n)] + [(0, 0)] * (x.ndim - 3))
+        return jnp.pad(x, [(0, 0), (0, 0), (0, 0), (0, n), (0, 0)])
 
     cache = layout.constrain_cache(jax.tree.map(share, cache))
     rows = batch * g

@@ -42,7 +42,7 @@ def test_greedy_decoding_with_cache_equals_full_forward(config):
         return model(tokens, positions, cache=cache, cache_index=cache_index, kv_mask=kv_mask)
 
     cache = model.init_cache(2, capacity)
-    assert cache.k.shape == (config.num_layers, 2, capacity, config.num_kv_heads, config.head_dim)
+    assert cache.k.shape == (config.num_layers, 2, config.num_kv_heads, capacity, config.head_dim)
     kv_mask = np.zeros((2, capacity), bool)
     kv_mask[:, :prompt_length] = real
     positions = np.maximum(real.cumsum(1) - 1, 0)
@@ -63,8 +63,8 @@ def test_greedy_decoding_with_cache_equals_full_forward(config):
     np.testing.assert_allclose(np.stack(step_logits), reference, atol=1e-5)
     assert (np.stack(step_logits).argmax(-1) == reference.argmax(-1)).all()
     # Slots never written stay zero: writes touch only [cache_index, cache_index + S).
-    assert not np.asarray(cache.k[:, :, prompt_length + new_tokens:]).any()
-    assert np.asarray(cache.k[:, :, : prompt_length + new_tokens]).any()
+    assert not np.asarray(cache.k[:, :, :, prompt_length + new_tokens:]).any()
+    assert np.asarray(cache.k[:, :, :, : prompt_length + new_tokens]).any()
 
 
 def test_cache_update_runs_with_donated_buffers():

@@ -199,11 +199,11 @@ def test_decode_donates_the_cache_and_writes_only_live_slots():
     graphdef, state, carry, args, layout = _decode_inputs()
     final = sampler._decode_jit(graphdef, state, carry, *args, layout=layout)
     assert carry.cache.k.is_deleted() and carry.cache.v.is_deleted()  # donated: its buffers were reused
-    assert final.cache.k.shape == (2, 6, 32, 2, 16)
+    assert final.cache.k.shape == (2, 6, 2, 32, 16)
     # Only slots [0, P + steps - 1) were ever written; the rest of the capacity is still zero.
     written = 16 + NEW_TOKENS - 1
-    assert np.asarray(final.cache.k[:, :, :written]).any()
-    assert not np.asarray(final.cache.k[:, :, written:]).any()
+    assert np.asarray(final.cache.k[:, :, :, :written]).any()
+    assert not np.asarray(final.cache.k[:, :, :, written:]).any()
 
 
 def test_compiled_decode_loop_never_copies_the_cache():

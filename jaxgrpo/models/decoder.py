@@ -12,7 +12,7 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   count real tokens (left padding) or restart at each segment.
 * Sampling with the KV cache:
 
-      cache = model.init_cache(batch_size, capacity)          # KVCache of [L, B, C, kv_heads, head_dim]
+      cache = model.init_cache(batch_size, capacity)          # KVCache of [L, B, kv_heads, C, head_dim]
       logits, cache = model(tokens, positions, cache=cache, cache_index=i, kv_mask=kv_mask)
 
   writes the T new tokens' keys and values at cache slots [i, i + T) with `lax.dynamic_update_slice`
@@ -42,7 +42,10 @@ _MASKED_SCORE = -1e30
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: `k`, `v` of shape [layers, batch, capacity, kv_heads, head_dim]."""
+    """Keys and values of every layer: `k`, `v` of shape [layers, batch, kv_heads, capacity, head_dim].
+
+    Heads-major, so a decode step reads each (row, head)'s live slots as one contiguous block.
+    """
 
     k: jax.Array
     v: jax.Array
@@ -149,64 +152,76 @@ class RMSNorm(nnx.Module):
 
 
 # Slots of the KV cache read per iteration when the live length is only known at run time.
-CACHE_CHUNK = 256
+CACHE_CHUNK = 128
 
 
 def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype):
     """Attention output [B, T, kv, G, D] over the live cache prefix and the T new tokens, one softmax.
 
     q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
-    whole (k, v) [L, B, C, kv, D], of which layer `layer` is read; cache_mask [B, T, C]. Only slots
+    whole (k, v) [L, B, kv, C, D], of which layer `layer` is read; cache_mask [B, T, C]. Only slots
     below `cache_index` are read, straight from the whole cache (never a per-layer copy): a static
     index slices them (differentiable, as the shared-prefix forward needs); a traced one runs an
     online softmax over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length
-    and not with the capacity.
+    and not with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per
+    (row, kv head), with no transposes of the cache.
     """
     cache_k, cache_v = cache
-    _, batch, capacity, kv_heads, head_dim = cache_k.shape
+    _, batch, kv_heads, capacity, head_dim = cache_k.shape
+    length, groups = q.shape[1], q.shape[3]
+    q_rows = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, groups * length, head_dim)
 
-    def read(buffer, start, size):  # [B, size, kv, D] of layer `layer`, slots [start, start + size)
-        block = jax.lax.dynamic_slice(buffer, (layer, 0, start, 0, 0), (1, batch, size, kv_heads, head_dim))
+    def read(buffer, start, size):  # layer `layer`'s slots [start, start + size): [B, kv, size, D]
+        block = jax.lax.dynamic_slice(buffer, (layer, 0, 0, start, 0), (1, batch, kv_heads, size, head_dim))
         return block[0].astype(dtype)
+
+    def cached_scores(keys, mask):  # [B, kv, G, T, S] scaled, masked
+        scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, keys, preferred_element_type=jnp.float32) * scale
+        scores = scores.reshape(batch, kv_heads, groups, length, keys.shape[2])
+        return jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+
+    def cached_values(probs, values):  # probs [B, kv, G, T, S] -> [B, kv, G, T, D] float32
+        probs = probs.astype(dtype).reshape(batch, kv_heads, groups * length, values.shape[2])
+        out = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
+        return out.reshape(batch, kv_heads, groups, length, head_dim)
+
+    def new_values(probs):  # probs [B, kv, G, T, T] -> [B, kv, G, T, D] float32
+        return jnp.einsum("bkgts,bskd->bkgtd", probs.astype(dtype), v, preferred_element_type=jnp.float32)
+
+    def to_output(out):  # [B, kv, G, T, D] -> [B, T, kv, G, D]
+        return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(dtype)
 
     if isinstance(cache_index, (int, np.integer)):
         live = int(cache_index)
         if live == 0:
-            probs = jax.nn.softmax(new_scores, axis=-1).astype(dtype)
-            return jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        cached = jnp.einsum("btkgd,bskd->bkgts", q, read(cache_k, 0, live), preferred_element_type=jnp.float32)
-        cached = jnp.where(cache_mask[:, None, None, :, :live], cached * scale, _MASKED_SCORE)
-        probs = jax.nn.softmax(jnp.concatenate([cached, new_scores], axis=-1), axis=-1).astype(dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :live], read(cache_v, 0, live))
-        return out + jnp.einsum("bkgts,bskd->btkgd", probs[..., live:], v)
+            return to_output(new_values(jax.nn.softmax(new_scores, axis=-1)))
+        cached = cached_scores(read(cache_k, 0, live), cache_mask[..., :live])
+        probs = jax.nn.softmax(jnp.concatenate([cached, new_scores], axis=-1), axis=-1)
+        return to_output(cached_values(probs[..., :live], read(cache_v, 0, live)) + new_values(probs[..., live:]))
 
     chunk = min(CACHE_CHUNK, capacity)
     # Running max, normalizer and unnormalized output, started from the new tokens' block.
     top = new_scores.max(axis=-1)
     weights = jnp.exp(new_scores - top[..., None])
-    total = weights.sum(axis=-1)
-    out = jnp.einsum("bkgts,bskd->bkgtd", weights.astype(dtype), v, preferred_element_type=jnp.float32)
+    total, out = weights.sum(axis=-1), new_values(weights)
 
     def one_chunk(i, carry):
         top, total, out = carry
         start = i * chunk
         # The last chunk's start is clamped to fit the capacity; its slots below `start` were read already.
-        k_chunk, v_chunk = read(cache_k, start, chunk), read(cache_v, start, chunk)
-        mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
         first = jnp.minimum(start, capacity - chunk)
+        mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
         mask &= (first + jnp.arange(chunk) >= start)[None, None]
-        s = jnp.einsum("btkgd,bskd->bkgts", q, k_chunk, preferred_element_type=jnp.float32) * scale
-        s = jnp.where(mask[:, None, None], s, _MASKED_SCORE)
-        new_top = jnp.maximum(top, s.max(axis=-1))
+        scores = cached_scores(read(cache_k, start, chunk), mask)
+        new_top = jnp.maximum(top, scores.max(axis=-1))
         rescale = jnp.exp(top - new_top)
-        w = jnp.exp(s - new_top[..., None])
-        out = out * rescale[..., None] + jnp.einsum("bkgts,bskd->bkgtd", w.astype(dtype), v_chunk, preferred_element_type=jnp.float32)
-        return new_top, total * rescale + w.sum(axis=-1), out
+        weights = jnp.exp(scores - new_top[..., None])
+        out = out * rescale[..., None] + cached_values(weights, read(cache_v, start, chunk))
+        return new_top, total * rescale + weights.sum(axis=-1), out
 
     num_chunks = (cache_index + chunk - 1) // chunk
     top, total, out = jax.lax.fori_loop(0, num_chunks, one_chunk, (top, total, out))
-    out = out / total[..., None]
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(dtype)
+    return to_output(out / total[..., None])
 
 
 class Attention(nnx.Module):
@@ -238,7 +253,7 @@ class Attention(nnx.Module):
     def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
-        With `cache` (every layer's k, v [L, B, C, kv_heads, head_dim]) the queries also attend to
+        With `cache` (every layer's k, v [L, B, kv_heads, C, head_dim]) the queries also attend to
         layer `layer`'s cached slots below `cache_index`; `mask` is then (cached [B, T, C], new [B, T, T]).
         """
         c = self.config
@@ -328,9 +343,9 @@ class Decoder(nnx.Module):
             self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), param_dtype)
 
     def init_cache(self, batch_size: int, capacity: int, dtype=None) -> KVCache:
-        """An all-zero `KVCache` of [layers, batch_size, capacity, kv_heads, head_dim] (compute dtype by default)."""
+        """An all-zero `KVCache` of [layers, batch_size, kv_heads, capacity, head_dim] (compute dtype by default)."""
         c = self.config
-        shape = (c.num_layers, batch_size, capacity, c.num_kv_heads, c.head_dim)
+        shape = (c.num_layers, batch_size, c.num_kv_heads, capacity, c.head_dim)
         dtype = dtype or self.dtype
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
@@ -389,8 +404,9 @@ class Decoder(nnx.Module):
                 raise ValueError("a cached call needs cache_index (first slot to write) and kv_mask [batch, capacity]")
             if segment_ids is not None or attention_mask is not None:
                 raise ValueError("with a cache, mark padding through kv_mask, not attention_mask/segment_ids")
-            if kv_mask.shape != cache.k.shape[1:3]:
-                raise ValueError(f"kv_mask must be [batch, capacity] = {cache.k.shape[1:3]}, got {kv_mask.shape}")
+            batch_and_capacity = (cache.k.shape[1], cache.k.shape[3])
+            if kv_mask.shape != batch_and_capacity:
+                raise ValueError(f"kv_mask must be [batch, capacity] = {batch_and_capacity}, got {kv_mask.shape}")
             if positions is None:
                 positions = cache_index + jnp.arange(length)[None]
             key_valid = kv_mask.astype(bool)
@@ -439,10 +455,11 @@ class Decoder(nnx.Module):
         layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
         x, new_kv = jax.lax.scan(layer, x, (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
         if cache is not None:
-            start = (0, 0, cache_index, 0, 0)
+            start = (0, 0, 0, cache_index, 0)
+            heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]
             cache = KVCache(
-                jax.lax.dynamic_update_slice(cache.k, new_kv[0].astype(cache.k.dtype), start),
-                jax.lax.dynamic_update_slice(cache.v, new_kv[1].astype(cache.v.dtype), start),
+                jax.lax.dynamic_update_slice(cache.k, heads_major(new_kv[0], cache.k), start),
+                jax.lax.dynamic_update_slice(cache.v, heads_major(new_kv[1], cache.v), start),
             )
         return self.final_norm(x), cache
 
