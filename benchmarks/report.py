@@ -22,7 +22,6 @@ GOALS = {
     "sampler": "jaxgrpo.sampler >= 3x transformers generate (tokens/s)",
     "train_throughput": "forward+backward >= 60% of the measured fp32 matmul peak",
     "scaling_memory": "per-device parameter, optimizer and activation bytes fall as 1/N (<= 1.05/N)",
-    "scaling_memory_pinned": "what-if: FSDP temporaries with activations pinned to batch sharding (no goal)",
     "logprob_memory": "chunked log-prob temporaries <= 25% of naive (B=8, T=1024, V=49152)",
     "prefix_grouper": "time saved by the shared-prefix forward at prompt:completion 4:1, G=8 (no numeric goal)",
     "task_difficulty": "the default task is solved sometimes, not always (accuracy and mixed groups; no speed goal)",
@@ -51,7 +50,7 @@ def parse_markdown_tables(text: str) -> list[dict]:
 
 
 #: Benchmarks that write their own JSON; their `.md` is only a log.
-JSON_BENCHMARKS = ("grpo_step_vs_trl", "grpo_step_vs_trl_parity", "train_throughput", "scaling_memory", "scaling_memory_pinned")
+JSON_BENCHMARKS = ("grpo_step_vs_trl", "grpo_step_vs_trl_parity", "train_throughput", "scaling_memory")
 
 
 def load_results(directory: str) -> dict:
@@ -272,31 +271,32 @@ def throughput_notes(d: dict) -> list[str]:
     return out
 
 
-def scaling_notes(d: dict, pinned: dict | None) -> list[str]:
+def scaling_notes(d: dict) -> list[str]:
     out = []
     for model in ("135m", "1b"):
         rows = {(r["scheme"], r["devices"]): r for r in d["rows"] if r["model"] == model}
-        r8, r1 = rows.get(("fsdp", 8)), rows.get(("fsdp", 1))
-        if not r8 or not r1 or r8["activation_vs_ideal"] <= 1.05:
-            continue
-        n = r8["devices"]
-        scaling = (r1["activation_bytes"] - r8["activation_bytes"]) * n / (n - 1)
-        fixed = r1["activation_bytes"] - scaling
-        text = (f"**Temporaries of the {model}-shaped update under FSDP** fall as {fixed / 2**20:,.0f} MiB + "
-                f"{scaling / 2**20:,.0f} MiB / N (fit to N=1 and N={n}), so at N={n} each device holds "
-                f"{r8['activation_vs_ideal']:.2f}x its 1/N share, while parameters and optimizer state do fall as 1/N "
-                f"({r8['param_vs_ideal']:.2f} and {r8['optimizer_vs_ideal']:.2f}).")
-        prows = {(r["scheme"], r["devices"]): r for r in (pinned or {}).get("rows", []) if r["model"] == model}
-        u8, p8 = prows.get(("fsdp", n)), prows.get(("fsdp_pinned", n))
-        if u8 and u8.get("largest_buffers"):
-            text += (f" The compiled N={n} program's largest buffers are "
-                     + ", ".join(f"{b['shape']} ({b['mib']:.0f} MiB)" for b in u8["largest_buffers"]) + ".")
-        if p8:
-            text += (f" With the activations pinned to batch sharding (what-if above) the temporaries at N={n} are "
-                     f"{p8['activation_bytes'] / 2**20:,.0f} MiB = {p8['activation_vs_ideal']:.2f}/N"
-                     + (" (largest buffers " + ", ".join(b["shape"] for b in p8.get("largest_buffers", [])) + ")."
-                        if p8.get("largest_buffers") else "."))
-        out += [text, ""]
+        for scheme in ("fsdp", "fsdp_tp"):
+            n = max((k[1] for k in rows if k[0] == scheme), default=1)
+            r1, rn = rows.get((scheme, 1)), rows.get((scheme, n))
+            if n == 1 or not r1 or not rn or rn["activation_vs_ideal"] <= 1.05:
+                continue
+            scaling = (r1["activation_bytes"] - rn["activation_bytes"]) * n / (n - 1)
+            fixed = r1["activation_bytes"] - scaling
+            text = (f"**Temporaries of the {model}-shaped update under {scheme.replace('_', ' x ').upper()}** fall as "
+                    f"{fixed / 2**20:,.0f} MiB + {scaling / 2**20:,.0f} MiB / N (fit to N=1 and N={n}): "
+                    f"{rn['activation_vs_ideal']:.2f}x the 1/N share at N={n}.")
+            if rn.get("largest_buffers"):
+                text += (f" The compiled N={n} program's largest buffers are "
+                         + ", ".join(f"{b['shape']} ({b['mib']:.0f} MiB)" for b in rn["largest_buffers"]) + ".")
+            out += [text, ""]
+    if out:
+        out += ["The decoder keeps its activations split over the batch axes on any active mesh (the residual stream "
+                "and scan carry, q/k/v, attention scores and the MLP hidden; heads and MLP hidden over `model`, the "
+                "residual stream's sequence over `model` between the tensor-parallel matmuls), so what stays above "
+                "1/N is buffers whose size does not follow the batch: weights gathered whole for a layer or a "
+                "log-prob vocabulary chunk, the stacked per-layer weight gradients of the backward scan, and, with "
+                "SmolLM2's 9 query / 3 key-value heads on a 2-way `model` axis, attention that can split only the rows.",
+                ""]
     tp = [r for r in d["rows"] if r["scheme"] == "fsdp_tp" and r["devices"] > 1 and r["param_vs_ideal"] > 1.05]
     if tp:
         worst = max(tp, key=lambda r: r["param_vs_ideal"])
@@ -304,16 +304,6 @@ def scaling_notes(d: dict, pinned: dict | None) -> list[str]:
                 "per device: SmolLM2-135M has 9 query and 3 key/value heads, which a 2-way `model` axis does not divide, "
                 "so the partitioning rules keep the attention projections whole along it (sharded by FSDP only). "
                 "A tensor-parallel degree dividing the head counts (3), or FSDP alone, gives 1/N.", ""]
-    if out:
-        out.append(
-            "A saved-activation buffer whose batch dimension is the whole batch on every device (not batch / N) means "
-            "XLA's sharding propagation resharded the activations along the hidden dimension, following the FSDP "
-            "weights' `embed` axis, instead of keeping them split by batch: nothing in the decoder pins the residual "
-            "stream's layout. What closes it (jaxgrpo/models/decoder.py, owner's change): a "
-            "`jax.lax.with_sharding_constraint` of the residual stream and the MLP activations to the batch axes "
-            "inside the layer scan, as the what-if does, so that XLA gathers each layer's weights (ZeRO-3) instead."
-        )
-        out.append("")
     return out
 
 
@@ -327,7 +317,7 @@ def bottleneck_notes(results: dict) -> str:
     if "train_throughput" in data:
         out += throughput_notes(data["train_throughput"])
     if "scaling_memory" in data:
-        out += scaling_notes(data["scaling_memory"], data.get("scaling_memory_pinned"))
+        out += scaling_notes(data["scaling_memory"])
     return "\n\n".join(x for x in out if x)
 
 
@@ -435,21 +425,6 @@ def scaling_section(entry: dict) -> list[str]:
     return out
 
 
-def pinned_section(entry: dict) -> list[str]:
-    d = entry["data"]
-    out = ["### What-if: activations pinned to batch sharding", "",
-           f"`{command_of(entry, 'python benchmarks/scaling_memory.py --schemes fsdp fsdp_pinned --devices 1 8')}`  ",
-           when(entry), "",
-           "FSDP as jaxgrpo runs it today, and with the decoder's residual stream and MLP activations constrained to "
-           "`P(('data', 'fsdp'), None, None)` (`batch_sharded_activations` in the script; jaxgrpo itself unchanged).", "",
-           "| model | scheme | devices | temporaries MiB | x/N | largest buffers of the compiled program |", "|---|---|---|---|---|---|"]
-    for r in d["rows"]:
-        buffers = ", ".join(f"{b['shape']} {b['mib']:.0f} MiB" for b in r.get("largest_buffers", []))
-        out.append(f"| {r['model']} | {r['scheme']} | {r['devices']} | {r['activation_bytes'] / 2**20:,.1f} | "
-                   f"{r['activation_vs_ideal']:.2f} | {buffers} |")
-    return out + [""]
-
-
 def markdown_section(title: str, entry: dict, default_command: str) -> list[str]:
     return [f"## {title}", "", f"`{command_of(entry, default_command)}`  ", when(entry), "", entry["markdown"].strip(), ""]
 
@@ -486,8 +461,6 @@ def render(results: dict, notes: str, docs_dir: str) -> str:
         out += throughput_section(results["train_throughput"])
     if "scaling_memory" in results:
         out += scaling_section(results["scaling_memory"])
-    if "scaling_memory_pinned" in results:
-        out += pinned_section(results["scaling_memory_pinned"])
     for name, title, command in (
         ("sampler", "Sampler vs transformers generate", "python benchmarks/sampler.py"),
         ("logprob_memory", "Chunked log-prob memory", "python benchmarks/logprob_memory.py"),

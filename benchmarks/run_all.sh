@@ -18,13 +18,12 @@ declare -A COMMANDS=(
   [grpo_step_vs_trl]="python benchmarks/grpo_step_vs_trl.py --pairs 1 --threads 1 --micro-batch 8 --out $RESULTS/grpo_step_vs_trl.json"
   [train_throughput]="python benchmarks/train_throughput.py --shapes 8x128 --repeats 3 --out $RESULTS/train_throughput.json --plot docs/benchmarks_train_throughput.png"
   [scaling_memory]="python benchmarks/scaling_memory.py --out $RESULTS/scaling_memory.json --plot docs/benchmarks_memory_scaling.png"
-  [scaling_memory_pinned]="python benchmarks/scaling_memory.py --schemes fsdp fsdp_pinned --devices 1 8 --out $RESULTS/scaling_memory_pinned.json --plot none"
   [sampler]="python benchmarks/sampler.py --repeats 1"
   [logprob_memory]="python benchmarks/logprob_memory.py"
   [prefix_grouper]="python benchmarks/prefix_grouper.py --layers 4 --repeats 2"
   [task_difficulty]="python benchmarks/task_difficulty.py --configs digits1_ops2"
 )
-ORDER=(grpo_step_vs_trl train_throughput sampler prefix_grouper scaling_memory scaling_memory_pinned logprob_memory task_difficulty)
+ORDER=(grpo_step_vs_trl train_throughput sampler prefix_grouper scaling_memory logprob_memory task_difficulty)
 
 if [[ "${1:-}" == "--report-only" ]]; then
   exec python benchmarks/report.py --results "$RESULTS" --out docs/benchmarks.md

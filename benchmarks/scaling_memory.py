@@ -13,9 +13,10 @@ log-probs, gradient, AdamW) is lowered and compiled for each mesh. Reported per 
   pass, gradients, gathered weights, update buffers); plus the largest buffers of the compiled program.
 
 Meshes (data, fsdp, model): FSDP is (1, N, 1); FSDP x TP is (1, N/2, 2) for N >= 2 (tensor
-parallelism over 2 devices, FSDP over the rest). `--schemes fsdp_pinned` is a what-if: FSDP with the
-decoder's activations pinned to batch sharding (`batch_sharded_activations`), to measure a fix. The batch (8 sequences of 128 prompt + 128 completion
-tokens) is fixed, so ideal scaling is 1/N for every column.
+parallelism over 2 devices, FSDP over the rest). The decoder keeps its activations split over the
+batch axes (and heads / MLP hidden over `model`) on any active mesh, so temporaries scale too. The
+batch (8 sequences of 128 prompt + 128 completion tokens) is fixed, so ideal scaling is 1/N for
+every column.
 """
 
 import os
@@ -26,7 +27,6 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import argparse
-import contextlib
 import json
 import math
 import re
@@ -50,13 +50,13 @@ MODELS = {
     "1b": DecoderConfig(family="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
                         num_heads=32, num_kv_heads=8, head_dim=64, tie_word_embeddings=True),
 }
-SCHEMES = ("fsdp", "fsdp_tp", "fsdp_pinned")
+SCHEMES = ("fsdp", "fsdp_tp")
 BATCH, PROMPT, COMPLETION = 8, 128, 128
 
 
 def mesh_shape(scheme: str, devices: int) -> tuple[int, int, int]:
     """(data, fsdp, model) for `devices` devices under `scheme`."""
-    if scheme in ("fsdp", "fsdp_pinned") or devices == 1:
+    if scheme == "fsdp" or devices == 1:
         return (1, devices, 1)
     if scheme == "fsdp_tp":
         return (1, devices // 2, 2)
@@ -111,39 +111,6 @@ def abstract_batch(mesh, batch: int, prompt: int, completion: int) -> TrainBatch
                       f32(completion), f32(completion), f32(completion), f32(completion), f32(completion), f32(completion))
 
 
-@contextlib.contextmanager
-def batch_sharded_activations():
-    """What-if (scheme `fsdp_pinned`): the residual stream and MLP activations pinned to batch sharding.
-
-    Patches the Llama decoder's block and MLP for the duration (this benchmark only, not jaxgrpo): each
-    is wrapped in `jax.lax.with_sharding_constraint(x, P(("data", "fsdp"), None, None))`, so XLA
-    gathers each layer's weights instead of resharding activations along the hidden dimension.
-    """
-    from jax.sharding import PartitionSpec
-    from jaxgrpo.models import decoder
-
-    def pin(x):
-        return jax.lax.with_sharding_constraint(x, PartitionSpec(("data", "fsdp"), None, None))
-
-    block_call, mlp_call = decoder.Block.__call__, decoder.MLP.__call__
-
-    def block(self, x, *args, **kwargs):
-        x, new_kv = block_call(self, pin(x), *args, **kwargs)
-        return pin(x), new_kv
-
-    def mlp(self, x):
-        if self.gemma:
-            raise NotImplementedError("the what-if is written for the Llama MLP (SiLU)")
-        gate = jax.nn.silu(pin(x @ self.gate[...].astype(self.dtype)))
-        return pin((gate * pin(x @ self.up[...].astype(self.dtype))) @ self.down[...].astype(self.dtype))
-
-    decoder.Block.__call__, decoder.MLP.__call__ = block, mlp
-    try:
-        yield
-    finally:
-        decoder.Block.__call__, decoder.MLP.__call__ = block_call, mlp_call
-
-
 def largest_buffers(hlo_text: str, count: int = 3) -> list[dict]:
     """The `count` largest distinct array shapes the compiled program produces (what fills its temporaries)."""
     itemsize = {"f32": 4, "s32": 4, "bf16": 2, "pred": 1, "u32": 4, "f16": 2}
@@ -169,8 +136,7 @@ def measure(model: str, scheme: str, devices: int, *, batch=BATCH, prompt=PROMPT
     cfg.aggregation = "token_mean"
     optimizer = make_optimizer(cfg.optimizer)
     start = time.perf_counter()
-    pinned = batch_sharded_activations() if scheme == "fsdp_pinned" else contextlib.nullcontext()
-    with jax.set_mesh(mesh), pinned:
+    with jax.set_mesh(mesh):
         graphdef, rest, state = abstract_state(config, mesh, optimizer)
         state_sharding = jax.tree.map(lambda x: x.sharding, state)
         update = make_update_fn(cfg, graphdef, rest, optimizer, mesh, state_sharding)
@@ -230,7 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--schemes", nargs="+", default=["fsdp", "fsdp_tp"], choices=list(SCHEMES))
+    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
     parser.add_argument("--out", default="benchmarks/results/scaling_memory.json")
     parser.add_argument("--plot", default="docs/benchmarks_memory_scaling.png", help='PNG path, or "none"')
     args = parser.parse_args()

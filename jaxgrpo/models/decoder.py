@@ -23,6 +23,10 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   exactly like unpadded ones. `cache_index` may be traced.
 
 Logits are float32 whatever the compute dtype.
+
+On a mesh (one set with `jax.set_mesh`, or the one the parameters are sharded on) activations are
+constrained as `partitioning.constrain_activation` says: rows over `data`/`fsdp`, attention heads and
+the MLP hidden over `model`; without one nothing is constrained and the numerics are unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from flax import nnx
 
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
+from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
 # Added to masked attention scores; finite so fully masked rows (padding queries) stay NaN-free.
 _MASKED_SCORE = -1e30
@@ -250,22 +255,26 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
         With `cache` (every layer's k, v [L, B, kv_heads, C, head_dim]) the queries also attend to
         layer `layer`'s cached slots below `cache_index`; `mask` is then (cached [B, T, C], new [B, T, T]).
+        `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
         c = self.config
+        heads = lambda y, name: constrain_activation(y, ("batch", None, name, None), mesh)  # noqa: E731
         q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
         new_kv = (k, v)
         batch, length = q.shape[:2]
         groups = c.num_heads // c.num_kv_heads
         q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
+        scores = constrain_activation(scores, ("batch", "kv_heads", None, None, None), mesh)
         if cache is None:
             scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
             probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
@@ -277,8 +286,9 @@ class Attention(nnx.Module):
             cache_mask, new_mask = mask
             scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
             out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale, self.dtype)
-        out = out.reshape(batch, length, c.num_heads, c.head_dim)
-        return jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype)), new_kv
+        out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
+        out = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype))
+        return constrain_activation(out, ("batch", None, None), mesh), new_kv
 
 
 class MLP(nnx.Module):
@@ -293,10 +303,12 @@ class MLP(nnx.Module):
         self.up = _param(rngs, (*stack, e, f), lead + ("embed", "mlp"), param_dtype)
         self.down = _param(rngs, (*stack, f, e), lead + ("mlp", "embed"), param_dtype)
 
-    def __call__(self, x):
-        gate = x @ self.gate[...].astype(self.dtype)
+    def __call__(self, x, mesh=None):
+        hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
+        gate = hidden(x @ self.gate[...].astype(self.dtype))
         gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
-        return (gate * (x @ self.up[...].astype(self.dtype))) @ self.down[...].astype(self.dtype)
+        out = (gate * hidden(x @ self.up[...].astype(self.dtype))) @ self.down[...].astype(self.dtype)
+        return constrain_activation(out, ("batch", None, None), mesh)
 
 
 class Block(nnx.Module):
@@ -313,11 +325,13 @@ class Block(nnx.Module):
             self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
             self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None):
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index)
-        x = x + (self.attn_out_norm(y) if self.gemma else y)
-        y = self.mlp(self.mlp_norm(x))
-        return x + (self.mlp_out_norm(y) if self.gemma else y), new_kv
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None):
+        rows = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
+        x = rows(x)
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index, mesh)
+        x = rows(x + (self.attn_out_norm(y) if self.gemma else y))
+        y = self.mlp(self.mlp_norm(x), mesh)
+        return rows(x + (self.mlp_out_norm(y) if self.gemma else y)), new_kv
 
 
 class Decoder(nnx.Module):
@@ -412,6 +426,9 @@ class Decoder(nnx.Module):
             key_valid = kv_mask.astype(bool)
             query_slots = cache_index + jnp.arange(length)
         positions = jnp.broadcast_to(positions, (batch, length))
+        # Activations are laid out on the active mesh (None on one device: no constraints at all).
+        mesh = active_mesh(self.embed[...])
+        rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
 
         segments = (segment_ids, segment_ids) if segment_ids is not None else (None, None)
         if cache is None:
@@ -431,10 +448,13 @@ class Decoder(nnx.Module):
             sliding_mask = cached_and_new(c.sliding_window) if c.sliding_window else full_mask
         cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
         cos_sliding, sin_sliding = rope_tables(positions, rope_inverse_frequencies(c.rope_sliding or c.rope, c.head_dim))
+        cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask = jax.tree.map(
+            rows, (cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask))
 
         x = self.embed[...][tokens].astype(self.dtype)
         if c.is_gemma:
             x = x * jnp.asarray(c.embedding_scale, self.dtype)
+        x = rows(x)
 
         graphdef, layer_params = nnx.split(self.layers)
 
@@ -444,7 +464,7 @@ class Decoder(nnx.Module):
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
-            x, new_kv = block(x, cos, sin, mask, cache, index, cache_index)
+            x, new_kv = block(x, cos, sin, mask, cache, index, cache_index, mesh)
             return x, (None if cache is None else new_kv)
 
         if self.remat:
@@ -453,7 +473,8 @@ class Decoder(nnx.Module):
         # slice is copied; the layers' new keys and values [L, B, T, ...] come out of the scan and are
         # written with one dynamic_update_slice each (in place when donated).
         layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
-        x, new_kv = jax.lax.scan(layer, x, (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
+        stream = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
+        x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
         if cache is not None:
             start = (0, 0, 0, cache_index, 0)
             heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]
@@ -461,7 +482,7 @@ class Decoder(nnx.Module):
                 jax.lax.dynamic_update_slice(cache.k, heads_major(new_kv[0], cache.k), start),
                 jax.lax.dynamic_update_slice(cache.v, heads_major(new_kv[1], cache.v), start),
             )
-        return self.final_norm(x), cache
+        return rows(self.final_norm(stream(x))), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None, kv_mask=None):
         """Logits [B, T, V] float32; with `cache=`, `(logits, updated_cache)`."""
