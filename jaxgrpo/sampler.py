@@ -25,12 +25,18 @@ with `fold_in(fold_in(key, r), t)`, so a row's sample does not depend on its bat
 
 Shapes are bucketed (prompt length and completion length to powers of two >= 16), so a run
 compiles a bounded number of times; `compilation_counts()` reports how many.
+
+Multi-host (`process_local=True`): each process passes only its own block of the batch's prompts
+(`process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
+inputs become global arrays with `jax.make_array_from_process_local_data` (this process's rows on
+its own devices, `process_sharding`), and every process runs the same program on the global batch.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, NamedTuple, Sequence
@@ -39,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo.models import partitioning
@@ -230,6 +237,58 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0) -> 
             tokens[row, length - len(prompt):] = prompt
             mask[row, length - len(prompt):] = True
     return tokens, mask
+
+
+def process_block(num_rows: int) -> slice:
+    """This process's contiguous block of `num_rows` rows split evenly over the processes, in process order.
+
+    All rows in a single-process run; block p of P is rows [p * num_rows / P, (p + 1) * num_rows / P).
+    """
+    count, index = jax.process_count(), jax.process_index()
+    if num_rows % count:
+        raise ValueError(f"{num_rows} rows cannot be split evenly over {count} processes")
+    size = num_rows // count
+    return slice(index * size, (index + 1) * size)
+
+
+def process_sharding(mesh: jax.sharding.Mesh, num_rows: int) -> NamedSharding:
+    """A sharding of [num_rows, ...] arrays over the mesh's batch axes under which each process's
+    devices hold exactly its `process_block` of the rows (the other dims replicated).
+
+    Tries the rows over (`data`, `fsdp`), then over each axis alone, then replicated (which only a
+    single process satisfies); the first that divides `num_rows` and keeps every process's rows in
+    its own block wins.
+    """
+    batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+    candidates = [batch_axes, *((a,) for a in batch_axes if len(batch_axes) > 1), ()]
+    size = num_rows // jax.process_count()
+    for axes in candidates:
+        if num_rows % math.prod(mesh.shape[a] for a in axes):
+            continue
+        sharding = NamedSharding(mesh, PartitionSpec(axes or None))
+        rows = sharding.devices_indices_map((num_rows,)).items()
+        if all(device.process_index * size <= (index[0].start or 0) and (index[0].stop or num_rows) <= (device.process_index + 1) * size
+               for device, index in rows):
+            return sharding
+    raise ValueError(
+        f"no split of {num_rows} rows over the mesh's batch axes {batch_axes} (shape {dict(mesh.shape)}) gives each of the "
+        f"{jax.process_count()} processes its own block of rows; the data/fsdp axes must separate the hosts"
+    )
+
+
+def global_rows(local: np.ndarray, mesh: jax.sharding.Mesh) -> jax.Array:
+    """The global array [process_count * n, ...] whose `process_block` on this process is `local` [n, ...]."""
+    rows = local.shape[0] * jax.process_count()
+    return jax.make_array_from_process_local_data(process_sharding(mesh, rows), local, (rows,) + local.shape[1:])
+
+
+def local_rows(x: jax.Array, mesh: jax.sharding.Mesh) -> np.ndarray:
+    """Numpy copy of this process's `process_block` of a global array's rows (resharded first if needed)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)[process_block(x.shape[0])]
+    x = jax.device_put(x, process_sharding(mesh, x.shape[0]))
+    shards = {shard.index[0].start or 0: shard.data for shard in x.addressable_shards}  # replicas share a start
+    return np.concatenate([np.asarray(shards[start]) for start in sorted(shards)])
 
 
 def _check_prompts(prompts, vocab_size: int, context_window: int | None) -> list[list[int]]:
@@ -454,6 +513,18 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
     return final._replace(finish_reason=jnp.where(final.finish_reason == FINISH_STOP, FINISH_STOP, FINISH_LENGTH))
 
 
+@functools.partial(jax.jit, static_argnames=("num_samples", "mesh"))
+def _split_rows(row_tokens, row_mask, row_prompt_ids, key, *, num_samples: int, mesh: jax.sharding.Mesh):
+    """Per-prompt inputs [B, P] and per-row keys [B*G] from per-row global arrays [B*G, ...] (G = num_samples).
+
+    They are replicated over the mesh, as a single process's host arrays are, so the sampler runs the
+    program (and gets the numbers) of a single process with the same devices.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    inputs = row_tokens[::num_samples], row_mask[::num_samples], row_keys(key, row_prompt_ids[::num_samples], num_samples)
+    return tuple(jax.lax.with_sharding_constraint(x, replicated) for x in inputs)
+
+
 _prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "layout"))
 _decode_jit = jax.jit(_decode, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
 
@@ -517,6 +588,7 @@ def generate(
     pad_id: int = 0,
     context_window: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    process_local: bool = False,
 ) -> Rollout:
     """Sample `num_samples` completions for each prompt with a KV cache.
 
@@ -537,9 +609,13 @@ def generate(
         `max_position_embeddings` if it has one).
       mesh: a mesh with `data` (and optionally `model`) axes to shard rows over (default: the
         mesh of the model's parameters, if they are sharded).
+      process_local: in a multi-process run, `prompts` and `prompt_ids` are only this process's
+        `process_block` of a batch of `B * process_count` prompts (every process passes as many);
+        the others pass theirs. No effect in a single process.
 
     Returns:
-      A `Rollout` with B*G rows.
+      A `Rollout` with B*G rows (with `process_local`, global arrays of all processes' rows,
+      this process's block on its own devices; `local_rows` copies it to the host).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, greedy=greedy)
     if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
@@ -564,16 +640,29 @@ def generate(
 
     graphdef, state = nnx.split(model)
     mesh = mesh if mesh is not None else _mesh_of(state)
-    prompt_bucket = bucket_length(max(len(p) for p in prompts))
+    distributed = process_local and jax.process_count() > 1
+    if distributed and mesh is None:
+        raise ValueError("process_local needs the model sharded on a mesh that spans the processes' devices")
+    longest = max(len(p) for p in prompts)
+    if distributed:  # one prompt bucket on every process, so all compile the same program
+        longest = int(np.max(multihost_utils.process_allgather(np.int32(longest))))
+    prompt_bucket = bucket_length(longest)
     layout = _layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
     tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
-    final = _run(graphdef, state, tokens, mask, row_keys(key, prompt_ids, num_samples), stop_tokens, max_new_tokens, pad_id, layout)
+    if distributed:
+        row_tokens, row_mask, row_prompt_ids = (global_rows(np.repeat(x, num_samples, axis=0), mesh) for x in (tokens, mask, prompt_ids))
+        batch = row_tokens.shape[0] // num_samples
+        tokens, mask, keys = _split_rows(row_tokens, row_mask, row_prompt_ids, key, num_samples=num_samples, mesh=mesh)
+    else:
+        keys = row_keys(key, prompt_ids, num_samples)
+        row_tokens, row_mask = (jnp.repeat(jnp.asarray(x), num_samples, axis=0) for x in (tokens, mask))
+    final = _run(graphdef, state, tokens, mask, keys, stop_tokens, max_new_tokens, pad_id, layout)
 
     n = max_new_tokens
     completion_mask = jnp.arange(n) < final.lengths[:, None]
     return Rollout(
-        prompt_tokens=jnp.repeat(jnp.asarray(tokens), num_samples, axis=0),
-        prompt_mask=jnp.repeat(jnp.asarray(mask), num_samples, axis=0),
+        prompt_tokens=row_tokens,
+        prompt_mask=row_mask,
         completion_tokens=final.tokens[:, :n],
         completion_mask=completion_mask,
         logprobs=final.logprobs[:, :n],

@@ -221,6 +221,27 @@ class Rollout(NamedTuple):
     examples: list  # N examples (one per row)
 
 
+class RowStats(NamedTuple):
+    """The per-row numbers of a rollout that whole-batch computations need (advantages, metrics)."""
+
+    rewards: np.ndarray  # f32[N]
+    per_reward: dict  # name -> f32[N]
+    correct: np.ndarray  # f32[N]
+    valid: np.ndarray  # bool[N]
+    group_ids: np.ndarray  # i32[N]
+    finished: np.ndarray  # bool[N]
+    lengths: np.ndarray  # f32[N] completion tokens
+    prompt_lengths: np.ndarray  # i32[N] prompt tokens
+    seq_logp: np.ndarray  # f32[N] mean sampler log-prob per completion token
+
+
+def row_stats(r: Rollout) -> RowStats:
+    """The `RowStats` of a rollout's rows."""
+    lengths = r.completion_mask.sum(-1)
+    return RowStats(r.rewards, r.per_reward, r.correct, r.valid, r.group_ids, r.finished, lengths,
+                    r.prompt_mask.sum(-1).astype(np.int32), (r.sampler_logp * r.completion_mask).sum(-1) / np.maximum(lengths, 1))
+
+
 def group_stats(correct: np.ndarray, group_ids: np.ndarray, valid: np.ndarray) -> dict[str, float]:
     """Fractions of groups that are all correct / all wrong, over groups with a valid row."""
     all_correct, all_wrong, groups = 0, 0, 0
@@ -251,8 +272,12 @@ class PromptStream:
         self._dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat()
         self.position = 0
 
-    def take(self, count: int) -> list[dict]:
-        batch = [self._dataset[self.position + i] for i in range(count)]
+    def take(self, count: int, block: slice = slice(None)) -> list[dict]:
+        """The next `count` examples, or only those at positions `block` of them (one process's share).
+
+        The position advances by `count` either way, so every process stays at the same position.
+        """
+        batch = [self._dataset[self.position + i] for i in range(count)[block]]
         self.position += count
         return batch
 
@@ -329,17 +354,26 @@ class Trainer:
     process runs this same loop. The model is built identically everywhere (a
     fixed seed or the same weights file) and laid out on the global mesh.
 
-    * Sampling is one global SPMD program: its rows are split over the batch
-      axes, so each host's devices sample their share. Every process reads the
-      same prompt positions of the deterministic `PromptStream` (the sampler's
-      static shapes depend on the whole step's prompts, so no host can sample
-      its prompts alone), and the sampled rows are gathered to every host
-      (`_to_host`).
-    * Each host scores its contiguous share of the step's groups with the
-      reward functions (`score`); the rewards are gathered, and every host
-      then computes the same advantages from the whole batch.
-    * The update's inputs are global arrays to which each process contributes
-      only its addressable shards, i.e. its own rows of the batch (`_from_host`).
+    * Every host reads only its own share of the step's prompts: process p of
+      P takes the contiguous block p of the `prompts_per_step` positions of the
+      deterministic `PromptStream` (`sampler.process_block`; prompts_per_step
+      must divide by P, so groups never straddle hosts), and all advance the
+      stream to the same position.
+    * Sampling is one global SPMD program: each host feeds its prompts as its
+      own rows of the global batch (`jax.make_array_from_process_local_data`,
+      on its own devices) and the prompt bucket is agreed with a cross-process
+      max, so every host compiles the same program; each host copies back only
+      its rows (`sampler.local_rows`).
+    * Each host decodes and scores its own rows. The small per-row numbers
+      (rewards, validity, correctness, lengths: `RowStats`) are gathered, so
+      every host computes the same advantages and metrics from the whole batch
+      and keeps its rows' advantages.
+    * The update's inputs are global arrays built from each host's rows; the
+      minibatches are gathered from them on device, so a shuffle moves rows
+      between hosts exactly as a single process would.
+    * Dynamic sampling: each host keeps its own share of signal groups; a
+      round's width is the largest number of groups any host still needs
+      (a cross-process max), so all hosts run the same rounds and programs.
     * Checkpoints are written and restored by every process (orbax writes each
       host's shards); metrics, plots and progress bars come from process 0 only.
 
@@ -353,6 +387,11 @@ class Trainer:
         self.cfg = cfg
         self.mesh = mesh or make_mesh(cfg)
         validate(cfg, num_devices=None)
+        if cfg.prompts_per_step % jax.process_count():
+            raise ValueError(
+                f"prompts_per_step={cfg.prompts_per_step} is not divisible by the {jax.process_count()} processes; "
+                "each host reads an equal block of whole prompt groups"
+            )
         kernels.get_loss(cfg.loss)  # fail early on unknown names, with the valid ones listed
         if not cfg.value_head:
             kernels.get_advantage(cfg.advantage)
@@ -411,11 +450,15 @@ class Trainer:
             self._prompt_cache[text] = list(self.tokenizer.encode(text, add_special_tokens=False))
         return self._prompt_cache[text]
 
-    def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False, temperature=None):
+    def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False, temperature=None,
+                 prompt_ids: np.ndarray | None = None, process_local: bool = False):
+        """`sampler.generate` on the examples' prompts; `process_local`: they are this host's block of the batch."""
         s = self.cfg.sampling
         return sampler.generate(
             self.policy.decoder,
             [self.prompt_ids(e) for e in examples],
+            prompt_ids=prompt_ids,
+            process_local=process_local,
             num_samples=num_samples,
             key=key,
             temperature=s.temperature if temperature is None else temperature,
@@ -428,24 +471,11 @@ class Trainer:
             pad_id=self.pad_id,
         )
 
-    def score(self, texts: list[str], examples: list[dict], lengths: np.ndarray, *, group_size: int = 1):
-        """The rewards of N completions; in a multi-host run each host scores its share of the groups.
-
-        Rows are group-major (`group_size` consecutive rows per group). With
-        several processes, process p scores its contiguous share of the groups
-        and the results are gathered, so every host ends with the same whole
-        batch's rewards (a group never straddles two hosts).
-        """
+    def score(self, texts: list[str], examples: list[dict], lengths: np.ndarray):
+        """The rewards of N completions (texts, their examples, i32[N] token lengths), on this host."""
         from jaxgrpo import rewards as reward_lib
 
-        def score_rows(rows: slice):
-            return reward_lib.score(self.reward_fns, texts[rows], examples[rows], completion_lengths=lengths[rows])
-
-        num_groups = len(texts) // group_size
-        if jax.process_count() == 1 or num_groups < jax.process_count():  # too few groups to share: score all
-            result = score_rows(slice(None))
-        else:
-            result = _score_per_process(score_rows, num_groups, group_size)
+        result = reward_lib.score(self.reward_fns, texts, examples, completion_lengths=lengths)
         if self.cfg.correctness_reward not in result.per_reward:
             raise KeyError(
                 f"correctness_reward={self.cfg.correctness_reward!r} is not among the rewards "
@@ -454,18 +484,28 @@ class Trainer:
         return result
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
-        """Samples and scores `prompts_per_step` groups (resampling zero-signal groups under dynamic sampling)."""
+        """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
+
+        Returns this host's rows (group ids are global) and the step's timings.
+        Under dynamic sampling, zero-signal groups are resampled: each round
+        reads `need * processes` new prompts, `need` the most groups any host
+        still lacks, so every host runs the same rounds with the same shapes.
+        """
         cfg, g = self.cfg, self.cfg.group_size
+        local_groups = cfg.prompts_per_step // jax.process_count()
         kept: list[Rollout] = []
         rejected: list[Rollout] = []
         rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
-        while sum(len(r.rewards) for r in kept) < cfg.batch_size:
-            need = cfg.prompts_per_step - sum(len(r.rewards) for r in kept) // g
-            if rounds >= (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+        while True:
+            need = int(_across_processes(local_groups - sum(len(r.rewards) for r in kept) // g).max())
+            if need <= 0 or rounds >= (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
                 break
-            examples = self.prompts.take(need)
+            block = sampler.process_block(need * jax.process_count())
+            examples = self.prompts.take(need * jax.process_count(), block)
             t0 = time.perf_counter()
-            out = _to_host(self.generate(examples, g, jax.random.fold_in(key, rounds)))
+            out = self.generate(examples, g, jax.random.fold_in(key, rounds),
+                                prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
+            out = jax.tree.map(lambda x: sampler.local_rows(x, self.mesh), out)
             tokens = out.completion_tokens
             mask = out.completion_mask.astype(np.float32)
             timings["time_sample"] += time.perf_counter() - t0
@@ -474,7 +514,7 @@ class Trainer:
             row_examples = [e for e in examples for _ in range(g)]
             lengths = mask.sum(-1).astype(np.int32)
             texts = self.tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
-            result = self.score(texts, row_examples, lengths, group_size=g)
+            result = self.score(texts, row_examples, lengths)
             shaped = result.rewards
             if cfg.overlong_cache_len:
                 shaped = shaped + np.asarray(kernels.overlong_penalty(
@@ -496,16 +536,17 @@ class Trainer:
             else:
                 kept.append(rollout)
             rounds += 1
-        batch = _concat_rollouts(kept + rejected, cfg.prompts_per_step, g)
+        batch = _concat_rollouts(kept + rejected, local_groups, g)
+        batch = batch._replace(group_ids=batch.group_ids + sampler.process_block(cfg.prompts_per_step).start)
         # Groups beyond those that carry signal fill the batch as invalid rows (static shapes).
         num_signal_rows = sum(len(r.rewards) for r in kept)
         if cfg.dynamic_sampling:
             batch = batch._replace(valid=batch.valid & (np.arange(len(batch.valid)) < num_signal_rows))
-        timings.update(sampling_rounds=rounds, sampled_tokens=sampled_tokens)
+        timings.update(sampling_rounds=rounds, sampled_tokens=int(_across_processes(sampled_tokens).sum()))
         return batch, timings
 
     def advantages(self, batch: Rollout) -> np.ndarray:
-        """The registered estimator's advantages f32[N].
+        """The registered estimator's advantages f32[n] of this host's n rows, from the whole batch's `RowStats`.
 
         Estimators that take more than rewards get what they ask for by keyword,
         when the trainer has it: `reward_weights` (then rewards are [N, K], one
@@ -513,23 +554,22 @@ class Trainer:
         (mean sampler log-prob per completion).
         """
         cfg = self.cfg
+        stats = _gather_rows(row_stats(batch))
         estimator = kernels.get_advantage(cfg.advantage)
         accepted = inspect.signature(estimator).parameters
-        lengths = batch.completion_mask.sum(-1)
         available = {
             "reward_weights": np.array([w for _, w in self.reward_fns], np.float32),
-            "lengths": lengths.astype(np.float32),
-            "seq_logp": (batch.sampler_logp * batch.completion_mask).sum(-1) / np.maximum(lengths, 1),
+            "lengths": stats.lengths.astype(np.float32),
+            "seq_logp": stats.seq_logp,
         }
         kwargs = {k: v for k, v in available.items() if k in accepted and k not in cfg.advantage_kwargs}
         kwargs.update(cfg.advantage_kwargs)
-        rewards = batch.rewards
+        rewards = stats.rewards
         if "reward_weights" in accepted:
-            rewards = np.stack(list(batch.per_reward.values()), axis=-1)
-        return np.asarray(
-            estimator(jnp.asarray(rewards), jnp.asarray(batch.group_ids), num_groups=cfg.prompts_per_step,
-                      valid=jnp.asarray(batch.valid), **kwargs)
-        )
+            rewards = np.stack(list(stats.per_reward.values()), axis=-1)
+        advantages = estimator(jnp.asarray(rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
+                               valid=jnp.asarray(stats.valid), **kwargs)
+        return np.asarray(advantages)[sampler.process_block(len(stats.rewards))]
 
     def train_batch(self, batch: Rollout) -> TrainBatch:
         """Assembles the arrays the jitted update consumes (advantages, reference log-probs, GAE)."""
@@ -539,9 +579,11 @@ class Trainer:
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
         valid = batch.valid
         if cfg.loss_mask:
-            valid = valid & np.asarray(kernels.get("mask", cfg.loss_mask)(
-                jnp.asarray(batch.rewards), jnp.asarray(batch.group_ids), num_groups=cfg.prompts_per_step,
-                valid=jnp.asarray(batch.valid)))
+            stats = _gather_rows(row_stats(batch))
+            keep = kernels.get("mask", cfg.loss_mask)(
+                jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
+                valid=jnp.asarray(stats.valid))
+            valid = valid & np.asarray(keep)[sampler.process_block(len(stats.rewards))]
         mask = batch.completion_mask * valid[:, None]
         old_logp = batch.sampler_logp
         zeros = np.zeros_like(mask)
@@ -556,7 +598,10 @@ class Trainer:
                 token_rewards = token_rewards - cfg.kl_coef * (old_logp - ref_logp) * mask
             adv, returns = kernels.gae(jnp.asarray(token_rewards), jnp.asarray(old_values), jnp.asarray(mask),
                                        gamma=cfg.gae_gamma, lam=cfg.gae_lambda)
-            advantages = np.asarray(kernels.masked_whiten(adv, jnp.asarray(mask)))
+            # Whitened over the whole batch's tokens: the per-token advantages of every host.
+            whole = _gather_rows({"adv": np.asarray(adv), "mask": mask})
+            advantages = np.asarray(kernels.masked_whiten(jnp.asarray(whole["adv"]), jnp.asarray(whole["mask"])))
+            advantages = advantages[sampler.process_block(len(advantages))]
             returns = np.asarray(returns)
         else:
             advantages = np.broadcast_to(self.advantages(batch)[:, None], mask.shape)
@@ -565,13 +610,14 @@ class Trainer:
                           np.asarray(returns, np.float32), np.asarray(old_values, np.float32))
 
     def _reference_outputs(self, tokens, attention, positions, completion_len):
-        """(reference-policy log-probs, current values) for a batch, without gradients."""
+        """(reference-policy log-probs, current values) f32[n, C] of this host's n rows, without gradients."""
         fn = self._forward_fn()
+        inputs = _global_batch((tokens, attention, positions), self.mesh)
         ref_logp = values = np.zeros((tokens.shape[0], completion_len), np.float32)
         if self.ref_params is not None:
-            ref_logp = _to_host(fn(self.ref_params, tokens, attention, positions, completion_len)[0])
+            ref_logp = sampler.local_rows(fn(self.ref_params, *inputs, completion_len)[0], self.mesh)
         if self.cfg.value_head:
-            values = _to_host(fn(self.state.params, tokens, attention, positions, completion_len)[1])
+            values = sampler.local_rows(fn(self.state.params, *inputs, completion_len)[1], self.mesh)
         return ref_logp, values
 
     @functools.cache
@@ -588,9 +634,14 @@ class Trainer:
         return forward
 
     def update(self, batch: TrainBatch) -> dict:
-        """num_epochs x num_minibatches jitted updates over the batch; returns the mean metrics."""
+        """num_epochs x num_minibatches jitted updates over the batch (this host's rows); returns the mean metrics.
+
+        Minibatches are shuffled over the whole batch: they are gathered on
+        device from the global batch, so rows move between hosts as needed.
+        """
         cfg = self.cfg
-        n = batch.tokens.shape[0]
+        whole = _global_batch(batch, self.mesh)
+        n = whole.tokens.shape[0]
         minibatch = n // cfg.num_minibatches
         micro = cfg.micro_batch_size or minibatch
         rng = np.random.default_rng([cfg.seed, int(self.state.step), 7])
@@ -599,8 +650,7 @@ class Trainer:
             order = np.arange(n) if epoch == 0 and cfg.num_minibatches == 1 else rng.permutation(n)
             for m in range(cfg.num_minibatches):
                 rows = order[m * minibatch : (m + 1) * minibatch]
-                mb = jax.tree.map(lambda x: x[rows].reshape((minibatch // micro, micro) + x.shape[1:]), batch)
-                mb = _from_host(mb, self._batch_sharding)
+                mb = self._take_rows(whole, rows.reshape(minibatch // micro, micro))
                 with jax.set_mesh(self.mesh):
                     self.state, metrics = self._update(self.state, mb)
                 history.append(metrics)
@@ -608,10 +658,27 @@ class Trainer:
         metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
         return metrics
 
+    @functools.cache
+    def _take_rows_fn(self):
+        """jit(batch [N, ...], rows i32[M, m]) -> batch [M, m, ...] laid out for the update."""
+        return jax.jit(lambda batch, rows: jax.tree.map(lambda x: x[rows], batch), out_shardings=self._batch_sharding)
+
+    def _take_rows(self, batch: TrainBatch, rows: np.ndarray) -> TrainBatch:
+        with jax.set_mesh(self.mesh):
+            return self._take_rows_fn()(batch, rows)
+
     def correct_flags(self, texts: list[str], examples: list[dict]) -> np.ndarray:
-        """Correctness (the `correctness_reward`) of each completion."""
+        """Correctness (the `correctness_reward`) of each completion; every host holds all N of them.
+
+        In a multi-host run each host scores its share and the results are gathered.
+        """
         lengths = np.array([len(self.tokenizer.encode(t)) for t in texts], np.int32)
-        return self.score(texts, examples, lengths).per_reward[self.cfg.correctness_reward].astype(np.float32)
+        score_rows = lambda rows: self.score(texts[rows], examples[rows], lengths[rows])
+        if jax.process_count() == 1 or len(texts) < jax.process_count():  # too few to share: score all
+            result = score_rows(slice(None))
+        else:
+            result = _score_per_process(score_rows, len(texts), 1)
+        return result.per_reward[self.cfg.correctness_reward].astype(np.float32)
 
     def evaluate(self, step: int) -> dict:
         """Greedy accuracy, and pass@1 / pass@k of `eval_pass_k` samples, on the held-out examples."""
@@ -719,21 +786,21 @@ class Trainer:
         t0 = time.perf_counter()
         metrics.update(self.update(batch))
         metrics["time_train"] = time.perf_counter() - t0
-        valid = rollout.valid
-        lengths = rollout.completion_mask.sum(-1)
-        trained_tokens = float(batch.attention_mask.sum()) * self.cfg.num_epochs
+        stats = _gather_rows(row_stats(rollout))  # the whole batch's, on every host
+        valid = stats.valid
+        trained_tokens = float(stats.prompt_lengths.sum() + stats.lengths.sum()) * self.cfg.num_epochs
         metrics.update(
-            reward_mean=float(rollout.rewards[valid].mean()) if valid.any() else float("nan"),
-            reward_std=float(rollout.rewards[valid].std()) if valid.any() else float("nan"),
-            accuracy=float(rollout.correct[valid].mean()) if valid.any() else float("nan"),
-            completion_length=float(lengths.mean()),
-            frac_truncated=float(1.0 - rollout.finished.mean()),
+            reward_mean=float(stats.rewards[valid].mean()) if valid.any() else float("nan"),
+            reward_std=float(stats.rewards[valid].std()) if valid.any() else float("nan"),
+            accuracy=float(stats.correct[valid].mean()) if valid.any() else float("nan"),
+            completion_length=float(stats.lengths.mean()),
+            frac_truncated=float(1.0 - stats.finished.mean()),
             num_invalid_rewards=float((~valid).sum()),
             sample_tokens_per_s=metrics["sampled_tokens"] / max(metrics["time_sample"], 1e-9),
             train_tokens_per_s=trained_tokens / max(metrics["time_train"], 1e-9),
             time_step=time.perf_counter() - t_start,
-            **{f"reward/{k}": float(v[valid].mean()) if valid.any() else float("nan") for k, v in rollout.per_reward.items()},
-            **group_stats(rollout.correct, rollout.group_ids, valid),
+            **{f"reward/{k}": float(v[valid].mean()) if valid.any() else float("nan") for k, v in stats.per_reward.items()},
+            **group_stats(stats.correct, stats.group_ids, valid),
         )
         return metrics
 
@@ -821,13 +888,33 @@ def _to_host(tree):
     return jax.tree.map(fetch, tree)
 
 
-def _from_host(tree, sharding: NamedSharding):
-    """Global arrays laid out as `sharding` from numpy arrays every process holds in full.
+def _global_batch(tree, mesh):
+    """The global batch from every host's rows (numpy [n, ...], block `process_index` of it).
 
-    Each process builds only its addressable shards (its own rows of the batch),
-    so in a multi-host run every host feeds its share of the global batch.
+    A single process already holds the whole batch: its numpy arrays are returned as they are.
     """
-    return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), tree)
+    if jax.process_count() == 1:
+        return tree
+    return jax.tree.map(lambda x: sampler.global_rows(x, mesh), tree)
+
+
+def _gather_rows(tree):
+    """The whole batch of per-row numpy arrays [N, ...] from every host's block [n, ...], in process order.
+
+    For small per-row arrays (rewards, flags, lengths); a single process's are returned as they are.
+    """
+    if jax.process_count() == 1:
+        return tree
+    wire = lambda x: x.astype(np.int32) if x.dtype == bool else x  # noqa: E731  (gathered as int32)
+    gathered = multihost_utils.process_allgather(jax.tree.map(wire, tree), tiled=True)
+    return jax.tree.map(lambda x, g: np.asarray(g).astype(x.dtype), tree, gathered)
+
+
+def _across_processes(value) -> np.ndarray:
+    """A scalar from every process: [process_count] in process order."""
+    if jax.process_count() == 1:
+        return np.array([value])
+    return np.asarray(multihost_utils.process_allgather(np.asarray(value)))
 
 
 def _score_per_process(score_rows, num_groups: int, group_size: int):

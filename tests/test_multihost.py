@@ -21,8 +21,9 @@ TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
 TIMEOUT_S = 1800  # per run; the machine may be shared and each process compiles its own programs
 
 # One process of a run: train (or resume) the toy experiment, then write the parameters every
-# process sees (gathered from all hosts), the run's step and data position, and how many
-# completions this process scored at each step, to an .npz.
+# process sees (gathered from all hosts), the run's step and data position, how many
+# completions this process scored at each step, and which stream positions its prompt source
+# handed out, to an .npz.
 _WORKER = textwrap.dedent(
     """
     import sys
@@ -52,16 +53,25 @@ _WORKER = textwrap.dedent(
 
     rewards.score = counting_score
 
+    class RecordingSource:  # the prompt stream's dataset, noting every position read from it
+        def __init__(self, dataset):
+            self.dataset, self.read = dataset, []
+
+        def __getitem__(self, position):
+            self.read.append(position)
+            return self.dataset[position]
+
     assert jax.process_count() == num_processes and jax.device_count() == 8, (jax.process_count(), jax.device_count())
     cfg = load_experiment({toy!r})
     apply_overrides(cfg, ["mesh.data=2", "mesh.fsdp=4", "steps=2", "warmup_sft_steps=2", "eval_every=0",
                           "task.num_eval_examples=0", "checkpoint_every=2", "run_dir=" + run_dir])
     trainer = Trainer(cfg)
+    source = trainer.prompts._dataset = RecordingSource(trainer.prompts._dataset)
     trainer.run(resume=resume == "resume", progress=False)
     params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
     flat = {{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
     np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.prompts.position,
-             __scored_rows__=np.array(scored_rows, np.int32))
+             __scored_rows__=np.array(scored_rows, np.int32), __read__=np.array(source.read, np.int64))
     """
 )
 
@@ -105,7 +115,8 @@ def _load(path):
 
 
 def test_two_processes_train_save_and_restore_like_one(tmp_path):
-    """2 steps on 2 hosts x 4 devices give the 1 x 8 run's parameters (1e-5); both hosts restore the checkpoint."""
+    """2 steps on 2 hosts x 4 devices, each host reading only its own prompts, give the 1 x 8 run's
+    parameters (1e-5); both hosts restore the checkpoint."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(toy=TOY))
     multi, single = tmp_path / "multi", tmp_path / "single"
@@ -120,6 +131,12 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
     np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
     np.testing.assert_array_equal(trained_1.pop("__scored_rows__"), [32, 32])
+    # Each host read only its own block of each step's 8 prompts; together they read the single run's.
+    read, read_0, read_1 = reference.pop("__read__"), trained.pop("__read__"), trained_1.pop("__read__")
+    np.testing.assert_array_equal(read, np.arange(16))
+    np.testing.assert_array_equal(read_0, [0, 1, 2, 3, 8, 9, 10, 11])
+    np.testing.assert_array_equal(read_1, [4, 5, 6, 7, 12, 13, 14, 15])
+    assert not set(read_0) & set(read_1) and sorted([*read_0, *read_1]) == sorted(read)
     assert sorted(trained) == sorted(reference) and len(reference) > 2
     for name in reference:
         np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
@@ -138,6 +155,7 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     for i in range(2):
         restored = _load(tmp_path / f"restored_{i}.npz")
         assert restored.pop("__scored_rows__").size == 0  # restored at step 2: no step ran
+        assert restored.pop("__read__").size == 0
         assert sorted(restored) == sorted(trained)
         for name in trained:
             np.testing.assert_array_equal(restored[name], trained[name], err_msg=f"process {i}: {name}")

@@ -173,3 +173,10 @@ def test_every_experiment_runs_two_steps(name, tmp_path):
             assert np.isfinite(record[key]), (key, record)
     changed = jax.tree.map(lambda a, b: not np.allclose(a, b), before, params_of(trainer))
     assert any(jax.tree.leaves(changed)), "no parameter changed"
+
+
+def test_prompts_must_split_evenly_over_the_processes(tmp_path, monkeypatch):
+    """Each host reads a block of whole groups: prompts_per_step must divide by the process count."""
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    with pytest.raises(ValueError, match="prompts_per_step=8 is not divisible by the 3 processes"):
+        Trainer(toy_config(tmp_path))
