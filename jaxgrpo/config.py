@@ -59,6 +59,8 @@ class OptimizerConfig:
     lr: float = 1e-6
     b1: float = 0.9
     b2: float = 0.99
+    #: Adam's epsilon: updates are lr * m / (sqrt(v) + eps), so gradients far below eps barely move a weight.
+    eps: float = 1e-8
     weight_decay: float = 0.0
     warmup_steps: int = 0
     max_grad_norm: float = 1.0

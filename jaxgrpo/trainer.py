@@ -98,7 +98,7 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
     )
     return optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
-        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
     )
 
 
@@ -716,7 +716,7 @@ class Trainer:
         """
         cfg = self.cfg
         batch_size = batch_size or cfg.batch_size
-        optimizer = optax.adam(lr or cfg.warmup_sft_lr)
+        optimizer = optax.adam(lr or cfg.warmup_sft_lr, eps=cfg.optimizer.eps)
         params = self.state.params
         opt_state = optimizer.init(params)
 
