@@ -99,3 +99,8 @@ def test_directory_with_tokenizer_files_loads_the_tokenizer(smollm2, tmp_path):
     assert tokenizer(text)["input_ids"] == gguf_tokenizer(text)["input_ids"]
     messages = [{"role": "user", "content": "hi"}]
     assert tokenizer.apply_chat_template(messages, tokenize=False) == gguf_tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def test_context_window_is_read_from_the_checkpoint(smollm2):
+    model, *_, reference = smollm2
+    assert model.config.max_position_embeddings == reference.config.max_position_embeddings == 8192

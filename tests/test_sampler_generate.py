@@ -1,6 +1,7 @@
 """`sampler.generate` on tiny random decoders of every family: cached greedy decoding equals argmax of
 full forwards, log-probs equal the trainer's recomputation, determinism, stop tokens, sharding."""
 
+import dataclasses
 import functools
 
 import jax
@@ -243,6 +244,12 @@ def test_sharded_generation_equals_unsharded(mesh_2x4):
 def test_bad_input_raises_errors_naming_the_argument(prompts, kwargs, argument):
     with pytest.raises(ValueError, match=argument):
         sampler.generate(random_model("llama"), prompts, key=jax.random.key(0), **kwargs)
+
+
+def test_the_models_context_window_is_checked_by_default():
+    model = Decoder(dataclasses.replace(CONFIGS["llama"], max_position_embeddings=32), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="context_window"):
+        sampler.generate(model, [list(range(1, 40))], key=jax.random.key(0))
 
 
 def test_sampling_without_a_key_is_an_error():

@@ -80,6 +80,8 @@ class DecoderConfig:
     qk_norm: bool = False
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    #: The context window the checkpoint was trained for (prompt + completion tokens); None if unknown.
+    max_position_embeddings: int | None = None
 
     def __post_init__(self):
         if not self.layer_types:
@@ -223,6 +225,7 @@ def from_hf_config(config: Mapping[str, Any]) -> DecoderConfig:
         qk_norm=family in ("qwen3", "gemma3"),
         query_pre_attn_scalar=query_pre_attn_scalar,
         final_logit_softcapping=final_logit_softcapping,
+        max_position_embeddings=config.get("max_position_embeddings"),
     )
 
 
@@ -260,6 +263,7 @@ def from_gguf_metadata(metadata: Mapping[str, Any], vocab_size: int, tie_word_em
         "rope_theta": get("rope.freq_base", 10000.0),
         "tie_word_embeddings": tie_word_embeddings,
         "hidden_act": "gelu_pytorch_tanh" if arch == "gemma3" else "silu",
+        "max_position_embeddings": get("context_length"),
     }
     scaling = get("rope.scaling.type", "none")
     if scaling == "linear":
