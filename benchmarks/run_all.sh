@@ -15,10 +15,10 @@ RESULTS=benchmarks/results
 mkdir -p "$RESULTS"
 
 declare -A COMMANDS=(
-  [grpo_step_vs_trl]="python benchmarks/grpo_step_vs_trl.py --pairs 1 --threads 1 --micro-batch 8 --out $RESULTS/grpo_step_vs_trl.json"
+  [grpo_step_vs_trl]="python benchmarks/grpo_step_vs_trl.py --pairs 3 --threads 2 --micro-batch 8 --out $RESULTS/grpo_step_vs_trl.json"
   [train_throughput]="python benchmarks/train_throughput.py --shapes 8x128 --repeats 3 --out $RESULTS/train_throughput.json --plot docs/benchmarks_train_throughput.png"
   [scaling_memory]="python benchmarks/scaling_memory.py --out $RESULTS/scaling_memory.json --plot docs/benchmarks_memory_scaling.png"
-  [sampler]="python benchmarks/sampler.py --repeats 1"
+  [sampler]="python benchmarks/sampler.py --repeats 3"
   [logprob_memory]="python benchmarks/logprob_memory.py"
   [prefix_grouper]="python benchmarks/prefix_grouper.py --layers 4 --repeats 2"
   [task_difficulty]="python benchmarks/task_difficulty.py --configs digits1_ops2"
