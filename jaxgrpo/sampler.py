@@ -183,18 +183,61 @@ def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) ->
       untruncated log-prob `log_softmax(logits / policy_temperature)`.
     """
     logits = jnp.asarray(logits, jnp.float32)
-    policy = jax.nn.log_softmax(logits / params.policy_temperature, axis=-1)
     if params.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        logprobs = jnp.zeros(tokens.shape, jnp.float32)
-    else:
-        candidates, ids = _truncated_candidates(logits / params.temperature, params)
-        choice = jax.vmap(jax.random.categorical)(keys, candidates)
-        logprobs = jnp.take_along_axis(jax.nn.log_softmax(candidates, axis=-1), choice[:, None], axis=-1)[:, 0]
-        tokens = choice if ids is None else jnp.take_along_axis(ids, choice[:, None], axis=-1)[:, 0]
-        tokens = tokens.astype(jnp.int32)
-    policy_logprobs = jnp.take_along_axis(policy, tokens[:, None], axis=-1)[:, 0]
-    return tokens, logprobs, policy_logprobs
+        return tokens, jnp.zeros(tokens.shape, jnp.float32), _log_prob_of(logits / params.policy_temperature, tokens)
+    candidates, ids = _truncated_candidates(logits / params.temperature, params)
+    top = jnp.max(candidates, axis=-1, keepdims=True)
+    weights = jnp.exp(candidates - top)  # unnormalized probabilities, 0 off the support
+    choice = _inverse_cdf(keys, weights)
+    logprobs = _take(candidates, choice) - top[:, 0] - jnp.log(weights.sum(axis=-1))
+    tokens = choice if ids is None else _take(ids, choice)
+    tokens = tokens.astype(jnp.int32)
+    if ids is None and params.min_p == 0.0:  # untruncated: the policy distribution is the sampling one
+        return tokens, logprobs, logprobs
+    return tokens, logprobs, _log_prob_of(logits / params.policy_temperature, tokens)
+
+
+def _take(x: jax.Array, index: jax.Array) -> jax.Array:
+    """x[r, index[r]] for x [R, N] and index [R]."""
+    return jnp.take_along_axis(x, index[:, None], axis=-1)[:, 0]
+
+
+def _log_prob_of(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log_softmax(logits)[r, tokens[r]] without materializing the log-softmax."""
+    return _take(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
+
+
+SAMPLING_BLOCK = 1024
+
+
+def _inverse_cdf(keys: jax.Array, weights: jax.Array) -> jax.Array:
+    """One index per row drawn with probability proportional to `weights` [R, N] (>= 0, one > 0 per row).
+
+    Inverse-CDF sampling with a single uniform per row, in two levels so that no [R, N] prefix sum is
+    needed: the CDF over blocks of SAMPLING_BLOCK weights picks a block, the CDF inside it the index.
+    Gumbel-max (`jax.random.categorical`) would draw N random numbers per row, which at a 49k-token
+    vocabulary costs more than the rest of the sampling step together. Rounding never makes it return
+    an index of weight zero: the result is clipped to the first and last indices with weight.
+    """
+    rows, size = weights.shape
+    block = min(SAMPLING_BLOCK, size)
+    num_blocks = -(-size // block)
+    weights = jnp.pad(weights, ((0, 0), (0, num_blocks * block - size))).reshape(rows, num_blocks, block)
+    mass = weights.sum(axis=-1)  # [R, blocks]
+    cdf = jnp.cumsum(mass, axis=-1)
+    u = jax.vmap(lambda key: jax.random.uniform(key, ()))(keys) * cdf[:, -1]
+
+    def first_above(cdf, target, weight):  # the first index whose CDF exceeds target, kept among those with weight
+        index = jnp.arange(weight.shape[-1])
+        first = jnp.min(jnp.where(weight > 0, index, weight.shape[-1]), axis=-1)
+        last = jnp.max(jnp.where(weight > 0, index, 0), axis=-1)
+        return jnp.clip((cdf <= target[:, None]).sum(axis=-1), first, last)
+
+    b = first_above(cdf, u, mass)
+    inside = jnp.take_along_axis(weights, b[:, None, None], axis=1)[:, 0]  # [R, block]
+    i = first_above(jnp.cumsum(inside, axis=-1), u - (_take(cdf, b) - _take(mass, b)), inside)
+    return b * block + i
 
 
 def row_keys(key: jax.Array, prompt_ids: jax.Array, num_samples: int) -> jax.Array:
