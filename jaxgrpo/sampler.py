@@ -169,6 +169,7 @@ def sampling_log_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return jnp.put_along_axis(full, ids, log_probs, axis=-1, inplace=False)
 
 
+@jax.named_scope("sampling")
 def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Draw one token per row.
 

@@ -186,8 +186,9 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
         (grads, loss), (metrics, tokens) = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), batch)
         total_tokens = jnp.maximum(tokens.sum(), 1.0)
         metrics = {k: v.sum() / total_tokens for k, v in metrics.items()}
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
         return TrainState(params, opt_state, state.step + 1), metrics
 

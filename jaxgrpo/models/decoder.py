@@ -148,6 +148,7 @@ class RMSNorm(nnx.Module):
         init = "zeros" if self.gemma else "ones"
         self.weight = _param(None, (*stack, dim), ("layers",) * len(stack) + (axis_name,), param_dtype, init)
 
+    @jax.named_scope("norm")
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
@@ -264,31 +265,35 @@ class Attention(nnx.Module):
         """
         c = self.config
         heads = lambda y, name: constrain_activation(y, ("batch", None, name, None), mesh)  # noqa: E731
-        q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
-        if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
+        # Named scopes label the parts in profiles (jaxgrpo.profiling).
+        with jax.named_scope("attention"), jax.named_scope("qkv"):
+            q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
+            if c.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
         new_kv = (k, v)
         batch, length = q.shape[:2]
         groups = c.num_heads // c.num_kv_heads
-        q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
-        scores = constrain_activation(scores, ("batch", "kv_heads", None, None, None), mesh)
-        if cache is None:
-            scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
-            probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-        else:
-            # The cache is read-only here (the caller writes the new slots after the layer scan), and
-            # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
-            # whatever the capacity.
-            cache_mask, new_mask = mask
-            scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
-            out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale, self.dtype)
-        out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
-        out = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype))
-        return constrain_activation(out, ("batch", None, None), mesh), new_kv
+        with jax.named_scope("attention"), jax.named_scope("core"):
+            q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
+            scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
+            scores = constrain_activation(scores, ("batch", "kv_heads", None, None, None), mesh)
+            if cache is None:
+                scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+                probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+                out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+            else:
+                # The cache is read-only here (the caller writes the new slots after the layer scan), and
+                # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
+                # whatever the capacity.
+                cache_mask, new_mask = mask
+                scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
+                out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale, self.dtype)
+        with jax.named_scope("attention"), jax.named_scope("out"):
+            out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
+            out = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype))
+            return constrain_activation(out, ("batch", None, None), mesh), new_kv
 
 
 class MLP(nnx.Module):
@@ -303,6 +308,7 @@ class MLP(nnx.Module):
         self.up = _param(rngs, (*stack, e, f), lead + ("embed", "mlp"), param_dtype)
         self.down = _param(rngs, (*stack, f, e), lead + ("mlp", "embed"), param_dtype)
 
+    @jax.named_scope("mlp")
     def __call__(self, x, mesh=None):
         hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
         gate = hidden(x @ self.gate[...].astype(self.dtype))
@@ -368,6 +374,7 @@ class Decoder(nnx.Module):
         weight = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
         return weight.astype(self.dtype)
 
+    @jax.named_scope("unembed")
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
         logits = jnp.matmul(hidden, self.unembedding(), preferred_element_type=jnp.float32)
@@ -451,9 +458,10 @@ class Decoder(nnx.Module):
         cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask = jax.tree.map(
             rows, (cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask))
 
-        x = self.embed[...][tokens].astype(self.dtype)
-        if c.is_gemma:
-            x = x * jnp.asarray(c.embedding_scale, self.dtype)
+        with jax.named_scope("embed"):
+            x = self.embed[...][tokens].astype(self.dtype)
+            if c.is_gemma:
+                x = x * jnp.asarray(c.embedding_scale, self.dtype)
         x = rows(x)
 
         graphdef, layer_params = nnx.split(self.layers)
@@ -474,14 +482,16 @@ class Decoder(nnx.Module):
         # written with one dynamic_update_slice each (in place when donated).
         layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
         stream = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
-        x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
+        with jax.named_scope("layers"):
+            x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
         if cache is not None:
             start = (0, 0, 0, cache_index, 0)
             heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]
-            cache = KVCache(
-                jax.lax.dynamic_update_slice(cache.k, heads_major(new_kv[0], cache.k), start),
-                jax.lax.dynamic_update_slice(cache.v, heads_major(new_kv[1], cache.v), start),
-            )
+            with jax.named_scope("kv_cache_write"):
+                cache = KVCache(
+                    jax.lax.dynamic_update_slice(cache.k, heads_major(new_kv[0], cache.k), start),
+                    jax.lax.dynamic_update_slice(cache.v, heads_major(new_kv[1], cache.v), start),
+                )
         return rows(self.final_norm(stream(x))), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None, kv_mask=None):

@@ -48,6 +48,7 @@ def token_logprobs_and_entropy_reference(
     return taken, entropy
 
 
+@jax.named_scope("logprob_head")
 def token_logprobs_and_entropy(
     hidden: jax.Array,
     unembedding: jax.Array,
