@@ -73,3 +73,15 @@ def test_report_renders_without_results(tmp_path):
 
 def test_fake_devices_present():
     assert jax.device_count() >= 2, "conftest provides 8 fake CPU devices"
+
+
+def test_profile_step_attributes_a_tiny_training_step():
+    from flax import nnx
+
+    from jaxgrpo.models import Decoder
+
+    profile = load_script("profile_step")
+    title, breakdown, settings = profile.train_breakdown(Decoder(TINY, rngs=nnx.Rngs(0)), 2, 8, 8, calls=1)
+    assert settings == {"batch": 2, "prompt": 8, "completion": 8} and "2 rows x (8 prompt + 8 completion)" in title
+    assert "MLP (gate, up, down) (backward)" in breakdown.seconds
+    assert breakdown.attributed_seconds > 0

@@ -1,0 +1,117 @@
+"""Where the time goes: a traced decode step and a traced training step of SmolLM2-135M (float32).
+
+    python benchmarks/profile_step.py [--decode-steps 32] [--train 8x64+128] [--calls 2]
+
+Both programs run under `jax.profiler.trace`, and `jaxgrpo.profiling.time_by_scope` sums the exclusive
+time of every XLA instruction under the named scope of the model part it belongs to (attention
+projections, attention core, MLP, the layers' weights sliced out of the stack, unembedding, log-prob
+head, sampling, ...; backward instructions apart). The settings are the other benchmarks':
+
+1. decode: the sampler benchmark's batch (8 prompts x G=4 = 32 rows, 64-token prompts, cache
+   capacity 64 + 128), `--decode-steps` tokens per call of the decode loop;
+2. training: one micro-batch of the GRPO step benchmark (8 rows of a 64-token prompt and 128
+   completion tokens), the gradient of the trainer's `completion_outputs` log-probs (the decoder,
+   then the chunked log-prob head on the completion positions).
+
+Tracing adds overhead to every instruction, so the table gives shares (and the traced and untraced
+wall time per call, for scale). Prints markdown tables; `--out` also writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def decode_breakdown(model, tokenizer, steps: int, calls: int):
+    from sampler import PROMPTS, SAMPLES, benchmark_prompts
+
+    from jaxgrpo import profiling, sampler
+
+    graphdef, state = nnx.split(model)
+    prompts = benchmark_prompts(tokenizer)
+    mask = np.ones_like(prompts, bool)
+    keys = sampler.row_keys(jax.random.key(0), np.arange(PROMPTS), SAMPLES)
+    new_bucket = sampler.bucket_length(128)
+    layout = sampler._layout_for(model, None, SAMPLES, prompts.shape[1], new_bucket, sampler.SamplingParams(temperature=1.0))
+    stop, pad = sampler._stop_array([]), jnp.int32(0)
+    carry = sampler._prefill_jit(graphdef, state, prompts, mask, keys, stop, jnp.int32(steps + 1), pad, layout=layout)
+    # The sampler's decode loop, jitted without donation so that the same carry can be replayed.
+    decode = jax.jit(lambda s, c, n: sampler._decode(graphdef, s, c, stop, n, pad, layout=layout))
+    args = (state, carry, jnp.int32(steps + 1))
+    breakdown = profiling.time_by_scope(decode.lower(*args).compile(), args, calls=calls)
+    title = (f"Decode: {PROMPTS * SAMPLES} rows, prompt {prompts.shape[1]}, cache capacity {layout.capacity}, "
+             f"{steps} tokens per call")
+    return title, breakdown, {"steps": steps, "rows": PROMPTS * SAMPLES}
+
+
+def train_breakdown(model, batch: int, prompt: int, completion: int, calls: int):
+    from jaxgrpo import profiling
+    from jaxgrpo.trainer import Policy, completion_outputs
+
+    graphdef, params, rest = nnx.split(Policy(model), nnx.Param, ...)
+    length = prompt + completion
+
+    def loss(p, tokens, mask, positions):
+        logp, entropy, _ = completion_outputs(nnx.merge(graphdef, p, rest), tokens, mask, positions, completion, 1.0,
+                                              with_values=False)
+        return -logp.mean() + 0.0 * entropy.mean()
+
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, model.config.vocab_size, (batch, length)), jnp.int32)
+    mask = jnp.ones((batch, length), bool)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    args = (params, tokens, mask, positions)
+    compiled = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
+    breakdown = profiling.time_by_scope(compiled, args, calls=calls)
+    title = f"Training: forward + backward, {batch} rows x ({prompt} prompt + {completion} completion) tokens"
+    return title, breakdown, {"batch": batch, "prompt": prompt, "completion": completion}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--train", default="8x64+128", help="rows x prompt+completion tokens")
+    parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--out", default=None, help="also write the breakdowns as JSON")
+    args = parser.parse_args()
+    try:
+        rows, lengths = args.train.lower().split("x")
+        prompt, completion = map(int, lengths.split("+"))
+        rows = int(rows)
+    except ValueError:
+        parser.error(f"--train must look like 8x64+128 (rows x prompt+completion), got {args.train!r}")
+
+    import jaxgrpo.models
+    from jaxgrpo import profiling
+
+    model, tokenizer = jaxgrpo.models.load(args.model)
+    results = []
+    for title, breakdown, settings in (decode_breakdown(model, tokenizer, args.decode_steps, args.calls),
+                                       train_breakdown(model, rows, prompt, completion, args.calls)):
+        print(f"\n### {title}\n")
+        print(profiling.markdown(breakdown))
+        print("\nCostliest instructions: " + "; ".join(
+            f"{name} {seconds * 1e3:.1f} ms" for name, seconds in list(breakdown.instructions.items())[:6]), flush=True)
+        results.append({"title": title, "settings": settings, "seconds": breakdown.seconds,
+                        "wall_seconds": breakdown.wall_seconds, "traced_wall_seconds": breakdown.traced_wall_seconds,
+                        "coverage": breakdown.coverage, "instructions": breakdown.instructions})
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "profile_step", "model": args.model, "jax": jax.__version__, "breakdowns": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
