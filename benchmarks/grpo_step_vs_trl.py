@@ -23,8 +23,10 @@ Settings made equal (TRL name = jaxgrpo name): learning_rate = optimizer.lr = 1e
 schedule, AdamW betas (0.9, 0.999), weight decay 0, max_grad_norm = 1.0; temperature 1.0, top-k/top-p
 off; beta = kl_coef = 0; epsilon = eps_low = 0.2; loss_type "dapo" (TRL's default) = aggregation
 "token_mean" with the whole batch in one update; scale_rewards "group" (TRL's default) = advantage
-"grpo" with the unbiased group std and eps 1e-4; float32 (bf16=False) and no gradient checkpointing
-(remat=False) on both sides; per_device_train_batch_size = 32 completions, one gradient accumulation
+"grpo" with the unbiased group std and eps 1e-4; float32 (bf16=False) on both sides; each side's
+default and fastest memory setting: TRL without gradient checkpointing, jaxgrpo with layer
+rematerialization (remat=True, same gradients; on this CPU it is faster than storing the activations,
+see benchmarks/profile_step.py); per_device_train_batch_size = 32 completions, one gradient accumulation
 step (`--micro-batch 8`: 8 completions per forward/backward on both sides, gradients accumulated
 exactly over the 32; TRL: per_device_train_batch_size=8, gradient_accumulation_steps=4).
 

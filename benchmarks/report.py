@@ -422,7 +422,9 @@ def throughput_section(entry: dict) -> list[str]:
            when(entry), "",
            f"Measured float32 peak: {d['peak_flops_per_second'] / 1e9:.0f} GFLOP/s median, {d['peak_flops_per_second_best'] / 1e9:.0f} "
            f"best ({d['peak_matmul']} matmul, timed next to every measurement; each fraction below is the median over "
-           "pairs of model FLOP/s over the adjacent peak). Model FLOPs = 6 N tokens + 12 L H Q T tokens (PaLM's convention).", "",
+           "pairs of model FLOP/s over the adjacent peak). Model FLOPs = 6 N tokens + 12 L H Q T tokens (PaLM's convention). "
+           + ("Layers rematerialized in the backward pass, as the trainer does by default (the recomputed forward is "
+              "not counted)." if d.get("remat") else "Layers' activations stored (no rematerialization)."), "",
            "| B x T | seconds | tokens/s | model GFLOP/s | fraction of peak (goal 60%) |", "|---|---|---|---|---|"]
     for r in d["shapes"]:
         out.append(f"| {r['batch']} x {r['length']} | {r['seconds']:.2f} | {r['tokens_per_second']:.0f} | "

@@ -4,7 +4,9 @@
 
 What is timed is the gradient the trainer's update computes: `jaxgrpo.trainer.completion_outputs`
 (the decoder, then chunked log-probs and entropies of every next token) under `jax.value_and_grad`,
-jitted, on B x T tokens, after one compile.
+jitted, on B x T tokens, after one compile, with the layers rematerialized in the backward pass as the
+trainer does by default (`--no-remat` stores their activations instead; the recomputed forward is not
+counted as model FLOPs).
 
 On a shared machine the CPU share of this process drifts, so every timing is paired with an adjacent
 timing of the peak matmul, and the fraction of peak is the median over pairs of (model FLOP/s) /
@@ -208,6 +210,8 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["8x128", "16x256"], help="BxT")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--no-remat", dest="remat", action="store_false",
+                        help="store the layers' activations instead of recomputing them (the trainer's default is remat)")
     parser.add_argument("--out", default="benchmarks/results/train_throughput.json")
     parser.add_argument("--plot", default="docs/benchmarks_train_throughput.png")
     parser.add_argument("--replot", metavar="JSON", help="only redraw the plot from a results file")
@@ -222,7 +226,7 @@ def main() -> None:
     peak = PeakMatmul()
     first_peak = statistics.median(peak.flops_per_second() for _ in range(args.repeats))
     print(f"float32 matmul peak {first_peak / 1e9:.0f} GFLOP/s ({PEAK_N}^3)")
-    model, _ = jaxgrpo.models.load(args.model)
+    model, _ = jaxgrpo.models.load(args.model, remat=args.remat)
     params, fns = step_functions(model)
     rows = []
     for shape in args.shapes:
@@ -253,7 +257,7 @@ def main() -> None:
                        "fraction_of_peak": fraction})
         print(f"  matmul {name} (BT={tokens}): {rate / 1e9:.0f} GFLOP/s = {fraction:.0%} of the adjacent peak")
     all_peaks = [p for r in rows for part in r["parts"].values() for p in part["peak_flops_per_second_all"]]
-    result = {"benchmark": "train_throughput", "model": args.model, "dtype": "float32", "jax": jax.__version__,
+    result = {"benchmark": "train_throughput", "model": args.model, "dtype": "float32", "remat": args.remat, "jax": jax.__version__,
               "peak_flops_per_second": statistics.median(all_peaks), "peak_flops_per_second_best": max(all_peaks), "peak_matmul": f"{PEAK_N}^3 float32",
               "shapes": rows, "matmul_shapes": shapes, "goal_fraction_of_peak": 0.6}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

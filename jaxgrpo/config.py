@@ -124,7 +124,10 @@ class Config:
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
-    remat: bool = False
+    #: Recompute each layer's activations in the backward pass instead of storing them. On by default:
+    #: besides the memory, it is faster on CPU, where XLA would otherwise store [layers, tokens, hidden]
+    #: activations and write transposed copies of them in the backward pass (benchmarks/profile_step.py).
+    remat: bool = True
 
     # Supervised warm-up on the task's reference answers before RL (0 = none).
     warmup_sft_steps: int = 0
