@@ -545,8 +545,11 @@ class Trainer:
         timings.update(sampling_rounds=rounds, sampled_tokens=int(_across_processes(sampled_tokens).sum()))
         return batch, timings
 
-    def advantages(self, batch: Rollout) -> np.ndarray:
+    def advantages(self, batch: Rollout, stats: RowStats | None = None) -> np.ndarray:
         """The registered estimator's advantages f32[n] of this host's n rows, from the whole batch's `RowStats`.
+
+        `stats`: the whole batch's `_gather_rows(row_stats(batch))`, if the caller
+        already has it (`train_step` gathers it once per step); gathered here otherwise.
 
         Estimators that take more than rewards get what they ask for by keyword,
         when the trainer has it: `reward_weights` (then rewards are [N, K], one
@@ -554,7 +557,8 @@ class Trainer:
         (mean sampler log-prob per completion).
         """
         cfg = self.cfg
-        stats = _gather_rows(row_stats(batch))
+        if stats is None:
+            stats = _gather_rows(row_stats(batch))
         estimator = kernels.get_advantage(cfg.advantage)
         accepted = inspect.signature(estimator).parameters
         available = {
@@ -571,15 +575,20 @@ class Trainer:
                                valid=jnp.asarray(stats.valid), **kwargs)
         return np.asarray(advantages)[sampler.process_block(len(stats.rewards))]
 
-    def train_batch(self, batch: Rollout) -> TrainBatch:
-        """Assembles the arrays the jitted update consumes (advantages, reference log-probs, GAE)."""
+    def train_batch(self, batch: Rollout, stats: RowStats | None = None) -> TrainBatch:
+        """Assembles the arrays the jitted update consumes (advantages, reference log-probs, GAE).
+
+        `stats`: the whole batch's `_gather_rows(row_stats(batch))`, if the caller
+        already has it (`train_step` gathers it once per step); gathered here when needed otherwise.
+        """
         cfg = self.cfg
+        if stats is None and (cfg.loss_mask or not cfg.value_head):
+            stats = _gather_rows(row_stats(batch))
         tokens = np.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1).astype(np.int32)
         attention = np.concatenate([batch.prompt_mask, batch.completion_mask > 0], axis=1)
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
         valid = batch.valid
         if cfg.loss_mask:
-            stats = _gather_rows(row_stats(batch))
             keep = kernels.get("mask", cfg.loss_mask)(
                 jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
                 valid=jnp.asarray(stats.valid))
@@ -604,7 +613,7 @@ class Trainer:
             advantages = advantages[sampler.process_block(len(advantages))]
             returns = np.asarray(returns)
         else:
-            advantages = np.broadcast_to(self.advantages(batch)[:, None], mask.shape)
+            advantages = np.broadcast_to(self.advantages(batch, stats)[:, None], mask.shape)
         return TrainBatch(tokens, attention, positions, mask.astype(np.float32), old_logp.astype(np.float32),
                           np.asarray(advantages, np.float32), np.asarray(ref_logp, np.float32),
                           np.asarray(returns, np.float32), np.asarray(old_values, np.float32))
@@ -782,11 +791,11 @@ class Trainer:
         """One GRPO step: rollout, advantages, updates. Returns the step's metrics."""
         t_start = time.perf_counter()
         rollout, metrics = self.rollout(jax.random.fold_in(key, step))
-        batch = self.train_batch(rollout)
+        stats = _gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
+        batch = self.train_batch(rollout, stats)
         t0 = time.perf_counter()
         metrics.update(self.update(batch))
         metrics["time_train"] = time.perf_counter() - t0
-        stats = _gather_rows(row_stats(rollout))  # the whole batch's, on every host
         valid = stats.valid
         trained_tokens = float(stats.prompt_lengths.sum() + stats.lengths.sum()) * self.cfg.num_epochs
         metrics.update(
