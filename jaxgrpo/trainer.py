@@ -677,17 +677,23 @@ class Trainer:
             return self._take_rows_fn()(batch, rows)
 
     def correct_flags(self, texts: list[str], examples: list[dict]) -> np.ndarray:
-        """Correctness (the `correctness_reward`) of each completion; every host holds all N of them.
+        """Correctness (the `correctness_reward`) f32[N] of N completions; every host holds all N of them.
 
-        In a multi-host run each host scores its share and the results are gathered.
+        In a multi-host run each host scores its `sampler.process_block` of the
+        rows and the flags are gathered (`_gather_rows`). The evaluation's sizes
+        are user-chosen (`num_eval_examples`, times `eval_pass_k`), so when N does
+        not divide by the process count no error is raised: every host scores all
+        N rows itself. Every host already holds all N texts (`evaluate` samples the
+        whole evaluation set everywhere), host-side scoring is cheap next to that
+        sampling, and the result is the same either way (rewards are per row).
         """
+        n, count = len(texts), jax.process_count()
+        shared = count > 1 and n >= count and n % count == 0
+        rows = sampler.process_block(n) if shared else slice(None)
+        texts, examples = texts[rows], examples[rows]
         lengths = np.array([len(self.tokenizer.encode(t)) for t in texts], np.int32)
-        score_rows = lambda rows: self.score(texts[rows], examples[rows], lengths[rows])
-        if jax.process_count() == 1 or len(texts) < jax.process_count():  # too few to share: score all
-            result = score_rows(slice(None))
-        else:
-            result = _score_per_process(score_rows, len(texts), 1)
-        return result.per_reward[self.cfg.correctness_reward].astype(np.float32)
+        correct = self.score(texts, examples, lengths).per_reward[self.cfg.correctness_reward].astype(np.float32)
+        return _gather_rows(correct) if shared else correct
 
     def evaluate(self, step: int) -> dict:
         """Greedy accuracy, and pass@1 / pass@k of `eval_pass_k` samples, on the held-out examples."""
@@ -924,28 +930,6 @@ def _across_processes(value) -> np.ndarray:
     if jax.process_count() == 1:
         return np.array([value])
     return np.asarray(multihost_utils.process_allgather(np.asarray(value)))
-
-
-def _score_per_process(score_rows, num_groups: int, group_size: int):
-    """`score_rows` of this process's contiguous share of the groups, gathered from every process.
-
-    Shares differ by at most one group; each is padded to the largest for the
-    gather (which needs one shape everywhere) and the padding dropped after.
-    """
-    from jaxgrpo.rewards import RewardResult
-
-    shares = np.array_split(np.arange(num_groups), jax.process_count())
-    mine = shares[jax.process_index()]
-    local = score_rows(slice(mine[0] * group_size, (mine[-1] + 1) * group_size))
-    width = max(len(s) for s in shares) * group_size
-    pad = lambda x: np.pad(x, (0, width - len(x)))
-    columns = {"rewards": local.rewards, "valid": local.valid.astype(np.int32),
-               **{f"per_reward/{k}": v for k, v in local.per_reward.items()}}
-    gathered = multihost_utils.process_allgather({k: pad(v) for k, v in columns.items()})  # [processes, width]
-    rows = lambda x: np.concatenate([x[p, : len(s) * group_size] for p, s in enumerate(shares)])
-    valid = rows(gathered["valid"]).astype(bool)
-    per_reward = {k: rows(gathered[f"per_reward/{k}"]) for k in local.per_reward}
-    return RewardResult(rewards=rows(gathered["rewards"]), per_reward=per_reward, valid=valid, num_invalid=int((~valid).sum()))
 
 
 def _decode(tokenizer, out) -> list[str]:
