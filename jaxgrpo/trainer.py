@@ -359,11 +359,11 @@ class Trainer:
       deterministic `PromptStream` (`sampler.process_block`; prompts_per_step
       must divide by P, so groups never straddle hosts), and all advance the
       stream to the same position.
-    * Sampling is one global SPMD program: each host feeds its prompts as its
-      own rows of the global batch (`jax.make_array_from_process_local_data`,
-      on its own devices) and the prompt bucket is agreed with a cross-process
-      max, so every host compiles the same program; each host copies back only
-      its rows (`sampler.local_rows`).
+    * Sampling is one global SPMD program: each host passes its prompts, the
+      prompt bucket is agreed with a cross-process max and the padded prompts
+      are gathered, so every host compiles and runs the same program; each
+      host's rows of the result are on its own devices and it copies back only
+      those (`sampler.local_rows`).
     * Each host decodes and scores its own rows. The small per-row numbers
       (rewards, validity, correctness, lengths: `RowStats`) are gathered, so
       every host computes the same advantages and metrics from the whole batch
