@@ -28,15 +28,15 @@ compiles a bounded number of times; `compilation_counts()` reports how many.
 
 Multi-host (`process_local=True`): each process passes only its own block of the batch's prompts
 (`process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
-inputs become global arrays with `jax.make_array_from_process_local_data` (this process's rows on
-its own devices, `process_sharding`), and every process runs the same program on the global batch.
+padded prompts (small host arrays) are gathered so every process holds the whole batch's, and every
+process runs the same program on the global batch; the returned rows are global arrays, this
+process's block on its own devices (`process_sharding`, `jax.make_array_from_process_local_data`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import math
 from typing import Any, NamedTuple, Sequence
@@ -557,18 +557,6 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
     return final._replace(finish_reason=jnp.where(final.finish_reason == FINISH_STOP, FINISH_STOP, FINISH_LENGTH))
 
 
-@functools.partial(jax.jit, static_argnames=("num_samples", "mesh"))
-def _split_rows(row_tokens, row_mask, row_prompt_ids, key, *, num_samples: int, mesh: jax.sharding.Mesh):
-    """Per-prompt inputs [B, P] and per-row keys [B*G] from per-row global arrays [B*G, ...] (G = num_samples).
-
-    They are replicated over the mesh, as a single process's host arrays are, so the sampler runs the
-    program (and gets the numbers) of a single process with the same devices.
-    """
-    replicated = NamedSharding(mesh, PartitionSpec())
-    inputs = row_tokens[::num_samples], row_mask[::num_samples], row_keys(key, row_prompt_ids[::num_samples], num_samples)
-    return tuple(jax.lax.with_sharding_constraint(x, replicated) for x in inputs)
-
-
 _prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "layout"))
 _decode_jit = jax.jit(_decode, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
 
@@ -694,12 +682,16 @@ def generate(
     layout = _layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
     tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
     if distributed:
-        row_tokens, row_mask, row_prompt_ids = (global_rows(np.repeat(x, num_samples, axis=0), mesh) for x in (tokens, mask, prompt_ids))
-        batch = row_tokens.shape[0] // num_samples
-        tokens, mask, keys = _split_rows(row_tokens, row_mask, row_prompt_ids, key, num_samples=num_samples, mesh=mesh)
+        # The Rollout's prompt rows: this process's block of the global [B*G, P] arrays, on its own devices.
+        row_tokens, row_mask = (global_rows(np.repeat(x, num_samples, axis=0), mesh) for x in (tokens, mask))
+        # The sampler's inputs: every process's prompts (small host arrays), as a single process has them,
+        # so every process runs the program (and gets the numbers) of one process with the same devices.
+        tokens, mask, prompt_ids = multihost_utils.process_allgather((tokens, mask.astype(np.int32), prompt_ids), tiled=True)
+        mask = np.asarray(mask).astype(bool)  # gathered as int32
+        batch = len(prompt_ids)
     else:
-        keys = row_keys(key, prompt_ids, num_samples)
         row_tokens, row_mask = (jnp.repeat(jnp.asarray(x), num_samples, axis=0) for x in (tokens, mask))
+    keys = row_keys(key, prompt_ids, num_samples)
     final = _run(graphdef, state, tokens, mask, keys, stop_tokens, max_new_tokens, pad_id, layout)
 
     n = max_new_tokens

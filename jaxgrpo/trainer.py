@@ -360,11 +360,11 @@ class Trainer:
       deterministic `PromptStream` (`sampler.process_block`; prompts_per_step
       must divide by P, so groups never straddle hosts), and all advance the
       stream to the same position.
-    * Sampling is one global SPMD program: each host feeds its prompts as its
-      own rows of the global batch (`jax.make_array_from_process_local_data`,
-      on its own devices) and the prompt bucket is agreed with a cross-process
-      max, so every host compiles the same program; each host copies back only
-      its rows (`sampler.local_rows`).
+    * Sampling is one global SPMD program: each host passes its prompts, the
+      prompt bucket is agreed with a cross-process max and the padded prompts
+      are gathered, so every host compiles and runs the same program; each
+      host's rows of the result are on its own devices and it copies back only
+      those (`sampler.local_rows`).
     * Each host decodes and scores its own rows. The small per-row numbers
       (rewards, validity, correctness, lengths: `RowStats`) are gathered, so
       every host computes the same advantages and metrics from the whole batch
@@ -546,8 +546,11 @@ class Trainer:
         timings.update(sampling_rounds=rounds, sampled_tokens=int(_across_processes(sampled_tokens).sum()))
         return batch, timings
 
-    def advantages(self, batch: Rollout) -> np.ndarray:
+    def advantages(self, batch: Rollout, stats: RowStats | None = None) -> np.ndarray:
         """The registered estimator's advantages f32[n] of this host's n rows, from the whole batch's `RowStats`.
+
+        `stats`: the whole batch's `_gather_rows(row_stats(batch))`, if the caller
+        already has it (`train_step` gathers it once per step); gathered here otherwise.
 
         Estimators that take more than rewards get what they ask for by keyword,
         when the trainer has it: `reward_weights` (then rewards are [N, K], one
@@ -555,7 +558,8 @@ class Trainer:
         (mean sampler log-prob per completion).
         """
         cfg = self.cfg
-        stats = _gather_rows(row_stats(batch))
+        if stats is None:
+            stats = _gather_rows(row_stats(batch))
         estimator = kernels.get_advantage(cfg.advantage)
         accepted = inspect.signature(estimator).parameters
         available = {
@@ -572,15 +576,20 @@ class Trainer:
                                valid=jnp.asarray(stats.valid), **kwargs)
         return np.asarray(advantages)[sampler.process_block(len(stats.rewards))]
 
-    def train_batch(self, batch: Rollout) -> TrainBatch:
-        """Assembles the arrays the jitted update consumes (advantages, reference log-probs, GAE)."""
+    def train_batch(self, batch: Rollout, stats: RowStats | None = None) -> TrainBatch:
+        """Assembles the arrays the jitted update consumes (advantages, reference log-probs, GAE).
+
+        `stats`: the whole batch's `_gather_rows(row_stats(batch))`, if the caller
+        already has it (`train_step` gathers it once per step); gathered here when needed otherwise.
+        """
         cfg = self.cfg
+        if stats is None and (cfg.loss_mask or not cfg.value_head):
+            stats = _gather_rows(row_stats(batch))
         tokens = np.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1).astype(np.int32)
         attention = np.concatenate([batch.prompt_mask, batch.completion_mask > 0], axis=1)
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
         valid = batch.valid
         if cfg.loss_mask:
-            stats = _gather_rows(row_stats(batch))
             keep = kernels.get("mask", cfg.loss_mask)(
                 jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
                 valid=jnp.asarray(stats.valid))
@@ -605,7 +614,7 @@ class Trainer:
             advantages = advantages[sampler.process_block(len(advantages))]
             returns = np.asarray(returns)
         else:
-            advantages = np.broadcast_to(self.advantages(batch)[:, None], mask.shape)
+            advantages = np.broadcast_to(self.advantages(batch, stats)[:, None], mask.shape)
         return TrainBatch(tokens, attention, positions, mask.astype(np.float32), old_logp.astype(np.float32),
                           np.asarray(advantages, np.float32), np.asarray(ref_logp, np.float32),
                           np.asarray(returns, np.float32), np.asarray(old_values, np.float32))
@@ -669,17 +678,23 @@ class Trainer:
             return self._take_rows_fn()(batch, rows)
 
     def correct_flags(self, texts: list[str], examples: list[dict]) -> np.ndarray:
-        """Correctness (the `correctness_reward`) of each completion; every host holds all N of them.
+        """Correctness (the `correctness_reward`) f32[N] of N completions; every host holds all N of them.
 
-        In a multi-host run each host scores its share and the results are gathered.
+        In a multi-host run each host scores its `sampler.process_block` of the
+        rows and the flags are gathered (`_gather_rows`). The evaluation's sizes
+        are user-chosen (`num_eval_examples`, times `eval_pass_k`), so when N does
+        not divide by the process count no error is raised: every host scores all
+        N rows itself. Every host already holds all N texts (`evaluate` samples the
+        whole evaluation set everywhere), host-side scoring is cheap next to that
+        sampling, and the result is the same either way (rewards are per row).
         """
+        n, count = len(texts), jax.process_count()
+        shared = count > 1 and n >= count and n % count == 0
+        rows = sampler.process_block(n) if shared else slice(None)
+        texts, examples = texts[rows], examples[rows]
         lengths = np.array([len(self.tokenizer.encode(t)) for t in texts], np.int32)
-        score_rows = lambda rows: self.score(texts[rows], examples[rows], lengths[rows])
-        if jax.process_count() == 1 or len(texts) < jax.process_count():  # too few to share: score all
-            result = score_rows(slice(None))
-        else:
-            result = _score_per_process(score_rows, len(texts), 1)
-        return result.per_reward[self.cfg.correctness_reward].astype(np.float32)
+        correct = self.score(texts, examples, lengths).per_reward[self.cfg.correctness_reward].astype(np.float32)
+        return _gather_rows(correct) if shared else correct
 
     def evaluate(self, step: int) -> dict:
         """Greedy accuracy, and pass@1 / pass@k of `eval_pass_k` samples, on the held-out examples."""
@@ -783,11 +798,11 @@ class Trainer:
         """One GRPO step: rollout, advantages, updates. Returns the step's metrics."""
         t_start = time.perf_counter()
         rollout, metrics = self.rollout(jax.random.fold_in(key, step))
-        batch = self.train_batch(rollout)
+        stats = _gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
+        batch = self.train_batch(rollout, stats)
         t0 = time.perf_counter()
         metrics.update(self.update(batch))
         metrics["time_train"] = time.perf_counter() - t0
-        stats = _gather_rows(row_stats(rollout))  # the whole batch's, on every host
         valid = stats.valid
         trained_tokens = float(stats.prompt_lengths.sum() + stats.lengths.sum()) * self.cfg.num_epochs
         metrics.update(
@@ -916,28 +931,6 @@ def _across_processes(value) -> np.ndarray:
     if jax.process_count() == 1:
         return np.array([value])
     return np.asarray(multihost_utils.process_allgather(np.asarray(value)))
-
-
-def _score_per_process(score_rows, num_groups: int, group_size: int):
-    """`score_rows` of this process's contiguous share of the groups, gathered from every process.
-
-    Shares differ by at most one group; each is padded to the largest for the
-    gather (which needs one shape everywhere) and the padding dropped after.
-    """
-    from jaxgrpo.rewards import RewardResult
-
-    shares = np.array_split(np.arange(num_groups), jax.process_count())
-    mine = shares[jax.process_index()]
-    local = score_rows(slice(mine[0] * group_size, (mine[-1] + 1) * group_size))
-    width = max(len(s) for s in shares) * group_size
-    pad = lambda x: np.pad(x, (0, width - len(x)))
-    columns = {"rewards": local.rewards, "valid": local.valid.astype(np.int32),
-               **{f"per_reward/{k}": v for k, v in local.per_reward.items()}}
-    gathered = multihost_utils.process_allgather({k: pad(v) for k, v in columns.items()})  # [processes, width]
-    rows = lambda x: np.concatenate([x[p, : len(s) * group_size] for p, s in enumerate(shares)])
-    valid = rows(gathered["valid"]).astype(bool)
-    per_reward = {k: rows(gathered[f"per_reward/{k}"]) for k in local.per_reward}
-    return RewardResult(rewards=rows(gathered["rewards"]), per_reward=per_reward, valid=valid, num_invalid=int((~valid).sum()))
 
 
 def _decode(tokenizer, out) -> list[str]:
