@@ -11,7 +11,8 @@ head, sampling, ...; backward instructions apart). The settings are the other be
    capacity 64 + 128), `--decode-steps` tokens per call of the decode loop;
 2. training: one micro-batch of the GRPO step benchmark (8 rows of a 64-token prompt and 128
    completion tokens), the gradient of the trainer's `completion_outputs` log-probs (the decoder,
-   then the chunked log-prob head on the completion positions).
+   then the chunked log-prob head on the completion positions), with the layers rematerialized as
+   the trainer does by default (`--no-remat` to store their activations instead).
 
 Tracing adds overhead to every instruction, so the table gives shares (and the traced and untraced
 wall time per call, for scale). Prints markdown tables; `--out` also writes them as JSON.
@@ -73,7 +74,8 @@ def train_breakdown(model, batch: int, prompt: int, completion: int, calls: int)
     args = (params, tokens, mask, positions)
     compiled = jax.jit(jax.value_and_grad(loss)).lower(*args).compile()
     breakdown = profiling.time_by_scope(compiled, args, calls=calls)
-    title = f"Training: forward + backward, {batch} rows x ({prompt} prompt + {completion} completion) tokens"
+    title = (f"Training: forward + backward, {batch} rows x ({prompt} prompt + {completion} completion) tokens, "
+             + ("layers rematerialized" if getattr(model, "remat", False) else "activations stored"))
     return title, breakdown, {"batch": batch, "prompt": prompt, "completion": completion}
 
 
@@ -83,6 +85,8 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--train", default="8x64+128", help="rows x prompt+completion tokens")
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--no-remat", dest="remat", action="store_false",
+                        help="store the layers' activations instead of recomputing them (the trainer's default is remat)")
     parser.add_argument("--out", default=None, help="also write the breakdowns as JSON")
     args = parser.parse_args()
     try:
@@ -95,7 +99,7 @@ def main() -> None:
     import jaxgrpo.models
     from jaxgrpo import profiling
 
-    model, tokenizer = jaxgrpo.models.load(args.model)
+    model, tokenizer = jaxgrpo.models.load(args.model, remat=args.remat)
     results = []
     for title, breakdown, settings in (decode_breakdown(model, tokenizer, args.decode_steps, args.calls),
                                        train_breakdown(model, rows, prompt, completion, args.calls)):
