@@ -216,7 +216,8 @@ class Rollout(NamedTuple):
     rewards: np.ndarray  # f32[N]
     per_reward: dict  # name -> f32[N]
     correct: np.ndarray  # f32[N]
-    valid: np.ndarray  # bool[N]
+    valid: np.ndarray  # bool[N] the reward functions scored the row
+    kept: np.ndarray  # bool[N] the row trains: its group carries signal under dynamic sampling (else all True)
     group_ids: np.ndarray  # i32[N]
     texts: list  # N completion strings
     examples: list  # N examples (one per row)
@@ -228,7 +229,8 @@ class RowStats(NamedTuple):
     rewards: np.ndarray  # f32[N]
     per_reward: dict  # name -> f32[N]
     correct: np.ndarray  # f32[N]
-    valid: np.ndarray  # bool[N]
+    valid: np.ndarray  # bool[N] scored rows
+    kept: np.ndarray  # bool[N] rows that train (see `Rollout.kept`)
     group_ids: np.ndarray  # i32[N]
     finished: np.ndarray  # bool[N]
     lengths: np.ndarray  # f32[N] completion tokens
@@ -239,7 +241,7 @@ class RowStats(NamedTuple):
 def row_stats(r: Rollout) -> RowStats:
     """The `RowStats` of a rollout's rows."""
     lengths = r.completion_mask.sum(-1)
-    return RowStats(r.rewards, r.per_reward, r.correct, r.valid, r.group_ids, r.finished, lengths,
+    return RowStats(r.rewards, r.per_reward, r.correct, r.valid, r.kept, r.group_ids, r.finished, lengths,
                     r.prompt_mask.sum(-1).astype(np.int32), (r.sampler_logp * r.completion_mask).sum(-1) / np.maximum(lengths, 1))
 
 
@@ -527,7 +529,8 @@ class Trainer:
                 # The untruncated policy log-probs: what the trainer computes for the same tokens.
                 out.prompt_tokens, out.prompt_mask.astype(bool), tokens, mask,
                 out.policy_logprobs.astype(np.float32), out.finish_reason == sampler.FINISH_STOP,
-                shaped.astype(np.float32), result.per_reward, correct, result.valid, group_ids, texts, row_examples,
+                shaped.astype(np.float32), result.per_reward, correct, result.valid, np.ones(len(correct), bool),
+                group_ids, texts, row_examples,
             )
             if cfg.dynamic_sampling:
                 keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=result.valid))
@@ -539,10 +542,11 @@ class Trainer:
             rounds += 1
         batch = _concat_rollouts(kept + rejected, local_groups, g)
         batch = batch._replace(group_ids=batch.group_ids + sampler.process_block(cfg.prompts_per_step).start)
-        # Groups beyond those that carry signal fill the batch as invalid rows (static shapes).
+        # Groups beyond those that carry signal fill the batch (static shapes) without training: they
+        # still count in the step's reward metrics, which describe what the policy sampled.
         num_signal_rows = sum(len(r.rewards) for r in kept)
         if cfg.dynamic_sampling:
-            batch = batch._replace(valid=batch.valid & (np.arange(len(batch.valid)) < num_signal_rows))
+            batch = batch._replace(kept=np.arange(len(batch.valid)) < num_signal_rows)
         timings.update(sampling_rounds=rounds, sampled_tokens=int(_across_processes(sampled_tokens).sum()))
         return batch, timings
 
@@ -573,7 +577,7 @@ class Trainer:
         if "reward_weights" in accepted:
             rewards = np.stack(list(stats.per_reward.values()), axis=-1)
         advantages = estimator(jnp.asarray(rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
-                               valid=jnp.asarray(stats.valid), **kwargs)
+                               valid=jnp.asarray(stats.valid & stats.kept), **kwargs)
         return np.asarray(advantages)[sampler.process_block(len(stats.rewards))]
 
     def train_batch(self, batch: Rollout, stats: RowStats | None = None) -> TrainBatch:
@@ -588,11 +592,11 @@ class Trainer:
         tokens = np.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1).astype(np.int32)
         attention = np.concatenate([batch.prompt_mask, batch.completion_mask > 0], axis=1)
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
-        valid = batch.valid
+        valid = batch.valid & batch.kept
         if cfg.loss_mask:
             keep = kernels.get("mask", cfg.loss_mask)(
                 jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
-                valid=jnp.asarray(stats.valid))
+                valid=jnp.asarray(stats.valid & stats.kept))
             valid = valid & np.asarray(keep)[sampler.process_block(len(stats.rewards))]
         mask = batch.completion_mask * valid[:, None]
         old_logp = batch.sampler_logp
@@ -603,7 +607,7 @@ class Trainer:
         if cfg.value_head:
             token_rewards = np.zeros_like(mask)
             last = np.maximum(mask.sum(-1).astype(np.int32) - 1, 0)
-            token_rewards[np.arange(len(last)), last] = batch.rewards * batch.valid
+            token_rewards[np.arange(len(last)), last] = batch.rewards * valid
             if cfg.kl_coef:
                 token_rewards = token_rewards - cfg.kl_coef * (old_logp - ref_logp) * mask
             adv, returns = kernels.gae(jnp.asarray(token_rewards), jnp.asarray(old_values), jnp.asarray(mask),
@@ -812,6 +816,7 @@ class Trainer:
             completion_length=float(stats.lengths.mean()),
             frac_truncated=float(1.0 - stats.finished.mean()),
             num_invalid_rewards=float((~valid).sum()),
+            frac_trained_rows=float((valid & stats.kept).mean()),
             sample_tokens_per_s=metrics["sampled_tokens"] / max(metrics["time_sample"], 1e-9),
             train_tokens_per_s=trained_tokens / max(metrics["time_train"], 1e-9),
             time_step=time.perf_counter() - t_start,
@@ -943,7 +948,7 @@ def _select_groups(r: Rollout, groups: np.ndarray) -> Rollout:
     rows = np.flatnonzero(np.isin(r.group_ids, groups))
     return Rollout(
         *(x[rows] for x in r[:6]), r.rewards[rows], {k: v[rows] for k, v in r.per_reward.items()},
-        r.correct[rows], r.valid[rows], r.group_ids[rows],
+        r.correct[rows], r.valid[rows], r.kept[rows], r.group_ids[rows],
         [r.texts[i] for i in rows], [r.examples[i] for i in rows],
     )
 
@@ -974,6 +979,7 @@ def _concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> 
         {k: cat([p.per_reward[k] for p in parts]) for k in parts[0].per_reward},
         cat([p.correct for p in parts]),
         cat([p.valid for p in parts]),
+        cat([p.kept for p in parts]),
         group_ids.astype(np.int32),
         sum((p.texts for p in parts), [])[:n],
         sum((p.examples for p in parts), [])[:n],

@@ -85,7 +85,7 @@ def synthetic_rollout(trainer, examples) -> Rollout:
     positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
     logp = np.asarray(trainer._forward_fn()(trainer.state.params, tokens, attention, positions, COMPLETION)[0]) * mask
     return Rollout(prompt_tokens, prompt_mask, completion, mask, logp.astype(np.float32), np.ones(n, bool), rewards,
-                   {"correctness_reward": rewards}, rewards, np.ones(n, bool), np.repeat(np.arange(PROMPTS), GROUP).astype(np.int32),
+                   {"correctness_reward": rewards}, rewards, np.ones(n, bool), np.ones(n, bool), np.repeat(np.arange(PROMPTS), GROUP).astype(np.int32),
                    [""] * n, [e for e in examples for _ in range(GROUP)])
 
 
