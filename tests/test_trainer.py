@@ -148,6 +148,13 @@ def test_resume_after_sigkill_is_exact(tmp_path):
 SMOKE = sorted(f for f in os.listdir(EXPERIMENTS) if f.endswith(".py") and f not in ("toy_sum.py",))
 
 
+def first_char_parity(completions, examples):
+    """1 when the completion's first character has an odd code point: an untrained model's samples
+    split about evenly, so nearly every group carries signal (the toy task's own reward, a 1-in-45
+    guess for a random model, can leave a whole step without any)."""
+    return np.array([float(bool(c) and ord(c[0]) % 2 == 1) for c in completions], np.float32)
+
+
 @pytest.mark.parametrize("name", SMOKE)
 def test_every_experiment_runs_two_steps(name, tmp_path):
     """Each experiment file, on the tiny model and the toy task: finite metrics, parameters change."""
@@ -155,16 +162,18 @@ def test_every_experiment_runs_two_steps(name, tmp_path):
     overrides = ["model=toy-tiny", "task.name=toy_sum", "task.kwargs={}", "task.num_eval_examples=0",
                  "steps=2", "warmup_sft_steps=0", "sampling.max_new_tokens=3", "checkpoint_every=0",
                  f"run_dir={tmp_path / 'run'}"]
+    reward_fns = None
     if cfg.rewards:  # experiments with their own rewards (GDPO) keep them; correctness from the first
         overrides.append(f"correctness_reward={next(iter(cfg.rewards))}")
     else:
-        overrides.append("correctness_reward=first_char_reward")
+        reward_fns = [(first_char_parity, 1.0)]
+        overrides.append("correctness_reward=first_char_parity")
     if cfg.group_size > 1:
         overrides += ["prompts_per_step=8", f"group_size={5 if cfg.loss_mask else 4}"]
     if cfg.overlong_cache_len:
         overrides.append("overlong_cache_len=2")
     apply_overrides(cfg, overrides)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, reward_fns=reward_fns)
     before = params_of(trainer)
     history = trainer.run(progress=False)
     assert len(history) == 2
@@ -173,6 +182,22 @@ def test_every_experiment_runs_two_steps(name, tmp_path):
             assert np.isfinite(record[key]), (key, record)
     changed = jax.tree.map(lambda a, b: not np.allclose(a, b), before, params_of(trainer))
     assert any(jax.tree.leaves(changed)), "no parameter changed"
+
+
+def always_wrong(completions, examples):
+    return np.zeros(len(completions), np.float32)
+
+
+def test_a_step_without_signal_trains_nothing_and_still_reports_its_samples(tmp_path):
+    """Dynamic sampling finds no group with signal in any round: no row trains (zero gradient), and the
+    reward metrics describe the rows that were sampled and scored instead of going NaN."""
+    cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=0", "task.num_eval_examples=0", "checkpoint_every=0",
+                     "dynamic_sampling=true", "max_sampling_rounds=2", "sampling.max_new_tokens=3",
+                     "correctness_reward=always_wrong")
+    (record,) = Trainer(cfg, reward_fns=[(always_wrong, 1.0)]).run(progress=False)
+    assert record["sampling_rounds"] == 2
+    assert record["frac_trained_rows"] == 0.0 and record["grad_norm"] == 0.0
+    assert record["reward_mean"] == 0.0 and record["accuracy"] == 0.0 and record["frac_all_wrong"] == 1.0
 
 
 def test_prompts_must_split_evenly_over_the_processes(tmp_path, monkeypatch):
