@@ -17,6 +17,13 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests draw the same examples on every run, so CI is reproducible; HYPOTHESIS_PROFILE=explore
+# draws fresh random ones (run it when changing a kernel).
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
 

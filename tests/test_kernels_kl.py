@@ -182,3 +182,18 @@ def test_bad_inputs():
         kl_penalty(lp, jnp.zeros((2, 3), jnp.int32), "k1")
     with pytest.raises(KeyError, match=r"no kl kernel named 'k5'; valid names: k1, k1\+, k2, k3, k3\+, k3_unbiased"):
         jaxgrpo.get("kl", "k5")
+
+
+def test_k3_is_accurate_near_zero_and_never_negative():
+    """exp(x) - x - 1 in float32 is rounding noise for |x| < ~1e-3 (policy close to the reference, as at
+    the start of training); expm1(x) - x is right to about ulp(x), and its gradient expm1(x) too."""
+    x = np.array([[1e-4, -1e-4, 1e-3, -2e-3, 5.96e-8, 0.0]], np.float32)
+    x64 = x.astype(np.float64)
+    grad = jax.grad(lambda r: kl_penalty(jnp.zeros_like(r), r, "k3").sum())(jnp.asarray(x))
+    per_token = np.asarray(kl_penalty(jnp.zeros_like(jnp.asarray(x)), jnp.asarray(x), "k3"))
+    np.testing.assert_allclose(per_token, np.expm1(x64) - x64, rtol=1e-3, atol=2e-11)  # ~ulp(x); exp(x) - x - 1 was off by up to 1.2e-7
+    np.testing.assert_allclose(np.asarray(grad), np.expm1(x64), rtol=1e-6)
+    # Found by hypothesis: a tiny log-ratio times the clamped importance weight exp(20) of k3_unbiased
+    # was -28.9 with the cancelling formula.
+    unbiased = kl_penalty(jnp.array([[-5.9604645e-08]]), jnp.zeros((1, 1)), "k3_unbiased", old_logp=jnp.array([[-1e4]]))
+    assert float(unbiased[0, 0]) >= 0.0

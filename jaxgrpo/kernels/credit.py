@@ -52,6 +52,9 @@ def minmax_token_weights(divergence, position_mask, *, alpha: float = 1.7) -> Ar
     spread = high - low
     ok = jnp.isfinite(spread) & (spread > 0)
     scaled = jnp.where(ok & on, (divergence - jnp.where(ok, low, 0.0)) / jnp.where(ok, spread, 1.0), 0.0)
+    # XLA may evaluate `divergence` in the min/max fusion and here with different roundings; when the
+    # spread is a few ulps that alone moves `scaled` outside [0, 1] (seen: 1.013), so clamp.
+    scaled = jnp.clip(scaled, 0.0, 1.0)
     return jnp.where(on, 1.0 + (alpha - 1.0) * scaled, 0.0)
 
 
