@@ -46,8 +46,8 @@ def ratio_metrics(ratio: Array, mask: Array, log_r: Array | None = None) -> dict
         "ratio_mean": masked_mean(ratio, mask),
         "ratio_max": jnp.where(any_token, jnp.max(jnp.where(mask > 0, ratio, -big)), 1.0),
         "ratio_min": jnp.where(any_token, jnp.min(jnp.where(mask > 0, ratio, big)), 1.0),
-        # k3 with samples from pi_old: E[r - 1 - log r] = KL(pi_old || pi).
-        "approx_kl": masked_mean(ratio - 1.0 - log_r, mask),
+        # k3 with samples from pi_old: E[r - 1 - log r] = KL(pi_old || pi); expm1 keeps it accurate near r = 1.
+        "approx_kl": masked_mean(jnp.expm1(log_r) - log_r, mask),
     }
 
 
