@@ -222,6 +222,11 @@ class Rollout(NamedTuple):
     texts: list  # N completion strings
     examples: list  # N examples (one per row)
 
+    @property
+    def trains(self) -> np.ndarray:
+        """bool[N]: scored rows of kept groups, the rows advantages and the loss see."""
+        return self.valid & self.kept
+
 
 class RowStats(NamedTuple):
     """The per-row numbers of a rollout that whole-batch computations need (advantages, metrics)."""
@@ -236,6 +241,11 @@ class RowStats(NamedTuple):
     lengths: np.ndarray  # f32[N] completion tokens
     prompt_lengths: np.ndarray  # i32[N] prompt tokens
     seq_logp: np.ndarray  # f32[N] mean sampler log-prob per completion token
+
+    @property
+    def trains(self) -> np.ndarray:
+        """bool[N]: scored rows of kept groups (see `Rollout.trains`)."""
+        return self.valid & self.kept
 
 
 def row_stats(r: Rollout) -> RowStats:
@@ -535,18 +545,16 @@ class Trainer:
             if cfg.dynamic_sampling:
                 keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=result.valid))
                 keep_groups = np.unique(group_ids[keep])
+                rollout = rollout._replace(kept=np.isin(group_ids, keep_groups))
                 kept.append(_select_groups(rollout, keep_groups))
                 rejected.append(_select_groups(rollout, np.setdiff1d(np.arange(need), keep_groups)))
             else:
                 kept.append(rollout)
             rounds += 1
+        # Rejected groups fill the batch after the kept ones (static shapes) without training: they
+        # still count in the step's reward metrics, which describe what the policy sampled.
         batch = _concat_rollouts(kept + rejected, local_groups, g)
         batch = batch._replace(group_ids=batch.group_ids + sampler.process_block(cfg.prompts_per_step).start)
-        # Groups beyond those that carry signal fill the batch (static shapes) without training: they
-        # still count in the step's reward metrics, which describe what the policy sampled.
-        num_signal_rows = sum(len(r.rewards) for r in kept)
-        if cfg.dynamic_sampling:
-            batch = batch._replace(kept=np.arange(len(batch.valid)) < num_signal_rows)
         timings.update(sampling_rounds=rounds, sampled_tokens=int(_across_processes(sampled_tokens).sum()))
         return batch, timings
 
@@ -577,7 +585,7 @@ class Trainer:
         if "reward_weights" in accepted:
             rewards = np.stack(list(stats.per_reward.values()), axis=-1)
         advantages = estimator(jnp.asarray(rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
-                               valid=jnp.asarray(stats.valid & stats.kept), **kwargs)
+                               valid=jnp.asarray(stats.trains), **kwargs)
         return np.asarray(advantages)[sampler.process_block(len(stats.rewards))]
 
     def train_batch(self, batch: Rollout, stats: RowStats | None = None) -> TrainBatch:
@@ -592,11 +600,11 @@ class Trainer:
         tokens = np.concatenate([batch.prompt_tokens, batch.completion_tokens], axis=1).astype(np.int32)
         attention = np.concatenate([batch.prompt_mask, batch.completion_mask > 0], axis=1)
         positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
-        valid = batch.valid & batch.kept
+        valid = batch.trains
         if cfg.loss_mask:
             keep = kernels.get("mask", cfg.loss_mask)(
                 jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
-                valid=jnp.asarray(stats.valid & stats.kept))
+                valid=jnp.asarray(stats.trains))
             valid = valid & np.asarray(keep)[sampler.process_block(len(stats.rewards))]
         mask = batch.completion_mask * valid[:, None]
         old_logp = batch.sampler_logp
@@ -816,7 +824,7 @@ class Trainer:
             completion_length=float(stats.lengths.mean()),
             frac_truncated=float(1.0 - stats.finished.mean()),
             num_invalid_rewards=float((~valid).sum()),
-            frac_trained_rows=float((valid & stats.kept).mean()),
+            frac_trained_rows=float(stats.trains.mean()),
             sample_tokens_per_s=metrics["sampled_tokens"] / max(metrics["time_sample"], 1e-9),
             train_tokens_per_s=trained_tokens / max(metrics["time_train"], 1e-9),
             time_step=time.perf_counter() - t_start,
