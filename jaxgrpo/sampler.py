@@ -5,16 +5,18 @@ state, merged inside `jax.jit`), so there is no weight copy and the log-probs it
 ones the trainer recomputes (kvfrans/lmpo does the same).
 
 How a batch of B prompts becomes B*G completions (`G = num_samples`, `P` the prompt bucket,
-`N` the completion bucket, `C = P + N` the cache capacity):
+`N` the completion bucket, `C = P + N` the context capacity):
 
 1. prompts are left-padded to `P`, the smallest power of two >= 16 holding the longest one;
    positions count real tokens, so padding changes nothing but the shapes;
-2. **prefill** (one jitted call): the B prompts run once into a [layers, B, P, ...] cache, which
-   is repeated G times along the batch (row `b * G + g` is sample g of prompt b) and padded to
-   capacity C; the first completion token is sampled from the last prompt position's logits;
+2. **prefill** (one jitted call): the B prompts run once into a [layers, B, P, ...] prompt cache,
+   stored once and shared by the prompt's G rows (row `b * G + g` is sample g of prompt b); the
+   first completion token is sampled from the last prompt position's logits;
 3. **decode** (one jitted call, the carry donated): a `lax.while_loop` feeds each row's last
-   token at cache slot `P + t`, writing its keys and values with `dynamic_update_slice` in place,
-   until every row has produced a stop token or `max_new_tokens` tokens exist.
+   token at slot `t` of the rows' [layers, B*G, N, ...] completion cache, writing its keys and
+   values with `dynamic_update_slice` in place, until every row has produced a stop token or
+   `max_new_tokens` tokens exist. Attention reads each prompt's keys once per step for its G rows
+   (the decoder's `prefix=`): the prompt's cache is stored and read once instead of G times.
 
 Sampling: temperature, then top-k, then top-p (nucleus, on the renormalized top-k distribution),
 then min-p, in the order of transformers' `generate`; `greedy` takes the argmax. The log-prob
@@ -400,9 +402,11 @@ class _DecodeState(NamedTuple):
     done: jax.Array
     finish_reason: jax.Array
     prompt_lengths: jax.Array
-    kv_mask: jax.Array
+    kv_mask: jax.Array  # bool[B*G, N] the completion slots written so far
     keys: jax.Array
-    cache: Any
+    cache: Any  # the rows' completion keys and values, KVCache [L, B*G, kv, N, D]
+    prompt_cache: Any  # each prompt's keys and values, stored once: KVCache [L, B, kv, P, D]
+    prompt_mask: jax.Array  # bool[B, P]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,10 +462,10 @@ def _is_done(tokens: jax.Array, stop_tokens: jax.Array) -> jax.Array:
 
 
 def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens, pad_id, *, layout: _Layout):
-    """Run the B prompts once, share the cache across G samples, sample each row's first token.
+    """Run the B prompts once into the prompt cache their G samples share, sample each row's first token.
 
     prompt_tokens/prompt_mask [B, P]; keys [B*G]; stop_tokens int32 [S]; returns a `_DecodeState`
-    with step 1 and a cache of capacity P + N.
+    with step 1, the prompt cache and an empty completion cache of capacity N.
     """
     _COMPILATIONS["prefill"] += 1
     batch, prompt_len = prompt_tokens.shape
@@ -472,18 +476,12 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
     prompt_mask = layout.constrain_rows(prompt_mask)
     positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
     cache = layout.constrain_cache(model.init_cache(batch, prompt_len))
-    hidden, cache = model.hidden_states(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
+    hidden, prompt_cache = model.hidden_states(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
     # Left padding puts every prompt's last token in the last column.
     last_logits = model.logits_from_hidden(hidden[:, -1])
     last_logits = layout.constrain_rows(jnp.repeat(last_logits, g, axis=0))
 
-    def share(x):  # [L, B, kv, P, D] -> [L, B*G, kv, P+N, D]
-        x = jnp.repeat(x, g, axis=1)
-        return jnp.pad(x, [(0, 0), (0, 0), (0, 0), (0, n), (0, 0)])
-
-    cache = layout.constrain_cache(jax.tree.map(share, cache))
     rows = batch * g
-    kv_mask = jnp.concatenate([jnp.repeat(prompt_mask, g, axis=0), jnp.zeros((rows, n), bool)], axis=1)
     tokens, logprobs, policy_logprobs = sample_tokens(step_keys(keys, 0), last_logits, layout.sampling)
     done = _is_done(tokens, stop_tokens)
 
@@ -499,16 +497,18 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
         done=done | (max_new_tokens <= 1),
         finish_reason=jnp.where(done, FINISH_STOP, 0).astype(jnp.int32),
         prompt_lengths=jnp.repeat(prompt_mask.sum(axis=1, dtype=jnp.int32), g),
-        kv_mask=layout.constrain_rows(kv_mask),
+        kv_mask=layout.constrain_rows(jnp.zeros((rows, n), bool)),
         keys=keys,
-        cache=cache,
+        cache=layout.constrain_cache(model.init_cache(rows, n)),
+        prompt_cache=layout.constrain_cache(prompt_cache),
+        prompt_mask=prompt_mask,
     )
 
 
 def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, pad_id, *, layout: _Layout) -> _DecodeState:
     """The decode `lax.while_loop`: one token per row per iteration until all rows are done.
 
-    Iteration t feeds token t-1 at cache slot P + t - 1 (position prompt_length + t - 1) and
+    Iteration t feeds token t-1 at completion-cache slot t - 1 (position prompt_length + t - 1) and
     samples token t; finished rows keep running (static shapes) but record `pad_id`, masked out.
     The carry (cache included) is donated, so XLA updates it in place.
     """
@@ -518,7 +518,6 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
         carry.tokens.shape[0], layout.prompt_bucket, layout.new_bucket, layout.capacity,
     )
     model = nnx.merge(graphdef, state)
-    prompt_bucket = layout.prompt_bucket
     rows = carry.tokens.shape[0]
 
     def keep_going(s: _DecodeState):
@@ -526,10 +525,11 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
 
     def one_token(s: _DecodeState) -> _DecodeState:
         previous = jax.lax.dynamic_slice_in_dim(s.tokens, s.step - 1, 1, axis=1)
-        slot = prompt_bucket + s.step - 1
+        slot = s.step - 1
         kv_mask = jax.lax.dynamic_update_slice(s.kv_mask, jnp.ones((rows, 1), bool), (0, slot))
         positions = (s.prompt_lengths + s.step - 1)[:, None]
-        logits, cache = model(previous, positions, cache=s.cache, cache_index=slot, kv_mask=kv_mask)
+        logits, cache = model(previous, positions, cache=s.cache, cache_index=slot, kv_mask=kv_mask,
+                              prefix=s.prompt_cache, prefix_mask=s.prompt_mask)
         cache = layout.constrain_cache(cache)
         tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits[:, 0], layout.sampling)
         live = ~s.done
@@ -551,6 +551,8 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
             kv_mask=kv_mask,
             keys=s.keys,
             cache=cache,
+            prompt_cache=s.prompt_cache,
+            prompt_mask=s.prompt_mask,
         )
 
     final = jax.lax.while_loop(keep_going, one_token, carry)

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models.decoder import KVCache
 
 LLAMA = DecoderConfig(family="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=16)
@@ -95,3 +96,59 @@ def test_cached_call_validates_its_arguments():
         model(tokens, cache=cache)
     with pytest.raises(ValueError, match=r"kv_mask must be \[batch, capacity\]"):
         model(tokens, cache=cache, cache_index=0, kv_mask=jnp.ones((2, 5), bool))
+
+
+@pytest.mark.parametrize("config", [LLAMA, GEMMA], ids=["llama", "gemma3"])
+def test_a_shared_prefix_equals_its_copies_in_every_row(config):
+    # Two left-padded prompts, three continuations each: reading each prompt's keys once (prefix=)
+    # gives the logits of the cache holding a copy of the prompt in every row, for a static index
+    # (several tokens at once) and token by token with a traced one. Gemma's window of 3 makes the
+    # sliding layers drop prefix slots as the continuation grows.
+    model = _random_model(config)
+    rng = np.random.default_rng(1)
+    prompts, share, prompt_length, new_tokens = 2, 3, 6, 5
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (prompts, prompt_length)), jnp.int32)
+    real = np.ones((prompts, prompt_length), bool)
+    real[1, :2] = False
+    positions = jnp.asarray(np.maximum(real.cumsum(1) - 1, 0))
+    real = jnp.asarray(real)
+    continuation = jnp.asarray(rng.integers(0, config.vocab_size, (prompts * share, new_tokens)), jnp.int32)
+    next_positions = jnp.repeat(positions[:, -1:], share, axis=0) + 1 + jnp.arange(new_tokens)[None]
+
+    _, prompt_cache = model(tokens, positions, cache=model.init_cache(prompts, prompt_length), cache_index=0, kv_mask=real)
+    copies = KVCache(*(jnp.pad(jnp.repeat(x, share, axis=1), [(0, 0)] * 3 + [(0, new_tokens), (0, 0)]) for x in prompt_cache))
+    copies_mask = jnp.concatenate([jnp.repeat(real, share, axis=0), jnp.ones((prompts * share, new_tokens), bool)], 1)
+    expected, _ = model(continuation, next_positions, cache=copies, cache_index=prompt_length, kv_mask=copies_mask)
+
+    rows_mask = jnp.ones((prompts * share, new_tokens), bool)
+    shared = dict(prefix=prompt_cache, prefix_mask=real)
+    at_once, _ = model(continuation, next_positions, cache=model.init_cache(prompts * share, new_tokens), cache_index=0,
+                       kv_mask=rows_mask, **shared)
+    np.testing.assert_allclose(np.asarray(at_once), np.asarray(expected), atol=1e-5)
+
+    step = jax.jit(lambda m, t, p, c, i, k, prefix, prefix_mask: m(t, p, cache=c, cache_index=i, kv_mask=k, prefix=prefix,
+                                                                   prefix_mask=prefix_mask))
+    cache, one_by_one = model.init_cache(prompts * share, new_tokens), []
+    for t in range(new_tokens):
+        logits, cache = step(model, continuation[:, t:t + 1], next_positions[:, t:t + 1], cache, jnp.int32(t),
+                             rows_mask.at[:, t + 1:].set(False), **shared)
+        one_by_one.append(np.asarray(logits[:, 0]))
+    np.testing.assert_allclose(np.stack(one_by_one, 1), np.asarray(expected), atol=1e-5)
+
+
+def test_a_shared_prefix_is_checked():
+    model = _random_model(LLAMA)
+    prefix = model.init_cache(2, 4)
+    tokens = jnp.zeros((6, 1), jnp.int32)
+    cached = dict(cache=model.init_cache(6, 3), cache_index=0, kv_mask=jnp.ones((6, 3), bool))
+    with pytest.raises(ValueError, match=r"prefix_mask must be \[prefix rows, prefix length\] = \(2, 4\)"):
+        model(tokens, **cached, prefix=prefix, prefix_mask=jnp.ones((2, 5), bool))
+    with pytest.raises(ValueError, match="needs prefix_mask"):
+        model(tokens, **cached, prefix=prefix)
+    with pytest.raises(ValueError, match="without a prefix"):
+        model(tokens, **cached, prefix_mask=jnp.ones((2, 4), bool))
+    with pytest.raises(ValueError, match=r"batch \(4 rows\) must be a multiple of the prefix's rows \(3\)"):
+        model(jnp.zeros((4, 1), jnp.int32), cache=model.init_cache(4, 3), cache_index=0, kv_mask=jnp.ones((4, 3), bool),
+              prefix=model.init_cache(3, 4), prefix_mask=jnp.ones((3, 4), bool))
+    with pytest.raises(ValueError, match="cached calls only"):
+        model(tokens, prefix=prefix, prefix_mask=jnp.ones((2, 4), bool))

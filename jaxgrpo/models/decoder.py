@@ -21,6 +21,13 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   `kv_mask` is bool[B, C] and must already mark the T slots being written. Prefill is the same
   call with the prompt and `cache_index=0`; RoPE uses `positions`, so left-padded prompts decode
   exactly like unpadded ones. `cache_index` may be traced.
+* A shared prefix: G rows continuing the same prompt can read that prompt's keys and values from
+  one copy instead of G. Pass `prefix=KVCache` of [L, P_rows, kv_heads, P, head_dim] (a prefill's
+  cache) and `prefix_mask` bool[P_rows, P] with a cached call whose batch is a multiple of P_rows:
+  row r reads prefix row r // (batch // P_rows) in full, its slots placed before the row cache's
+  (so with the row cache's slot i at distance P + i - s from prefix slot s for sliding windows).
+  Each prompt's keys are then read once per step for all its rows, with their queries stacked
+  into one product, and stored once.
 
 Logits are float32 whatever the compute dtype.
 
@@ -157,20 +164,78 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
-# Slots of the KV cache read per iteration when the live length is only known at run time.
-CACHE_CHUNK = 128
+# Slots of the KV cache read per iteration when the live length is only known at run time: a decode
+# step reads the live slots rounded up to a chunk. 64 rather than 128 made SmolLM2's batch-32 decode
+# of 128 tokens ~1.2x faster on a 2-core CPU (docs/sampler.md).
+CACHE_CHUNK = 64
 
 
-def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype):
-    """Attention output [B, T, kv, G, D] over the live cache prefix and the T new tokens, one softmax.
+def _softmax_block(scores: jax.Array, values_fn) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A block of keys as (max, normalizer, unnormalized output), the online-softmax state.
+
+    The max is held constant under differentiation: the normalized output does not depend on it.
+    """
+    top = jax.lax.stop_gradient(scores.max(axis=-1))
+    weights = jnp.exp(scores - top[..., None])
+    return top, weights.sum(axis=-1), values_fn(weights)
+
+
+def _merge_blocks(a, b):
+    """The online-softmax state of two blocks of keys together (exact: rescales both to the larger max)."""
+    top = jnp.maximum(a[0], b[0])
+    scale_a, scale_b = jnp.exp(a[0] - top), jnp.exp(b[0] - top)
+    return top, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a[..., None] + b[2] * scale_b[..., None]
+
+
+def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
+    """Online-softmax state [B, kv, G, T(, D)] of the queries over their rows' shared prefix.
+
+    q [B, T, kv, G, D]; prefix (k, v) [L, P_rows, kv, P, D], of which layer `layer` is read;
+    prefix_mask [P_rows, T, P]. Row r reads prefix row r // share: the share rows of a prefix row
+    stack their queries into one [share * G * T, D] x [D, P] product per (prefix row, kv head).
+    """
+    prefix_k, prefix_v = prefix
+    _, prefix_rows, kv_heads, prefix_length, head_dim = prefix_k.shape
+    batch, length, _, groups, _ = q.shape
+    share = batch // prefix_rows
+    queries = share * groups * length
+    q_rows = jnp.transpose(q.reshape(prefix_rows, share, length, kv_heads, groups, head_dim), (0, 3, 1, 4, 2, 5))
+    q_rows = q_rows.reshape(prefix_rows, kv_heads, queries, head_dim)
+
+    def read(buffer):  # [P_rows, kv, P, D]
+        return jax.lax.dynamic_index_in_dim(buffer, layer, axis=0, keepdims=False).astype(dtype)
+
+    scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, read(prefix_k), preferred_element_type=jnp.float32) * scale
+    scores = scores.reshape(prefix_rows, kv_heads, share, groups, length, prefix_length)
+    scores = jnp.where(prefix_mask[:, None, None, None], scores, _MASKED_SCORE)
+    values = read(prefix_v)
+
+    def prefix_values(weights):  # [P_rows, kv, share, G, T, P] -> [P_rows, kv, share, G, T, D] float32
+        flat = weights.astype(dtype).reshape(prefix_rows, kv_heads, queries, prefix_length)
+        out = jnp.einsum("bkqs,bksd->bkqd", flat, values, preferred_element_type=jnp.float32)
+        return out.reshape(prefix_rows, kv_heads, share, groups, length, head_dim)
+
+    top, total, out = _softmax_block(scores, prefix_values)
+
+    def to_rows(x):  # [P_rows, kv, share, G, T, ...] -> [B, kv, G, T, ...]
+        x = jnp.swapaxes(x, 1, 2)
+        return x.reshape(batch, kv_heads, groups, length, *x.shape[5:])
+
+    return to_rows(top), to_rows(total), to_rows(out)
+
+
+def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, prefix=None, prefix_mask=None):
+    """Attention output [B, T, kv, G, D] over the shared prefix, the live cache and the T new tokens.
 
     q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
-    whole (k, v) [L, B, kv, C, D], of which layer `layer` is read; cache_mask [B, T, C]. Only slots
-    below `cache_index` are read, straight from the whole cache (never a per-layer copy): a static
-    index slices them (differentiable, as the shared-prefix forward needs); a traced one runs an
-    online softmax over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length
-    and not with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per
-    (row, kv head), with no transposes of the cache.
+    whole (k, v) [L, B, kv, C, D], of which layer `layer` is read; cache_mask [B, T, C]; prefix
+    (k, v) [L, P_rows, kv, P, D] with prefix_mask [P_rows, T, P], or None. The blocks of keys
+    (prefix, cached slots, new tokens) combine exactly through their online-softmax states. Only
+    slots below `cache_index` are read, straight from the whole cache (never a per-layer copy): a
+    static index slices them (differentiable, as the shared-prefix forward needs); a traced one
+    runs over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length and not
+    with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per (row, kv
+    head), with no transposes of the cache.
     """
     cache_k, cache_v = cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape
@@ -194,40 +259,38 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     def new_values(probs):  # probs [B, kv, G, T, T] -> [B, kv, G, T, D] float32
         return jnp.einsum("bkgts,bskd->bkgtd", probs.astype(dtype), v, preferred_element_type=jnp.float32)
 
-    def to_output(out):  # [B, kv, G, T, D] -> [B, T, kv, G, D]
-        return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(dtype)
+    def finish(state):  # online-softmax state -> [B, T, kv, G, D]
+        _, total, out = state
+        return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
+
+    with_prefix = lambda state: state if prefix is None else _merge_blocks(  # noqa: E731
+        state, _prefix_block(q, prefix, layer, prefix_mask, scale, dtype))
 
     if isinstance(cache_index, (int, np.integer)):
         live = int(cache_index)
         if live == 0:
-            return to_output(new_values(jax.nn.softmax(new_scores, axis=-1)))
-        cached = cached_scores(read(cache_k, 0, live), cache_mask[..., :live])
-        probs = jax.nn.softmax(jnp.concatenate([cached, new_scores], axis=-1), axis=-1)
-        return to_output(cached_values(probs[..., :live], read(cache_v, 0, live)) + new_values(probs[..., live:]))
+            return finish(with_prefix(_softmax_block(new_scores, new_values)))
+        # The live slots and the new tokens as one block.
+        cached_v = read(cache_v, 0, live)
+        scores = jnp.concatenate([cached_scores(read(cache_k, 0, live), cache_mask[..., :live]), new_scores], axis=-1)
+        state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
+        return finish(with_prefix(state))
 
     chunk = min(CACHE_CHUNK, capacity)
-    # Running max, normalizer and unnormalized output, started from the new tokens' block.
-    top = new_scores.max(axis=-1)
-    weights = jnp.exp(new_scores - top[..., None])
-    total, out = weights.sum(axis=-1), new_values(weights)
 
-    def one_chunk(i, carry):
-        top, total, out = carry
+    def one_chunk(i, state):
         start = i * chunk
         # The last chunk's start is clamped to fit the capacity; its slots below `start` were read already.
         first = jnp.minimum(start, capacity - chunk)
         mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
         mask &= (first + jnp.arange(chunk) >= start)[None, None]
         scores = cached_scores(read(cache_k, start, chunk), mask)
-        new_top = jnp.maximum(top, scores.max(axis=-1))
-        rescale = jnp.exp(top - new_top)
-        weights = jnp.exp(scores - new_top[..., None])
-        out = out * rescale[..., None] + cached_values(weights, read(cache_v, start, chunk))
-        return new_top, total * rescale + weights.sum(axis=-1), out
+        values = read(cache_v, start, chunk)
+        return _merge_blocks(state, _softmax_block(scores, lambda w: cached_values(w, values)))
 
     num_chunks = (cache_index + chunk - 1) // chunk
-    top, total, out = jax.lax.fori_loop(0, num_chunks, one_chunk, (top, total, out))
-    return to_output(out / total[..., None])
+    state = with_prefix(_softmax_block(new_scores, new_values))
+    return finish(jax.lax.fori_loop(0, num_chunks, one_chunk, state))
 
 
 class Attention(nnx.Module):
@@ -256,11 +319,13 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
         With `cache` (every layer's k, v [L, B, kv_heads, C, head_dim]) the queries also attend to
-        layer `layer`'s cached slots below `cache_index`; `mask` is then (cached [B, T, C], new [B, T, T]).
+        layer `layer`'s cached slots below `cache_index`, and to the shared `prefix` (k, v) [L,
+        P_rows, kv_heads, P, head_dim] if given; `mask` is then (cached [B, T, C], new [B, T, T],
+        prefix [P_rows, T, P] or None).
         `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
         c = self.config
@@ -287,9 +352,10 @@ class Attention(nnx.Module):
                 # The cache is read-only here (the caller writes the new slots after the layer scan), and
                 # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
                 # whatever the capacity.
-                cache_mask, new_mask = mask
+                cache_mask, new_mask, prefix_mask = mask
                 scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
-                out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale, self.dtype)
+                out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale,
+                                         self.dtype, prefix, prefix_mask)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
             out = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype))
@@ -331,13 +397,29 @@ class Block(nnx.Module):
             self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
             self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None):
         rows = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         x = rows(x)
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index, mesh)
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index, mesh, prefix)
         x = rows(x + (self.attn_out_norm(y) if self.gemma else y))
         y = self.mlp(self.mlp_norm(x), mesh)
         return rows(x + (self.mlp_out_norm(y) if self.gemma else y)), new_kv
+
+
+def _check_prefix(prefix: KVCache | None, prefix_mask: jax.Array | None, batch: int) -> None:
+    if prefix is None:
+        if prefix_mask is not None:
+            raise ValueError("prefix_mask was given without a prefix")
+        return
+    if prefix_mask is None:
+        raise ValueError("a prefix needs prefix_mask [prefix rows, prefix length] (True on real tokens)")
+    prefix_rows, prefix_length = prefix.k.shape[1], prefix.k.shape[3]
+    if prefix_mask.shape != (prefix_rows, prefix_length):
+        raise ValueError(f"prefix_mask must be [prefix rows, prefix length] = {(prefix_rows, prefix_length)}, "
+                         f"got {prefix_mask.shape}")
+    if batch % prefix_rows:
+        raise ValueError(f"the batch ({batch} rows) must be a multiple of the prefix's rows ({prefix_rows}): "
+                         "consecutive rows share one prefix row")
 
 
 class Decoder(nnx.Module):
@@ -403,12 +485,20 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         cache_index: jax.Array | int | None = None,
         kv_mask: jax.Array | None = None,
+        prefix: KVCache | None = None,
+        prefix_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """Final-normalized hidden states [B, T, E] and the updated cache (None without one)."""
+        """Final-normalized hidden states [B, T, E] and the updated cache (None without one).
+
+        `prefix`/`prefix_mask`: a shared prefix for a cached call (see the module docstring).
+        """
         c = self.config
         self._check_tokens(tokens)
         batch, length = tokens.shape
+        _check_prefix(prefix, prefix_mask, batch)
         if cache is None:
+            if prefix is not None:
+                raise ValueError("prefix is read by cached calls only: pass cache, cache_index and kv_mask with it")
             if segment_ids is not None and attention_mask is not None:
                 raise ValueError("pass either attention_mask or segment_ids, not both (segment id 0 marks padding)")
             if positions is None:
@@ -442,14 +532,25 @@ class Decoder(nnx.Module):
             full_mask = build_attention_mask(query_slots, key_valid, None, *segments)
             sliding_mask = build_attention_mask(query_slots, key_valid, c.sliding_window, *segments) if c.sliding_window else full_mask
         else:
-            # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T]); slots from
-            # cache_index on hold stale values until written, so only earlier ones count as cached.
+            # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T], mask over the
+            # prefix [P_rows, T, P] or None); slots from cache_index on hold stale values until
+            # written, so only earlier ones count as cached.
             old_valid = key_valid & (jnp.arange(key_valid.shape[1]) < cache_index)[None]
             new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
 
+            def prefix_attention_mask(window):
+                if prefix is None:
+                    return None
+                prefix_length = prefix.k.shape[3]
+                allowed = jnp.ones((length, prefix_length), bool)
+                if window is not None:  # the prefix's slots come before the cache's
+                    allowed = (prefix_length + query_slots)[:, None] - jnp.arange(prefix_length)[None] < window
+                return allowed[None] & prefix_mask.astype(bool)[:, None, :]
+
             def cached_and_new(window):
                 return (build_attention_mask(query_slots, old_valid, window),
-                        build_attention_mask(jnp.arange(length), new_valid, window))
+                        build_attention_mask(jnp.arange(length), new_valid, window),
+                        prefix_attention_mask(window))
 
             full_mask = cached_and_new(None)
             sliding_mask = cached_and_new(c.sliding_window) if c.sliding_window else full_mask
@@ -472,12 +573,12 @@ class Decoder(nnx.Module):
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
-            x, new_kv = block(x, cos, sin, mask, cache, index, cache_index, mesh)
+            x, new_kv = block(x, cos, sin, mask, cache, index, cache_index, mesh, prefix)
             return x, (None if cache is None else new_kv)
 
         if self.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
-        # Every layer reads the whole cache (closed over, read-only) at its own index, so no layer's
+        # Every layer reads the whole cache and prefix (closed over, read-only) at its own index, so no layer's
         # slice is copied; the layers' new keys and values [L, B, T, ...] come out of the scan and are
         # written with one dynamic_update_slice each (in place when donated).
         layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
@@ -494,11 +595,12 @@ class Decoder(nnx.Module):
                 )
         return rows(self.final_norm(stream(x))), cache
 
-    def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None, kv_mask=None):
+    def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None,
+                 kv_mask=None, prefix=None, prefix_mask=None):
         """Logits [B, T, V] float32; with `cache=`, `(logits, updated_cache)`."""
         hidden, new_cache = self.hidden_states(
             tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids,
-            cache=cache, cache_index=cache_index, kv_mask=kv_mask,
+            cache=cache, cache_index=cache_index, kv_mask=kv_mask, prefix=prefix, prefix_mask=prefix_mask,
         )
         logits = self.logits_from_hidden(hidden)
         return logits if cache is None else (logits, new_cache)

@@ -2,7 +2,7 @@
 
 GRPO scores G completions of each prompt. Run naively, the prompt goes through the network G
 times. Here the prompt is run once, its keys and values kept in a KV cache, and the G completions
-attend to that cache: outputs and gradients equal the replicated batch (causal attention never lets
+attend to that one copy (the decoder's `prefix=`, each prompt's keys read once for its G rows): outputs and gradients equal the replicated batch (causal attention never lets
 a prompt token see a completion), while the prompt's projections and MLPs cost 1/G.
 
 Shapes: N prompts of (left-padded) length P, each with G completions of length S.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.models.decoder import Decoder, KVCache, positions_from_mask
+from jaxgrpo.models.decoder import Decoder, positions_from_mask
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
 
@@ -33,26 +33,24 @@ def shared_prefix_hidden_states(
     """
     num_prompts, prompt_length = prompt_tokens.shape
     _, group_size, completion_length = completion_tokens.shape
-    capacity = prompt_length + completion_length
     prompt_mask = prompt_mask.astype(bool)
-    kv_mask = jnp.zeros((num_prompts, capacity), bool).at[:, :prompt_length].set(prompt_mask)
     positions = positions_from_mask(prompt_mask, None, prompt_length)
-    prompt_hidden, cache = model.hidden_states(
-        prompt_tokens, positions, cache=model.init_cache(num_prompts, capacity), cache_index=0, kv_mask=kv_mask
+    prompt_hidden, prompt_cache = model.hidden_states(
+        prompt_tokens, positions, cache=model.init_cache(num_prompts, prompt_length), cache_index=0, kv_mask=prompt_mask
     )
 
-    # Every completion of prompt n reads prompt n's keys and values.
-    repeat = lambda x: jnp.repeat(x, group_size, axis=1)  # noqa: E731
-    cache = KVCache(repeat(cache.k), repeat(cache.v))
-    kv_mask = jnp.repeat(kv_mask.at[:, prompt_length:].set(True), group_size, axis=0)
+    # The G completions of prompt n read prompt n's keys and values from one copy (the decoder's prefix).
+    rows = num_prompts * group_size
     prompt_lengths = jnp.repeat(prompt_mask.sum(axis=1), group_size)
     completion_positions = prompt_lengths[:, None] + jnp.arange(completion_length)[None]
     completion_hidden, _ = model.hidden_states(
-        completion_tokens.reshape(num_prompts * group_size, completion_length),
+        completion_tokens.reshape(rows, completion_length),
         completion_positions,
-        cache=cache,
-        cache_index=prompt_length,
-        kv_mask=kv_mask,
+        cache=model.init_cache(rows, completion_length),
+        cache_index=0,
+        kv_mask=jnp.ones((rows, completion_length), bool),
+        prefix=prompt_cache,
+        prefix_mask=prompt_mask,
     )
     return prompt_hidden, completion_hidden.reshape(num_prompts, group_size, completion_length, -1)
 
