@@ -263,8 +263,10 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         _, total, out = state
         return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
 
-    with_prefix = lambda state: state if prefix is None else _merge_blocks(  # noqa: E731
-        state, _prefix_block(q, prefix, layer, prefix_mask, scale, dtype))
+    def with_prefix(state):  # merged with the shared prefix's block, if any
+        if prefix is None:
+            return state
+        return _merge_blocks(state, _prefix_block(q, prefix, layer, prefix_mask, scale, dtype))
 
     if isinstance(cache_index, (int, np.integer)):
         live = int(cache_index)
