@@ -91,6 +91,12 @@ def machine() -> dict:
     return info
 
 
+def machine_line(m: dict | None = None) -> str:
+    """This machine (or `m`) in one line: CPU, cores, SIMD, memory. Recorded with each benchmark run."""
+    m = m or machine()
+    return f"{m['cpu']}, {m['cores']} cores ({m.get('simd', '')}), {m['memory_gib']} GiB memory, CPU only"
+
+
 def versions() -> dict:
     import importlib.metadata as md
 
@@ -237,7 +243,7 @@ def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = N
             f"is {_share(p, 'MLP', 'attention q/k/v', 'attention output', 'unembedding'):.0%} weight matmuls (MLP, attention "
             f"projections, unembedding), {_share(p, 'layer weights sliced'):.0%} copying each layer's weights out of the "
             f"stacked parameters (the layer scan's dynamic slice), {_share(p, 'attention scores'):.0%} attention over the live "
-            f"cache (mostly copying 128-slot cache chunks), and {_share(p, 'sampling'):.0%} sampling. At 32 rows a float32 "
+            f"cache (64-slot chunks of each row's completion cache, each prompt's cache read once for its G rows), and {_share(p, 'sampling'):.0%} sampling. At 32 rows a float32 "
             "decode step streams all 536 MB of weights for 8.6 GFLOP, so it is bound by memory traffic and small-M matmul "
             "efficiency on both sides; decoding from per-layer weight arrays (no slice copy) made the matmuls slower by "
             "about what the copy cost, since they then stream the weights from memory themselves.")
@@ -372,7 +378,8 @@ def when(entry: dict) -> str:
     if not meta:
         return ""
     minutes = f", {meta['wall_seconds'] // 60} min" if meta.get("wall_seconds") else ""
-    return f"Run {meta['date']}{minutes}, load average {meta['load_before']} before / {meta['load_after']} after."
+    on = f" on {meta['machine']}" if meta.get("machine") else ""
+    return f"Run {meta['date']}{minutes}{on}, load average {meta['load_before']} before / {meta['load_after']} after."
 
 
 def grpo_section(entry: dict, docs_dir: str, parity_entry: dict | None = None) -> list[str]:
@@ -471,7 +478,9 @@ def markdown_section(title: str, entry: dict, default_command: str) -> list[str]
 
 
 def render(results: dict, notes: str, docs_dir: str) -> str:
-    m, v = machine(), versions()
+    v = versions()
+    # Each run records its machine; a host change between runs shows as several machines (see each section).
+    machines = sorted({e["meta"].get("machine") or machine_line() for e in results.values() if e.get("meta")}) or [machine_line()]
     dates = sorted(e["meta"]["date"] for e in results.values() if e.get("meta"))
     loads = [number(e["meta"]["load_before"]) for e in results.values() if e.get("meta")]
     loads = [x for x in loads if x is not None]
@@ -480,7 +489,7 @@ def render(results: dict, notes: str, docs_dir: str) -> str:
         "# Benchmarks", "",
         "Written by `benchmarks/report.py` from `benchmarks/results/` (run everything with `benchmarks/run_all.sh`); "
         "no figure here is typed by hand.", "",
-        f"**Machine:** {m['cpu']}, {m['cores']} cores ({m.get('simd', '')}), {m['memory_gib']} GiB memory, CPU only.  ",
+        "**Machine:** " + "; ".join(machines) + ".  ",
         "**Versions:** " + ", ".join(f"{k} {x}" for k, x in v.items()) + ".  ",
         f"**Date:** {dates[0] if dates else datetime.date.today()} to {dates[-1] if dates else ''}.  ",
     ]

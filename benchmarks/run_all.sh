@@ -46,10 +46,12 @@ for name in "${NAMES[@]}"; do
   $command 2>"${TMPDIR:-/tmp}/jaxgrpo-bench-$name.stderr" | tee "$RESULTS/$name.md"
   python - "$RESULTS/$name.meta.json" "$command" "$before" "$(load)" "$start" "$(date +%s)" <<'EOF'
 import json, sys, datetime
+sys.path.insert(0, "benchmarks")
+from report import machine_line
 path, command, before, after, start, end = sys.argv[1:]
 json.dump({"command": command, "load_before": before, "load_after": after,
            "date": datetime.datetime.fromtimestamp(int(start)).isoformat(timespec="minutes"),
-           "wall_seconds": int(end) - int(start)}, open(path, "w"), indent=1)
+           "wall_seconds": int(end) - int(start), "machine": machine_line()}, open(path, "w"), indent=1)
 EOF
 done
 python benchmarks/report.py --results "$RESULTS" --out docs/benchmarks.md
