@@ -23,6 +23,7 @@ GOALS = {
     "train_throughput": "forward+backward >= 60% of the measured fp32 matmul peak",
     "scaling_memory": "per-device parameter, optimizer and activation bytes fall as 1/N (<= 1.05/N)",
     "logprob_memory": "chunked log-prob temporaries <= 25% of naive (B=8, T=1024, V=49152)",
+    "packing": "the trainer's update with packed prompt groups vs padded rows, GRPO step setting (no numeric goal)",
     "prefix_grouper": "time saved by the shared-prefix forward at prompt:completion 4:1, G=8 (no numeric goal)",
     "task_difficulty": "the default task is solved sometimes, not always (accuracy and mixed groups; no speed goal)",
     "profile_step": "where a decode step and a training step spend their time (jax.profiler trace; no numeric goal)",
@@ -171,6 +172,10 @@ def summary_rows(results: dict) -> list[tuple[str, str, str, str]]:
         share = share if share is not None else number(table_value(results["logprob_memory"]["data"], "log-probs", 3))
         rows.append(("chunked log-prob memory (gradient)", f"{share:.1f}% of naive" if share else "n/a", "<= 25%",
                      verdict(share, 25.0, higher_is_better=False)))
+    if "packing" in results and results["packing"]["data"]:
+        speed = table_value(results["packing"]["data"], "median", 7)
+        rows.append(("trainer update, packed prompt groups vs padded rows", f"{speed} faster" if speed else "n/a",
+                     "(report)", "reported"))
     if "prefix_grouper" in results and results["prefix_grouper"]["data"]:
         speed = table_value(results["prefix_grouper"]["data"], "shared prefix", 2)
         rows.append(("shared-prefix forward+backward", f"{speed} faster" if speed else "n/a", "(report)", "reported"))
@@ -513,6 +518,7 @@ def render(results: dict, notes: str, docs_dir: str) -> str:
         out += scaling_section(results["scaling_memory"])
     for name, title, command in (
         ("sampler", "Sampler vs transformers generate", "python benchmarks/sampler.py"),
+        ("packing", "Trainer update: packed prompt groups vs padded rows", "python benchmarks/packing.py"),
         ("logprob_memory", "Chunked log-prob memory", "python benchmarks/logprob_memory.py"),
         ("prefix_grouper", "Shared-prefix (Prefix Grouper) forward + backward", "python benchmarks/prefix_grouper.py"),
         ("task_difficulty", "Task difficulty (SmolLM2 accuracy on the arithmetic task)", "python benchmarks/task_difficulty.py"),

@@ -23,8 +23,9 @@ declare -A COMMANDS=(
   [prefix_grouper]="python benchmarks/prefix_grouper.py --layers 4 --repeats 2"
   [task_difficulty]="python benchmarks/task_difficulty.py --configs digits1_ops2"
   [profile_step]="python benchmarks/profile_step.py --decode-steps 32 --train 8x64+128 --calls 2"
+  [packing]="python benchmarks/packing.py --rollouts 3"
 )
-ORDER=(grpo_step_vs_trl train_throughput sampler profile_step prefix_grouper scaling_memory logprob_memory task_difficulty)
+ORDER=(grpo_step_vs_trl train_throughput sampler profile_step packing prefix_grouper scaling_memory logprob_memory task_difficulty)
 
 if [[ "${1:-}" == "--report-only" ]]; then
   exec python benchmarks/report.py --results "$RESULTS" --out docs/benchmarks.md

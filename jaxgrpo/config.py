@@ -121,6 +121,10 @@ class Config:
     num_minibatches: int = 1
     #: Sequences per forward/backward; gradients are accumulated exactly over micro-batches.
     micro_batch_size: int | None = None
+    #: Score each micro-batch as packed prompt groups (jaxgrpo.models.packing): each prompt once, the
+    #: completions without padding, untrained rows left out; same log-probs. Minibatches and
+    #: micro-batches then hold whole groups (sizes multiples of group_size).
+    packing: bool = True
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
@@ -271,6 +275,12 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         raise ValueError(
             f"minibatch of {minibatch} sequences is not divisible by micro_batch_size={micro}; "
             f"pick a divisor of {minibatch}"
+        )
+    if cfg.packing and micro % cfg.group_size:
+        raise ValueError(
+            f"packing scores whole prompt groups, but micro-batches of {micro} sequences do not hold whole groups "
+            f"of group_size={cfg.group_size}; make micro_batch_size (and the minibatch) a multiple of "
+            f"{cfg.group_size}, or set packing=false"
         )
     if num_devices is not None and micro % num_devices and num_devices % micro:
         raise ValueError(

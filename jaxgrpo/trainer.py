@@ -13,8 +13,11 @@ One training step:
    the registered policy loss (`cfg.loss`) plus optional KL and entropy terms,
    accumulates exact gradients over micro-batches (the aggregation's
    full-minibatch denominator is computed first), and applies the optax update.
+   With `cfg.packing` (the default) each micro-batch is scored as packed prompt
+   groups (`jaxgrpo.models.packing`): a prompt once, its completions without
+   padding, rows that do not train left out; the log-probs are the same.
 
-`update` is a pure function of `(TrainState, minibatch)` with the state donated
+`update` is a pure function of `(TrainState, minibatch, packing layout)` with the state donated
 and explicit shardings on the mesh; Python loops live outside jit.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import os
 import time
@@ -38,10 +42,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxgrpo import kernels, sampler
 from jaxgrpo.config import Config, OptimizerConfig, validate
 from jaxgrpo.kernels.segments import masked_mean
+from jaxgrpo.models import packing
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import shard_model
 
 Array = jax.Array
+logger = logging.getLogger(__name__)
 
 #: Mesh axes the batch is split over (the model axis holds tensor-parallel shards).
 BATCH_AXES = ("data", "fsdp")
@@ -125,20 +131,32 @@ def _weighted_metrics(metrics: dict, weight: Array) -> dict:
     return {k: v * weight for k, v in metrics.items()}
 
 
-def make_loss_fn(cfg: Config, graphdef, rest) -> Callable:
-    """loss(params, micro_batch, denominator) -> (scalar loss, metrics); sums exactly over micro-batches."""
+def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | None = None) -> Callable:
+    """loss(params, micro_batch, denominator, layout=None) -> (scalar loss, metrics); sums exactly over micro-batches.
+
+    `packed_shape`: (rows, length): score each micro-batch as that many packed rows of prompt groups,
+    `layout` = (row, first slot) of each of its groups (a `packing.RowPlan`'s, for one micro-batch);
+    micro-batches then hold whole groups, each group's rows in order.
+    """
     policy_loss = kernels.get_loss(cfg.loss)
     temperature = cfg.sampling.temperature
     max_len = cfg.aggregation_max_len or cfg.sampling.max_new_tokens
 
-    def loss_fn(params, batch: TrainBatch, denominator):
+    def loss_fn(params, batch: TrainBatch, denominator, layout=None):
         policy = nnx.merge(graphdef, params, rest)
         completion_len = batch.completion_mask.shape[-1]
-        logp, entropy, values = completion_outputs(
-            policy, batch.tokens, batch.attention_mask, batch.positions, completion_len, temperature,
-            with_values=cfg.value_head,
-        )
         mask = batch.completion_mask
+        if packed_shape:
+            rows, length = packed_shape
+            packed = packing.pack_groups(batch.tokens, batch.attention_mask, completion_len, cfg.group_size, length,
+                                         train_mask=mask, rows=rows, group_rows=layout[0], group_offsets=layout[1])
+            logp, entropy, values = packing.packed_completion_outputs(
+                policy.decoder, packed, temperature=temperature, value_head=policy.value_head if cfg.value_head else None)
+        else:
+            logp, entropy, values = completion_outputs(
+                policy, batch.tokens, batch.attention_mask, batch.positions, completion_len, temperature,
+                with_values=cfg.value_head,
+            )
         per_token, metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, **cfg.loss_kwargs)
         metrics = dict(metrics)
         if cfg.kl_coef:
@@ -161,29 +179,32 @@ def make_loss_fn(cfg: Config, graphdef, rest) -> Callable:
     return loss_fn
 
 
-def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransformation, mesh, state_sharding):
-    """The jitted update: (TrainState, TrainBatch [num_micro, micro, ...]) -> (TrainState, metrics).
+def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransformation, mesh, state_sharding,
+                   packed_shape: tuple[int, int] | None = None):
+    """The jitted update: (TrainState, TrainBatch [num_micro, micro, ...][, layout]) -> (TrainState, metrics).
 
     Gradients of the micro-batches are summed in a `lax.scan`; each micro-batch
     loss is divided by the whole minibatch's aggregation denominator, so the sum
-    is exactly the minibatch loss and gradient.
+    is exactly the minibatch loss and gradient. `packed_shape`: as in `make_loss_fn`, with `layout`
+    the plan's (group rows, group offsets) [num_micro, groups per micro-batch] (no `layout` without packing).
     """
-    loss_fn = make_loss_fn(cfg, graphdef, rest)
+    loss_fn = make_loss_fn(cfg, graphdef, rest, packed_shape)
     max_len = cfg.aggregation_max_len or cfg.sampling.max_new_tokens
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def update(state: TrainState, batch: TrainBatch):
+    def update(state: TrainState, batch: TrainBatch, layout=None):
         flat_mask = batch.completion_mask.reshape(-1, batch.completion_mask.shape[-1])
         denominator = kernels.aggregation_denominator(flat_mask, cfg.aggregation, max_len=max_len)
 
-        def micro_step(carry, micro: TrainBatch):
+        def micro_step(carry, inputs):
             grads_acc, loss_acc = carry
-            (loss, metrics), grads = grad_fn(state.params, micro, denominator)
+            micro, micro_layout = inputs
+            (loss, metrics), grads = grad_fn(state.params, micro, denominator, micro_layout)
             tokens = micro.completion_mask.sum()
             return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss), (_weighted_metrics(metrics, tokens), tokens)
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        (grads, loss), (metrics, tokens) = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), batch)
+        (grads, loss), (metrics, tokens) = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), (batch, layout))
         total_tokens = jnp.maximum(tokens.sum(), 1.0)
         metrics = {k: v.sum() / total_tokens for k, v in metrics.items()}
         with jax.named_scope("optimizer"):
@@ -192,10 +213,12 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
         metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
         return TrainState(params, opt_state, state.step + 1), metrics
 
-    batch_sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+    in_shardings = (state_sharding, NamedSharding(mesh, P(None, BATCH_AXES)))
+    if packed_shape:
+        in_shardings += (NamedSharding(mesh, P()),)  # the layout, replicated
     return jax.jit(
         update,
-        in_shardings=(state_sharding, batch_sharding),
+        in_shardings=in_shardings,
         out_shardings=(state_sharding, NamedSharding(mesh, P())),
         donate_argnums=(0,),
     )
@@ -427,6 +450,7 @@ class Trainer:
         self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
 
+        self._attention_scale = packing.attention_scale(model.config)  # for packed row layouts
         shard_model(model, self.mesh)  # FSDP / tensor-parallel layout from the model's logical axes
         policy = Policy(model, value_head=cfg.value_head)
         self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
@@ -437,7 +461,6 @@ class Trainer:
         self.state = _on_mesh(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), self.mesh)
         self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
         self.ref_params = jax.tree.map(jnp.copy, params) if cfg.kl_coef else None
-        self._update = make_update_fn(cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding)
         self._batch_sharding = NamedSharding(self.mesh, P(None, BATCH_AXES))
 
         self.train_examples = self.task.load(cfg.task.train_split, data_dir=cfg.task.data_dir)
@@ -658,8 +681,8 @@ class Trainer:
     def update(self, batch: TrainBatch) -> dict:
         """num_epochs x num_minibatches jitted updates over the batch (this host's rows); returns the mean metrics.
 
-        Minibatches are shuffled over the whole batch: they are gathered on
-        device from the global batch, so rows move between hosts as needed.
+        Minibatches are shuffled over the whole batch by whole groups (packing scores a group at once):
+        they are gathered on device from the global batch, so rows move between hosts as needed.
         """
         cfg = self.cfg
         whole = _global_batch(batch, self.mesh)
@@ -667,18 +690,46 @@ class Trainer:
         minibatch = n // cfg.num_minibatches
         micro = cfg.micro_batch_size or minibatch
         rng = np.random.default_rng([cfg.seed, int(self.state.step), 7])
+        lengths = self.group_lengths(batch)
         history = []
         for epoch in range(cfg.num_epochs):
-            order = np.arange(n) if epoch == 0 and cfg.num_minibatches == 1 else rng.permutation(n)
+            order = np.arange(n)
+            if epoch or cfg.num_minibatches > 1:  # whole groups, each group's rows in order
+                g = cfg.group_size
+                order = (rng.permutation(n // g)[:, None] * g + np.arange(g)).ravel()
             for m in range(cfg.num_minibatches):
                 rows = order[m * minibatch : (m + 1) * minibatch]
+                update, layout = self._update_fn(None), ()
+                if lengths is not None:
+                    rows, plan = packing.plan_rows(rows, lengths, cfg.group_size, micro,
+                                                   attention_scale=self._attention_scale)
+                    update = self._update_fn((plan.rows, plan.length))
+                    layout = ((plan.group_rows, plan.group_offsets),)
                 mb = self._take_rows(whole, rows.reshape(minibatch // micro, micro))
                 with jax.set_mesh(self.mesh):
-                    self.state, metrics = self._update(self.state, mb)
+                    self.state, metrics = update(self.state, mb, *layout)
                 history.append(metrics)
         metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
         return metrics
+
+    def group_lengths(self, batch: TrainBatch) -> np.ndarray | None:
+        """Packed slots of every group of the whole batch (`packing.group_lengths`; None without `cfg.packing`)."""
+        if not self.cfg.packing:
+            return None
+        local = packing.group_lengths(np.asarray(batch.attention_mask), np.asarray(batch.completion_mask),
+                                      batch.completion_mask.shape[-1], self.cfg.group_size)
+        return _gather_rows(local.astype(np.int32))
+
+    @functools.cache
+    def _update_fn(self, packed_shape: tuple[int, int] | None):
+        """The jitted update for one packed shape (rows, length) per micro-batch (compiled on first use; logged).
+
+        Lengths are multiples of `packing.PACK_MULTIPLE`, so a run compiles a few of them."""
+        if packed_shape is not None:
+            logger.info("compiling the update for micro-batches of %d packed rows x %d slots", *packed_shape)
+        return make_update_fn(self.cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding,
+                              packed_shape)
 
     @functools.cache
     def _take_rows_fn(self):

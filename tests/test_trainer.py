@@ -12,6 +12,7 @@ import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.models import packing
 from jaxgrpo.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,39 @@ def test_micro_batches_give_the_full_batch_update(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), full, params_of(trainer))
     np.testing.assert_allclose(full_metrics["loss"], micro_metrics["loss"], rtol=1e-5, atol=1e-7)
     assert not np.allclose(jax.tree.leaves(full)[0], jax.tree.leaves(start_copy.params)[0])
+
+
+@pytest.mark.parametrize("overrides", [[], ["kl_coef=0.05", "entropy_coef=0.01", "num_minibatches=2"]],
+                         ids=["grpo", "kl_entropy_minibatches"])
+def test_packed_groups_give_the_padded_update(tmp_path, overrides):
+    """Scoring packed prompt groups (the default) gives the update of scoring padded rows."""
+    cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=5", "task.num_eval_examples=0", "micro_batch_size=16",
+                     *overrides)
+    trainer = Trainer(cfg)
+    trainer.warmup(cfg.warmup_sft_steps)
+    rollout, _ = trainer.rollout(jax.random.key(3))
+    rollout = rollout._replace(kept=rollout.kept & (rollout.group_ids != 1))  # a group that does not train
+    batch = trainer.train_batch(rollout)
+    # The prompt once and the completions unpadded: fewer slots than the padded rows.
+    rows, plan = packing.plan_rows(np.arange(cfg.batch_size), trainer.group_lengths(batch), cfg.group_size, 16)
+    assert plan.rows * plan.length * (cfg.batch_size // 16) < batch.tokens.size
+    start = jax.tree.map(np.array, trainer.state)
+    packed_metrics = trainer.update(batch)
+    packed = params_of(trainer)
+    trainer.state = jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)
+    cfg.packing = False
+    assert trainer.group_lengths(batch) is None
+    padded_metrics = trainer.update(batch)
+    # Adam divides by the gradient's scale, so rounding in a near-zero gradient can move a weight by ~1e-5.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), packed, params_of(trainer))
+    for key in ("loss", "policy_loss", "entropy", "logp_gap", "grad_norm") + (("kl",) if cfg.kl_coef else ()):
+        np.testing.assert_allclose(packed_metrics[key], padded_metrics[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_packing_needs_micro_batches_of_whole_groups(tmp_path):
+    with pytest.raises(ValueError, match="do not hold whole groups of group_size=8.*packing=false"):
+        Trainer(toy_config(tmp_path, "micro_batch_size=4"))
+    Trainer(toy_config(tmp_path, "micro_batch_size=4", "packing=false"))
 
 
 _RESUME_SCRIPT = textwrap.dedent(

@@ -10,6 +10,11 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   `attention_mask[B, T]` (True for real tokens; left padding) or `segment_ids[B, T]` (packed
   sequences; tokens attend within their own segment, id 0 is padding). Without `positions`, they
   count real tokens (left padding) or restart at each segment.
+* Packed prompt groups (a tree of branches): with `segment_ids`, `branch_ids[B, T]` splits a segment
+  into a shared trunk (branch 0, e.g. a prompt) and branches (ids >= 1, e.g. the G completions of that
+  prompt, laid out one after the other). A token attends to the earlier trunk tokens of its segment and
+  the earlier tokens of its own branch, never to another branch; `positions` are then required (each
+  branch continues the trunk's positions) and Gemma's sliding windows count positions, not slots.
 * Sampling with the KV cache:
 
       cache = model.init_cache(batch_size, capacity)          # KVCache of [L, B, kv_heads, C, head_dim]
@@ -117,6 +122,19 @@ def build_attention_mask(
     mask = allowed[None] & key_valid[:, None, :]
     if query_segments is not None:
         mask &= query_segments[:, :, None] == key_segments[:, None, :]
+    return mask
+
+
+def build_branch_mask(segment_ids: jax.Array, branch_ids: jax.Array, positions: jax.Array, window: int | None = None) -> jax.Array:
+    """bool[B, T, T] of packed prompt groups: causal in slot order within a segment (id 0 is padding),
+    a key visible if it is in the shared trunk (branch 0) or in the query's own branch, and, with a
+    window, fewer than `window` positions back (branches do not continue the trunk's slots)."""
+    slots = jnp.arange(segment_ids.shape[1])
+    mask = (slots[:, None] >= slots[None, :])[None]
+    mask &= (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids != 0)[:, None, :]
+    mask &= (branch_ids[:, None, :] == 0) | (branch_ids[:, :, None] == branch_ids[:, None, :])
+    if window is not None:
+        mask &= positions[:, :, None] - positions[:, None, :] < window
     return mask
 
 
@@ -484,6 +502,7 @@ class Decoder(nnx.Module):
         *,
         attention_mask: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
         cache: KVCache | None = None,
         cache_index: jax.Array | int | None = None,
         kv_mask: jax.Array | None = None,
@@ -492,12 +511,19 @@ class Decoder(nnx.Module):
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-normalized hidden states [B, T, E] and the updated cache (None without one).
 
-        `prefix`/`prefix_mask`: a shared prefix for a cached call (see the module docstring).
+        `branch_ids`: packed prompt groups, with `segment_ids` and `positions`; `prefix`/`prefix_mask`:
+        a shared prefix for a cached call (see the module docstring).
         """
         c = self.config
         self._check_tokens(tokens)
         batch, length = tokens.shape
         _check_prefix(prefix, prefix_mask, batch)
+        if branch_ids is not None:
+            if cache is not None or segment_ids is None or positions is None:
+                raise ValueError("branch_ids (packed prompt groups) need segment_ids and positions, and no cache")
+            if branch_ids.shape != tokens.shape or segment_ids.shape != tokens.shape:
+                raise ValueError(f"branch_ids and segment_ids must be [batch, length] = {tokens.shape}, "
+                                 f"got {branch_ids.shape} and {segment_ids.shape}")
         if cache is None:
             if prefix is not None:
                 raise ValueError("prefix is read by cached calls only: pass cache, cache_index and kv_mask with it")
@@ -530,7 +556,10 @@ class Decoder(nnx.Module):
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
 
         segments = (segment_ids, segment_ids) if segment_ids is not None else (None, None)
-        if cache is None:
+        if branch_ids is not None:
+            full_mask = build_branch_mask(segment_ids, branch_ids, positions)
+            sliding_mask = build_branch_mask(segment_ids, branch_ids, positions, c.sliding_window) if c.sliding_window else full_mask
+        elif cache is None:
             full_mask = build_attention_mask(query_slots, key_valid, None, *segments)
             sliding_mask = build_attention_mask(query_slots, key_valid, c.sliding_window, *segments) if c.sliding_window else full_mask
         else:
