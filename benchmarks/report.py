@@ -224,7 +224,8 @@ def _share(parts: dict[str, float], *prefixes: str) -> float:
     return sum(v for k, v in parts.items() if k.startswith(prefixes))
 
 
-def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = None, profile: dict | None = None) -> list[str]:
+def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = None, profile: dict | None = None,
+               packing_ratio: str | None = None) -> list[str]:
     if "speedup_median_of_pairs" not in d or d["speedup_median_of_pairs"] >= 3.0:
         return []
     target = d["trl_median_seconds"] / 3.0
@@ -272,12 +273,13 @@ def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = N
     text.append(
         f"Generation is {ours_rate / trl_rate:.2f}x transformers' per completion token inside the step"
         + (f" ({sampler_ratio:.2f}x in the sampler benchmark at fixed length)" if sampler_ratio else "") + ". "
-        "What would close the gap: both frameworks spend the step in float32 matmuls of the same FLOPs at comparable "
-        "efficiency on the same two cores, so 3x needs three times less work rather than faster kernels: the shared-prefix "
-        "forward for the G completions of a prompt (1.94x measured on prompt-heavy shapes below; the prompt is a third of "
-        "the tokens here), training on packed completions instead of padded rows, and lower-precision sampling weights "
-        "(half the bytes per decode step; bfloat16 matmuls are slower than float32 on this CPU, so that gain belongs to "
-        "accelerators).")
+        "What would close the gap: both frameworks spend the step in float32 matmuls on the same two cores at comparable "
+        "efficiency, so 3x needs three times less work rather than faster kernels. The update already does less: it "
+        "scores packed prompt groups (each prompt once, completions without padding, untrained rows left out"
+        + (f"; {packing_ratio} faster than padded rows side by side, section \"Trainer update\"" if packing_ratio else "")
+        + "). What remains is generation, bound by the float32 weight matmuls of a small batch on both sides, and the "
+        "update's own FLOPs: lower-precision weights (half the bytes per decode step; bfloat16 matmuls are slower than "
+        "float32 on this CPU, so that gain belongs to accelerators).")
     return [" ".join(text), ""]
 
 
@@ -363,7 +365,8 @@ def bottleneck_notes(results: dict) -> str:
     if "grpo_step_vs_trl" in data:
         sampler = data.get("sampler")
         ratio = number(table_value(sampler, "ratio jaxgrpo / transformers", 1)) if sampler else None
-        out += grpo_notes(data["grpo_step_vs_trl"], data.get("train_throughput"), ratio, profile_shares(results))
+        packing = table_value(data["packing"], "median", 7) if data.get("packing") else None
+        out += grpo_notes(data["grpo_step_vs_trl"], data.get("train_throughput"), ratio, profile_shares(results), packing)
     if "train_throughput" in data:
         out += throughput_notes(data["train_throughput"])
     if "scaling_memory" in data:
