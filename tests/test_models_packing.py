@@ -6,19 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import llama_and_gemma3
 
 from jaxgrpo.models import Decoder, DecoderConfig
 from jaxgrpo.models import packing
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
-CONFIGS = {
-    "llama": DecoderConfig(family="llama", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
-                           num_heads=4, num_kv_heads=2, head_dim=8),
-    "gemma3": DecoderConfig(family="gemma3", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
-                            num_heads=2, num_kv_heads=1, head_dim=16, qk_norm=True, sliding_window=3,
-                            layer_types=("sliding_attention", "full_attention"), final_logit_softcapping=4.0,
-                            tie_word_embeddings=True),
-}
+CONFIGS = llama_and_gemma3(sliding_window=3)
 GROUP, PROMPT, COMPLETION = 3, 6, 5
 PROMPT_LENGTHS = (6, 3)  # group 1's prompt is left-padded
 COMPLETION_LENGTHS = ((5, 2, 0), (1, 4, 3))  # a row may stop early or produce nothing

@@ -6,18 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import llama_and_gemma3
 
-from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models import Decoder
 from jaxgrpo.models.prefix import shared_prefix_logits, shared_prefix_token_logprobs
 
-CONFIGS = {
-    "llama": DecoderConfig(family="llama", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
-                           num_heads=4, num_kv_heads=2, head_dim=8),
-    "gemma3": DecoderConfig(family="gemma3", vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
-                            num_heads=2, num_kv_heads=1, head_dim=16, qk_norm=True, sliding_window=4,
-                            layer_types=("sliding_attention", "full_attention"), final_logit_softcapping=4.0,
-                            tie_word_embeddings=True),
-}
+CONFIGS = llama_and_gemma3(sliding_window=4)
 NUM_PROMPTS, GROUP, PROMPT, COMPLETION = 2, 3, 6, 4
 
 

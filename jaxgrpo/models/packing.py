@@ -64,12 +64,17 @@ def _lengths(attention_mask, train_mask, completion_len: int):
     return prompt, completion
 
 
+def _group_sizes(prompt, completion):
+    """Slots each group needs packed [J], from its prompt length [J] and completion lengths [J, G]:
+    the trunk's p - 1 slots, then per completion the repeated last prompt token and its n tokens."""
+    return prompt - 1 + completion.shape[-1] + completion.sum(-1)
+
+
 def group_lengths(attention_mask, train_mask, completion_len: int, group_size: int):
     """Slots each group needs packed [B / G]: prompt - 1 + sum of (1 + completion)."""
     xp = np if isinstance(attention_mask, np.ndarray) else jnp
     prompt, completion = _lengths(attention_mask, train_mask, completion_len)
-    prompt, completion = prompt.reshape(-1, group_size), completion.reshape(-1, group_size)
-    return xp.asarray(prompt[:, 0] - 1 + group_size + completion.sum(-1))
+    return xp.asarray(_group_sizes(prompt.reshape(-1, group_size)[:, 0], completion.reshape(-1, group_size)))
 
 
 def packed_length(longest: int, multiple: int = PACK_MULTIPLE) -> int:
@@ -174,7 +179,7 @@ def pack_groups(tokens, attention_mask, completion_len: int, group_size: int, le
     prompt, completion = _lengths(attention_mask, train_mask, completion_len)
     p = prompt.reshape(num_groups, g)[:, 0].astype(jnp.int32)  # [J]
     n = completion.reshape(num_groups, g).astype(jnp.int32)  # [J, G]
-    sizes = p - 1 + g + n.sum(-1)
+    sizes = _group_sizes(p, n)
     # Within its group, branch g starts after the trunk (p - 1 slots) and the earlier branches (1 + n_h slots each).
     starts = (p - 1)[:, None] + jnp.cumsum(1 + n, axis=1) - (1 + n)  # [J, G]
 
