@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 
 def parse_args(argv=None):
@@ -187,7 +186,6 @@ def loss_parity(jax_trainer, jax_params, trl, rollout, *, perturbation: float = 
         that ratios leave the clip range and the clipped branch is compared too.
     """
     import torch
-    from flax import nnx
 
     from jaxgrpo.trainer import make_loss_fn
     from trl.trainer.utils import nanstd

@@ -108,8 +108,8 @@ def main():
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     tokenizer, model = load_smollm2()
-    print(f"| config | system prompt | accuracy | mixed groups | format | mean tokens | seconds |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| config | system prompt | accuracy | mixed groups | format | mean tokens | seconds |")
+    print("|---|---|---|---|---|---|---|")
     for config in args.configs:
         for system_prompt in args.system_prompts:
             prompt = {"default": tasks.SYSTEM_PROMPT, "none": None}.get(system_prompt, system_prompt)
