@@ -90,6 +90,22 @@ def test_entries_are_well_formed():
             assert m.note, f"{m.name} ({m.status}) needs an area or a reason"
 
 
+def test_built_in_methods_name_modules_and_config_fields_that_exist():
+    from jaxgrpo.config import Config
+
+    built_in = [m for m in mc.METHODS if m.status == mc.BUILT_IN]
+    assert built_in, "no method is marked built in"
+    for m in built_in:
+        cited = re.findall(r"`([^`]+)`", m.note)
+        assert cited, f"{m.name}: a built-in method's note names where it lives"
+        for name in cited:
+            if name.startswith("jaxgrpo."):
+                importlib.import_module(name)
+            else:
+                field = name.split("=")[0]
+                assert hasattr(Config(), field), f"{m.name} cites `{name}`, but Config has no field {field!r}"
+
+
 @pytest.mark.parametrize("baseline", ["GRPO", "Dr. GRPO", "DAPO", "GSPO", "RLOO", "REINFORCE++", "PPO + GAE", "CISPO"])
 def test_section_2_baselines_are_listed(baseline):
     assert baseline in {b.name for b in mc.BASELINES}

@@ -1,8 +1,10 @@
 """The status of every method of the catalog (METHODS.md §1) in jaxgrpo: the source of `docs/methods.md`.
 
 Each entry says whether a method is a **kernel** (the registry names that
-implement it), **needs rollout support** (which part of the system beyond
-the kernels it needs, with its issue), or is **out of scope** (and why).
+implement it), **built in** (implemented by the model or the trainer rather
+than as a kernel: where, and how to turn it on), **needs rollout support**
+(which part of the system beyond the kernels it needs, with its issue), or is
+**out of scope** (and why).
 `tests/test_method_catalog.py` checks that every method of METHODS.md §1 is
 listed, that every registry name cited exists, and that `docs/methods.md` is
 up to date. Regenerate the document with::
@@ -17,9 +19,10 @@ import sys
 from typing import NamedTuple
 
 KERNEL = "kernel"
+BUILT_IN = "built in"
 ROLLOUT = "needs rollout support"
 OUT = "out of scope"
-STATUSES = (KERNEL, ROLLOUT, OUT)
+STATUSES = (KERNEL, BUILT_IN, ROLLOUT, OUT)
 
 CATEGORIES = {
     "A": "Advantage estimators / group normalization",
@@ -57,9 +60,10 @@ class Method(NamedTuple):
     name: the method's name as in METHODS.md §1.
     title: the beginning of its paper's title.
     category: the §1 category letter (A-H).
-    status: KERNEL, ROLLOUT or OUT.
+    status: KERNEL, BUILT_IN, ROLLOUT or OUT.
     kernels: registry names that implement it (or the parts that are kernels).
-    note: for ROLLOUT the area it needs, for OUT the reason, for KERNEL how the kernels compose.
+    note: for BUILT_IN where it lives and how to turn it on, for ROLLOUT the area it needs, for OUT
+      the reason, for KERNEL how the kernels compose.
     bold: whether METHODS.md describes it in full (a bold entry).
     """
 
@@ -74,6 +78,10 @@ class Method(NamedTuple):
 
 def _k(name, title, cat, kernels, note="", bold=False):
     return Method(name, title, cat, KERNEL, tuple(kernels), note, bold)
+
+
+def _b(name, title, cat, where, kernels=(), bold=False):
+    return Method(name, title, cat, BUILT_IN, tuple(kernels), where, bold)
 
 
 def _r(name, title, cat, area, kernels=(), bold=False):
@@ -279,7 +287,9 @@ METHODS: tuple[Method, ...] = (
     _r("ToTRL", "ToTRL: Unlock LLM Tree-of-Thoughts Reasoning", "F", f"{REWARDS}: rule-based puzzle tasks"),
     # ------------------------------------------------------------------ G
     _k("S-GRPO", "S-GRPO: Early Exit via Reinforcement Learning in Reasoning Models", "G", ("s_grpo_serial_rewards",), f"early-exit rollouts along one path need the {SAMPLER}", bold=True),
-    _r("Prefix Grouper", "Prefix Grouper: Efficient GRPO Training through Shared-Prefix Forward", "G", f"{MODEL}: shared-prefix attention in the forward pass", bold=True),
+    _b("Prefix Grouper", "Prefix Grouper: Efficient GRPO Training through Shared-Prefix Forward", "G",
+       "the trainer's `packing=True` (the default) runs each prompt once for its G completions "
+       "(`jaxgrpo.models.packing`); `jaxgrpo.models.prefix` is the shared-prefix forward on its own", bold=True),
     _r("iGRPO", "iGRPO: Self-Feedback-Driven LLM Reasoning", "G", f"{SAMPLER}: draft then draft-conditioned refinement", bold=True),
     _k("Critique-GRPO", "Critique-GRPO: Advancing LLM Reasoning with Natural Language and", "G", ("critique_grpo",), f"critique-guided refinements need the {SAMPLER} and a critique source", bold=True),
     _r("Scaf-GRPO", "Scaf-GRPO: Scaffolded Group Relative Policy Optimization for Enhancing", "G", f"{SAMPLER}: tiered hints for all-wrong groups", bold=True),
@@ -345,11 +355,13 @@ def render() -> str:
         "- **kernel**: implemented as registered kernels (names below; `jaxgrpo.get(kind, name)`).",
         "  Names starting with `experimental/` are documented reconstructions of methods whose formula",
         "  could not be verified; their docstrings say what is reconstructed.",
+        "- **built in**: implemented by the model or the trainer rather than as a kernel; where, and how",
+        "  to turn it on.",
         "- **needs rollout support**: the method changes what is sampled, rewarded or trained beyond a pure",
         "  kernel; the area (and its issue) is named.",
         "- **out of scope**: with the reason.",
         "",
-        f"{len(METHODS)} methods: {counts[KERNEL]} kernel, {counts[ROLLOUT]} needs rollout support, "
+        f"{len(METHODS)} methods: {counts[KERNEL]} kernel, {counts[BUILT_IN]} built in, {counts[ROLLOUT]} needs rollout support, "
         f"{counts[OUT]} out of scope. Methods in bold have a full description in the catalog.",
         "",
         "## Baselines (METHODS.md §2)",
