@@ -7,8 +7,13 @@
    median of the per-pair ratios.
 2. Capacity: the per-step decode time with a cache of capacity 1024 versus 256 for the same live
    length (64-token prompts, batch 32): (time for 36 tokens - time for 4 tokens) / 32.
+3. Floor: what one decode step's weight products cost at the best speed this machine's XLA kernels
+   reach: each distinct [32, in] x [in, out] product of a layer and the unembedding timed alone with
+   warm caches, summed over the layers. A decode step cannot be faster than its weight products, so
+   against transformers' time per generated token it bounds the ratio any sampler built on these
+   kernels can reach.
 
-    python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity] [--new-tokens 128]
+    python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity|floor] [--new-tokens 128]
 """
 
 from __future__ import annotations
@@ -71,7 +76,9 @@ def time_torch(hf_model, prompts: np.ndarray, seed: int) -> float:
     return elapsed
 
 
-def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> None:
+def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None:
+    """Prints the throughput table; returns transformers' median seconds per generated token of a row
+    (its whole generation over NEW_TOKENS), or None without torch."""
     prompts = benchmark_prompts(tokenizer)
     tokens = PROMPTS * SAMPLES * NEW_TOKENS
     hf_model = None
@@ -101,9 +108,12 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> None:
         ratio = statistics.median(o / t for o, t in zip(ours, theirs))
         print(f"| transformers {transformers.__version__} generate (torch {torch.__version__}) | {statistics.median(theirs):.0f} |")
         print(f"| **ratio jaxgrpo / transformers (median of {repeats} alternating pairs)** | **{ratio:.2f}x** |")
+        return PROMPTS * SAMPLES / statistics.median(theirs)
+    return None
 
 
-def capacity(model, tokenizer, repeats: int) -> None:
+def capacity(model, tokenizer, repeats: int) -> float:
+    """Prints the capacity table; returns the seconds of a decode step at capacity 256."""
     graphdef, state = nnx.split(model)
     prompts = benchmark_prompts(tokenizer)
     mask = np.ones_like(prompts, bool)
@@ -128,6 +138,65 @@ def capacity(model, tokenizer, repeats: int) -> None:
     for cap, seconds in per_step.items():
         print(f"| {cap} | {seconds * 1e3:.1f} |")
     print(f"| **ratio 1024 / 256** | **{per_step[1024] / per_step[256]:.2f}x** |")
+    return per_step[256]
+
+
+def weight_products(config, rows: int, repeats: int) -> list[tuple[str, tuple[int, int], int, float]]:
+    """(name, (in, out), count per decode step, median seconds) of each weight product of a decode step.
+
+    Each product [rows, in] x [in, out] is timed alone, 20 times in one compiled loop (no Python
+    dispatch between them), so its weight stays in cache: the best speed XLA's kernels reach on this
+    machine for that shape.
+    """
+    calls = 20
+
+    @jax.jit
+    def products(x, w):  # the loop index scales x, so the product cannot be hoisted out of the loop
+        return jax.lax.fori_loop(0, calls, lambda i, acc: acc + (x * i.astype(x.dtype)) @ w,
+                                 jnp.zeros((x.shape[0], w.shape[1]), x.dtype))
+
+    c = config
+    shapes = [
+        ("q projection", (c.hidden_size, c.num_heads * c.head_dim), c.num_layers),
+        ("k and v projections", (c.hidden_size, c.num_kv_heads * c.head_dim), 2 * c.num_layers),
+        ("output projection", (c.num_heads * c.head_dim, c.hidden_size), c.num_layers),
+        ("MLP gate and up", (c.hidden_size, c.intermediate_size), 2 * c.num_layers),
+        ("MLP down", (c.intermediate_size, c.hidden_size), c.num_layers),
+        ("unembedding", (c.hidden_size, c.vocab_size), 1),
+    ]
+    out = []
+    for name, (fan_in, fan_out), count in shapes:
+        x = jax.random.normal(jax.random.key(0), (rows, fan_in), jnp.float32)
+        w = jax.random.normal(jax.random.key(1), (fan_in, fan_out), jnp.float32)
+        jax.block_until_ready(products(x, w))
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(products(x, w))
+            samples.append((time.perf_counter() - start) / calls)
+        out.append((name, (fan_in, fan_out), count, statistics.median(samples)))
+    return out
+
+
+def floor(model, repeats: int, decode_step: float | None, theirs_per_token: float | None) -> None:
+    rows = PROMPTS * SAMPLES
+    products = weight_products(model.config, rows, max(repeats, 5))
+    total = sum(count * seconds for _, _, count, seconds in products)
+    print(f"\n### Floor: the weight products of one decode step (batch {rows}, float32, warm caches)\n")
+    print("| weight product | shape | per step | ms each | GFLOP/s | ms per step |")
+    print("|---|---|---|---|---|---|")
+    for name, (fan_in, fan_out), count, seconds in products:
+        rate = 2 * rows * fan_in * fan_out / seconds / 1e9
+        print(f"| {name} | [{rows},{fan_in}]x[{fan_in},{fan_out}] | {count} | {seconds * 1e3:.3f} | {rate:.0f} | "
+              f"{count * seconds * 1e3:.1f} |")
+    print(f"| **all weight products of a decode step** | | | | | **{total * 1e3:.1f}** |")
+    if decode_step is not None:
+        print(f"| measured decode step (capacity 256, above) | | | | | {decode_step * 1e3:.1f} |")
+    if theirs_per_token is not None:
+        print(f"| transformers: generation time per token of a row (throughput, above) | | | | | {theirs_per_token * 1e3:.1f} |")
+        print(f"| **3x transformers: the time per token it allows** | | | | | **{theirs_per_token / 3 * 1e3:.1f}** |")
+        print(f"| **best ratio with these weight products alone (no attention, no sampling)** | | | | | "
+              f"**{theirs_per_token / total:.2f}x** |")
 
 
 def main() -> None:
@@ -135,15 +204,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-torch", action="store_true", help="measure jaxgrpo only")
-    parser.add_argument("--only", choices=("throughput", "capacity"), default=None)
+    parser.add_argument("--only", choices=("throughput", "capacity", "floor"), default=None)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="fewer for a quick indicative run")
     args = parser.parse_args()
     NEW_TOKENS = args.new_tokens
     model, tokenizer = jaxgrpo.models.load("smollm2-135m-instruct")
-    if args.only != "capacity":
-        throughput(model, tokenizer, args.repeats, args.skip_torch)
-    if args.only != "throughput":
-        capacity(model, tokenizer, args.repeats)
+    theirs_per_token = decode_step = None
+    if args.only in (None, "throughput"):
+        theirs_per_token = throughput(model, tokenizer, args.repeats, args.skip_torch)
+    if args.only in (None, "capacity"):
+        decode_step = capacity(model, tokenizer, args.repeats)
+    if args.only in (None, "floor"):
+        floor(model, args.repeats, decode_step, theirs_per_token)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import types
 
 import jax
 import pytest
@@ -25,6 +26,17 @@ def test_model_flops_by_hand():
     # 6 N tokens + 12 L H Q T tokens with N=1000, 2 x 16 tokens, L=2, H=4, Q=8, T=16.
     expected = 6 * 1000 * 32 + 12 * 2 * 4 * 8 * 16 * 32
     assert throughput.model_flops(TINY, 1000, batch=2, length=16) == expected
+
+
+def test_decode_weight_products_cover_every_parameter_once():
+    sampler_bench = load_script("sampler")
+    products = sampler_bench.weight_products(TINY, rows=4, repeats=1)
+    # Every weight matrix of the layers and the (tied) unembedding is multiplied once per decode step.
+    weights = sum(count * fan_in * fan_out for _, (fan_in, fan_out), count, _ in products)
+    c = TINY
+    layer = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * c.hidden_size * c.intermediate_size
+    assert weights == c.num_layers * layer + c.hidden_size * c.vocab_size
+    assert all(seconds > 0 for *_, seconds in products)
 
 
 @pytest.mark.parametrize("scheme", ["fsdp", "fsdp_tp"])
@@ -63,6 +75,20 @@ def test_markdown_tables_are_parsed_with_their_title():
     assert table["rows"] == [["ours", "1,200"], ["**ratio**", "**3.10x**"]]
     assert report.number(report.table_value({"tables": [table]}, "ratio", 1)) == pytest.approx(3.10)
     assert report.number(table["rows"][0][1]) == 1200
+
+
+def test_the_sampler_floor_table_feeds_the_reports_note(capsys):
+    sampler_bench, report = load_script("sampler"), load_script("report")
+    sampler_bench.floor(types.SimpleNamespace(config=TINY), repeats=1, decode_step=0.002, theirs_per_token=0.5)
+    throughput = "| sampler | tokens/s |\n|---|---|\n| **ratio jaxgrpo / transformers (median of 3 pairs)** | **1.50x** |\n"
+    data = {"tables": report.parse_markdown_tables(throughput + capsys.readouterr().out)}
+    floor_ms = report.number(report.table_value(data, "all weight products of a decode step", 5))
+    (note,) = report.sampler_notes(data)
+    assert f"take {floor_ms:.1f} ms per step" in note and "allows 166.7 ms per generated token" in note
+    best = report.number(report.table_value(data, "best ratio with these weight products alone", 5))
+    assert f"could not exceed {best:.2f}x" in note and "decode step is 2.0 ms" in note
+    met = throughput.replace("1.50x", "3.20x")
+    assert report.sampler_notes({"tables": report.parse_markdown_tables(met)}) == []
 
 
 def test_report_renders_without_results(tmp_path):
