@@ -3,7 +3,6 @@ full forwards, log-probs equal the trainer's recomputation, determinism, stop to
 
 import dataclasses
 import functools
-import math
 import re
 
 import jax
@@ -187,8 +186,10 @@ def test_stop_tokens_end_rows_with_reason_mask_and_padding():
     assert reasons[0] == sampler.FINISH_STOP
 
 
-def _decode_inputs():
+def _decode_inputs(dtype=jnp.float32):
     model = random_model("llama")
+    if dtype != jnp.float32:
+        model = Decoder(CONFIGS["llama"], dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     layout = sampler._layout_for(model, None, 2, 16, 16, sampler.SamplingParams(greedy=True))
     tokens, mask = sampler.left_pad(PROMPTS, 16)
@@ -211,18 +212,24 @@ def test_decode_donates_the_cache_and_writes_only_live_slots():
     assert not np.asarray(final.cache.k[:, :, :, written:]).any()
 
 
-def test_compiled_decode_loop_never_copies_the_cache():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
+def test_compiled_decode_loop_never_copies_the_cache(dtype):
     # The cost of a decode step must not grow with the cache capacity beyond attention reading it:
-    # no instruction copies a whole cache (a prompt or completion cache, in any layout).
-    graphdef, state, carry, args, layout = _decode_inputs()
+    # no instruction copies a whole cache (a prompt or completion cache, in any layout), nor converts
+    # one to another type (XLA's CPU backend computes bfloat16 in float32).
+    graphdef, state, carry, args, layout = _decode_inputs(dtype)
+    assert carry.cache.k.dtype == dtype
     hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
-    whole = {carry.cache.k.size, carry.prompt_cache.k.size}
+    def dims(shape):  # a whole cache in any layout: its dimensions in some order
+        return tuple(sorted(d for d in shape if d != 1))
+
+    whole = {dims(carry.cache.k.shape), dims(carry.prompt_cache.k.shape)}
     copies = []
     for line in hlo.splitlines():
-        match = re.search(r"= f32\[([\d,]+)\]\{[^}]*\} copy\(", line)
-        if match and math.prod(int(d) for d in match.group(1).split(",")) in whole:
+        match = re.search(r"= (?:f32|bf16)\[([\d,]+)\]\{[^}]*\} (?:copy|convert)\(", line)
+        if match and dims(int(d) for d in match.group(1).split(",")) in whole:
             copies.append(line.strip())
-    assert not copies, f"the decode loop copies a whole cache: {copies[:2]}"
+    assert not copies, f"the decode loop copies or converts a whole cache: {copies[:2]}"
 
 
 def test_sharded_generation_equals_unsharded(mesh_2x4):
