@@ -216,7 +216,8 @@ def test_decode_donates_the_cache_and_writes_only_live_slots():
 def test_compiled_decode_loop_never_copies_the_cache(dtype):
     # The cost of a decode step must not grow with the cache capacity beyond attention reading it:
     # no instruction copies a whole cache (a prompt or completion cache, in any layout), nor converts
-    # one to another type (XLA's CPU backend computes bfloat16 in float32).
+    # one to float32 (XLA's CPU backend slices bfloat16 arrays in float32; the decoder reads and writes
+    # a bfloat16 cache through its bits).
     graphdef, state, carry, args, layout = _decode_inputs(dtype)
     assert carry.cache.k.dtype == dtype
     hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
