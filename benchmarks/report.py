@@ -278,13 +278,15 @@ def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = N
         "scores packed prompt groups (each prompt once, completions without padding, untrained rows left out"
         + (f"; {packing_ratio} faster than padded rows side by side, section \"Trainer update\"" if packing_ratio else "")
         + "). What remains is generation, bound by the float32 weight matmuls of a small batch on both sides, and the "
-        "update's own FLOPs: lower-precision weights (half the bytes per decode step; bfloat16 matmuls are slower than "
-        "float32 on this CPU, so that gain belongs to accelerators).")
+        "update's own FLOPs: lower-precision weights (half the bytes per decode step; XLA's CPU backend converts "
+        "bfloat16 to float32 around much of the work, so on CPU it has not paid off end to end, "
+        "`benchmarks/sampler.py --dtype bfloat16` measures it; that gain belongs to accelerators).")
     return [" ".join(text), ""]
 
 
-def sampler_notes(d: dict) -> list[str]:
-    """The sampler's 3x goal against the floor its weight products set (the floor table of sampler.py)."""
+def sampler_notes(d: dict, profile: dict | None = None) -> list[str]:
+    """The sampler's 3x goal against the floor its weight products set (the floor table of sampler.py),
+    with the decode profile's shares (profile_step) when there are any."""
     ratio = number(table_value(d, "ratio jaxgrpo / transformers", 1))
     floor = number(table_value(d, "all weight products of a decode step", 5))
     budget = number(table_value(d, "3x transformers", 5))
@@ -292,16 +294,29 @@ def sampler_notes(d: dict) -> list[str]:
     step = number(table_value(d, "measured decode step", 5))
     if ratio is None or ratio >= 3.0 or None in (floor, budget, best):
         return []
-    return [
+    text = (
         f"**Sampler vs transformers generate ({ratio:.2f}x, goal 3x).** Whatever a sampler does around them, each decode "
-        f"step multiplies the batch by every weight matrix. Timed alone with warm caches, at the best speed this machine's XLA "
-        f"kernels reach for their shapes, those products take {floor:.1f} ms per step, while 3x transformers allows "
-        f"{budget:.1f} ms per generated token: with no attention, sampling, norms or memory traffic at all the ratio "
-        f"could not exceed {best:.2f}x."
-        + (f" The measured decode step is {step:.1f} ms." if step is not None else "")
-        + " The goal needs fewer bytes or FLOPs per token (a larger batch per step, lower-precision weights on hardware "
-        "with fast low-precision matmuls), not a better loop."
-    ]
+        f"step multiplies the batch by every weight matrix. Timed alone with warm caches, at the best speed this machine's "
+        f"XLA kernels reach for their shapes, those products take {floor:.1f} ms per step, and 3x transformers allows "
+        f"{budget:.1f} ms per generated token: with no attention, sampling, norms or memory traffic at all the ratio could "
+        f"not exceed {best:.2f}x, and 3x leaves {max(budget - floor, 0.0):.1f} ms per step for everything else."
+    )
+    attention_ms = None
+    if step is not None:
+        text += f" The measured decode step is {step:.1f} ms"
+        decode = (profile or {}).get("decode")
+        if decode:
+            attention_ms = _share(decode, "attention scores") * step
+            text += (f", of which the profile attributes {attention_ms / step:.0%} ({attention_ms:.1f} ms) to attention over "
+                     "the prompt and completion caches alone")
+        text += "."
+    if attention_ms is not None and attention_ms > budget - floor:
+        text += f" Attention alone takes more than the {max(budget - floor, 0.0):.1f} ms a 3x step leaves, so a faster loop is not enough:"
+    else:
+        text += " Besides a faster loop,"
+    text += (" the goal needs fewer bytes or FLOPs per generated token (a larger batch per step, lower-precision weights on "
+             "hardware with fast low-precision matmuls).")
+    return [text]
 
 
 def throughput_notes(d: dict) -> list[str]:
@@ -389,7 +404,7 @@ def bottleneck_notes(results: dict) -> str:
         packing = table_value(data["packing"], "median", 7) if data.get("packing") else None
         out += grpo_notes(data["grpo_step_vs_trl"], data.get("train_throughput"), ratio, profile_shares(results), packing)
     if "sampler" in data:
-        out += sampler_notes(data["sampler"])
+        out += sampler_notes(data["sampler"], profile_shares(results))
     if "train_throughput" in data:
         out += throughput_notes(data["train_throughput"])
     if "scaling_memory" in data:

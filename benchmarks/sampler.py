@@ -1,4 +1,4 @@
-"""Sampler benchmarks on SmolLM2-135M-Instruct (float32, this machine's CPU or accelerator).
+"""Sampler benchmarks on SmolLM2-135M-Instruct (float32 by default, this machine's CPU or accelerator).
 
 1. Throughput: 8 prompts x G=4 samples (batch 32), 64-token prompts, 128 new tokens, plain
    sampling at temperature 1 with no stop token (every row generates all 128 tokens), against
@@ -14,6 +14,9 @@
    kernels can reach.
 
     python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity|floor] [--new-tokens 128]
+                                 [--dtype float32|bfloat16]
+
+`--dtype bfloat16` runs both samplers, and the floor's products, in bfloat16 (weights and compute).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from jaxgrpo import sampler
 from jaxgrpo.models import registry
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
+DTYPE = "float32"
 
 TEXT = (
     "Reinforcement learning from verifiable rewards trains a language model by sampling several answers to "
@@ -86,7 +90,10 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
         from transformers import AutoModelForCausalLM
 
         path = registry.resolve("smollm2-135m-instruct")
-        hf_model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        import torch
+
+        hf_model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                        dtype=getattr(torch, DTYPE))
         hf_model.eval()
         time_torch(hf_model, prompts, 0)  # warm-up
     time_ours(model, prompts, 0)  # compiles
@@ -97,7 +104,7 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
             theirs.append(tokens / time_torch(hf_model, prompts, repeat + 1))
         print(f"  run {repeat}: jaxgrpo {ours[-1]:.0f} tok/s" + (f", transformers {theirs[-1]:.0f} tok/s" if theirs else ""), flush=True)
     print(f"\n### Throughput: SmolLM2-135M-Instruct, {PROMPTS} prompts x G={SAMPLES}, {PROMPT_LENGTH}-token prompts, "
-          f"{NEW_TOKENS} new tokens, float32, {jax.devices()[0].platform}\n")
+          f"{NEW_TOKENS} new tokens, {DTYPE}, {jax.devices()[0].platform}\n")
     print("| sampler | generated tokens/s (median) |")
     print("|---|---|")
     print(f"| jaxgrpo.sampler (jax {jax.__version__}) | {statistics.median(ours):.0f} |")
@@ -141,7 +148,7 @@ def capacity(model, tokenizer, repeats: int) -> float:
     return per_step[256]
 
 
-def weight_products(config, rows: int, repeats: int) -> list[tuple[str, tuple[int, int], int, float]]:
+def weight_products(config, rows: int, repeats: int, dtype=jnp.float32) -> list[tuple[str, tuple[int, int], int, float]]:
     """(name, (in, out), count per decode step, median seconds) of each weight product of a decode step.
 
     Each product [rows, in] x [in, out] is timed alone, 20 times in one compiled loop (no Python
@@ -166,8 +173,8 @@ def weight_products(config, rows: int, repeats: int) -> list[tuple[str, tuple[in
     ]
     out = []
     for name, (fan_in, fan_out), count in shapes:
-        x = jax.random.normal(jax.random.key(0), (rows, fan_in), jnp.float32)
-        w = jax.random.normal(jax.random.key(1), (fan_in, fan_out), jnp.float32)
+        x = jax.random.normal(jax.random.key(0), (rows, fan_in), dtype)
+        w = jax.random.normal(jax.random.key(1), (fan_in, fan_out), dtype)
         jax.block_until_ready(products(x, w))
         samples = []
         for _ in range(repeats):
@@ -180,9 +187,9 @@ def weight_products(config, rows: int, repeats: int) -> list[tuple[str, tuple[in
 
 def floor(model, repeats: int, decode_step: float | None, theirs_per_token: float | None) -> None:
     rows = PROMPTS * SAMPLES
-    products = weight_products(model.config, rows, max(repeats, 5))
+    products = weight_products(model.config, rows, max(repeats, 5), jnp.dtype(DTYPE))
     total = sum(count * seconds for _, _, count, seconds in products)
-    print(f"\n### Floor: the weight products of one decode step (batch {rows}, float32, warm caches)\n")
+    print(f"\n### Floor: the weight products of one decode step (batch {rows}, {DTYPE}, warm caches)\n")
     print("| weight product | shape | per step | ms each | GFLOP/s | ms per step |")
     print("|---|---|---|---|---|---|")
     for name, (fan_in, fan_out), count, seconds in products:
@@ -200,15 +207,16 @@ def floor(model, repeats: int, decode_step: float | None, theirs_per_token: floa
 
 
 def main() -> None:
-    global NEW_TOKENS
+    global NEW_TOKENS, DTYPE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-torch", action="store_true", help="measure jaxgrpo only")
     parser.add_argument("--only", choices=("throughput", "capacity", "floor"), default=None)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="fewer for a quick indicative run")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=DTYPE, help="weights and compute, both sides")
     args = parser.parse_args()
-    NEW_TOKENS = args.new_tokens
-    model, tokenizer = jaxgrpo.models.load("smollm2-135m-instruct")
+    NEW_TOKENS, DTYPE = args.new_tokens, args.dtype
+    model, tokenizer = jaxgrpo.models.load("smollm2-135m-instruct", dtype=jnp.dtype(DTYPE))
     theirs_per_token = decode_step = None
     if args.only in (None, "throughput"):
         theirs_per_token = throughput(model, tokenizer, args.repeats, args.skip_torch)
