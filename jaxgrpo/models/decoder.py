@@ -660,10 +660,10 @@ class Decoder(nnx.Module):
             x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
         if cache is not None:
             start = (0, 0, 0, cache_index, 0)
-            heads_major = lambda x: jnp.swapaxes(x, 2, 3)  # noqa: E731 [L, B, kv, T, D]
+            heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]
             with jax.named_scope("kv_cache_write"):
-                cache = KVCache(_write_slots(cache.k, heads_major(new_kv[0]).astype(cache.k.dtype), start),
-                                _write_slots(cache.v, heads_major(new_kv[1]).astype(cache.v.dtype), start))
+                cache = KVCache(_write_slots(cache.k, heads_major(new_kv[0], cache.k), start),
+                                _write_slots(cache.v, heads_major(new_kv[1], cache.v), start))
         return rows(self.final_norm(stream(x))), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None,
