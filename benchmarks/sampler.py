@@ -34,6 +34,7 @@ from flax import nnx
 import jaxgrpo.models
 from jaxgrpo import sampler
 from jaxgrpo.models import registry
+from jaxgrpo.models.decoder import _product
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
 DTYPE = "float32"
@@ -159,7 +160,8 @@ def weight_products(config, rows: int, repeats: int, dtype=jnp.float32) -> list[
 
     @jax.jit
     def products(x, w):  # the loop index scales x, so the product cannot be hoisted out of the loop
-        return jax.lax.fori_loop(0, calls, lambda i, acc: acc + (x * i.astype(x.dtype)) @ w,
+        # The decoder's product (float32 accumulation, result in the compute dtype).
+        return jax.lax.fori_loop(0, calls, lambda i, acc: acc + _product("ri,io->ro", x * i.astype(x.dtype), w, x.dtype),
                                  jnp.zeros((x.shape[0], w.shape[1]), x.dtype))
 
     c = config

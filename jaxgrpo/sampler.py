@@ -404,8 +404,8 @@ class _DecodeState(NamedTuple):
     prompt_lengths: jax.Array
     kv_mask: jax.Array  # bool[B*G, N] the completion slots written so far
     keys: jax.Array
-    cache: Any  # the rows' completion keys and values, KVCache [L, B*G, kv, N, D]
-    prompt_cache: Any  # each prompt's keys and values, stored once: KVCache [L, B, kv, P, D]
+    cache: Any  # the rows' completion keys and values, KVCache [L, B*G, kv, N, D] (as_bits)
+    prompt_cache: Any  # each prompt's keys and values, stored once: KVCache [L, B, kv, P, D] (as_bits)
     prompt_mask: jax.Array  # bool[B, P]
 
 
@@ -499,8 +499,8 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
         prompt_lengths=jnp.repeat(prompt_mask.sum(axis=1, dtype=jnp.int32), g),
         kv_mask=layout.constrain_rows(jnp.zeros((rows, n), bool)),
         keys=keys,
-        cache=layout.constrain_cache(model.init_cache(rows, n)),
-        prompt_cache=layout.constrain_cache(prompt_cache),
+        cache=layout.constrain_cache(model.init_cache(rows, n)).as_bits(),
+        prompt_cache=layout.constrain_cache(prompt_cache).as_bits(),
         prompt_mask=prompt_mask,
     )
 
@@ -528,9 +528,10 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
         slot = s.step - 1
         kv_mask = jax.lax.dynamic_update_slice(s.kv_mask, jnp.ones((rows, 1), bool), (0, slot))
         positions = (s.prompt_lengths + s.step - 1)[:, None]
-        logits, cache = model(previous, positions, cache=s.cache, cache_index=slot, kv_mask=kv_mask,
-                              prefix=s.prompt_cache, prefix_mask=s.prompt_mask)
-        cache = layout.constrain_cache(cache)
+        # The caches ride the loop as bits (KVCache.as_bits): no whole-cache copy per step on XLA:CPU.
+        logits, cache = model(previous, positions, cache=s.cache.from_bits(model.dtype), cache_index=slot,
+                              kv_mask=kv_mask, prefix=s.prompt_cache.from_bits(model.dtype), prefix_mask=s.prompt_mask)
+        cache = layout.constrain_cache(cache).as_bits()
         tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits[:, 0], layout.sampling)
         live = ~s.done
         stopped = live & _is_done(tokens, stop_tokens)

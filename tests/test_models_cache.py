@@ -152,3 +152,45 @@ def test_a_shared_prefix_is_checked():
               prefix=model.init_cache(3, 4), prefix_mask=jnp.ones((3, 4), bool))
     with pytest.raises(ValueError, match="cached calls only"):
         model(tokens, prefix=prefix, prefix_mask=jnp.ones((2, 4), bool))
+
+
+def test_a_cache_round_trips_through_its_bits():
+    cache = KVCache(jnp.arange(6, dtype=jnp.bfloat16).reshape(1, 1, 1, 6, 1), -jnp.ones((1, 1, 1, 6, 1), jnp.bfloat16))
+    bits = cache.as_bits()
+    assert bits.k.dtype == bits.v.dtype == jnp.uint16
+    back = bits.from_bits(jnp.bfloat16)
+    assert back.k.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(back.k, np.float32), np.asarray(cache.k, np.float32))
+    np.testing.assert_array_equal(np.asarray(back.v, np.float32), np.asarray(cache.v, np.float32))
+    wide = KVCache(jnp.ones((2, 3)), jnp.zeros((2, 3)))
+    assert wide.as_bits() is not wide and wide.as_bits().k is wide.k  # 32-bit caches are kept as they are
+    assert wide.as_bits().from_bits(jnp.float32).k is wide.k
+    with pytest.raises(ValueError, match="k holds float32, not the bits of bfloat16"):
+        wide.from_bits(jnp.bfloat16)
+    with pytest.raises(ValueError, match="uint16, not the bits of float32"):
+        bits.from_bits(jnp.float32)
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["stored", "remat"])
+def test_bfloat16_weights_read_through_their_bits_have_the_plain_derivatives(remat, monkeypatch):
+    # The layer scan slices bfloat16 weights, and the embedding gathers its rows, through their bits (XLA:CPU
+    # would otherwise convert them whole to float32); values and gradients are bit-identical to plain reads.
+    from jaxgrpo.models import decoder
+
+    model = Decoder(LLAMA, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, remat=remat, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, LLAMA.vocab_size)
+
+    def loss(p):
+        logits = nnx.merge(graphdef, p)(tokens)
+        return (jax.nn.log_softmax(logits)[..., 5]).sum()
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    monkeypatch.setattr(decoder, "_layer_weights", lambda value, bits: value)
+    monkeypatch.setattr(decoder, "_take_rows", lambda table, ids: table[ids])
+    plain_value, plain_grads = jax.jit(jax.value_and_grad(loss))(params)
+    assert float(value) == float(plain_value)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert all(np.abs(np.asarray(g, np.float32)).max() > 0 for g in jax.tree.leaves(grads))

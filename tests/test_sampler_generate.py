@@ -187,12 +187,11 @@ def test_stop_tokens_end_rows_with_reason_mask_and_padding():
     assert reasons[0] == sampler.FINISH_STOP
 
 
-def _decode_inputs(dtype=jnp.float32):
+def _decode_inputs(dtype=jnp.float32, **config_changes):
     model = random_model("llama")
-    if dtype != jnp.float32:
-        # An MLP width whose [hidden, mlp] weights (converted to float32 by XLA:CPU) differ in size from the caches.
-        config = dataclasses.replace(CONFIGS["llama"], intermediate_size=80)
-        model = Decoder(config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0))
+    if dtype != jnp.float32 or config_changes:
+        model = Decoder(dataclasses.replace(CONFIGS["llama"], **config_changes), dtype=dtype, param_dtype=dtype,
+                        rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     layout = sampler._layout_for(model, None, 2, 16, 16, sampler.SamplingParams(greedy=True))
     tokens, mask = sampler.left_pad(PROMPTS, 16)
@@ -200,6 +199,13 @@ def _decode_inputs(dtype=jnp.float32):
     stop, limit, pad = sampler._stop_array([]), jnp.int32(NEW_TOKENS), jnp.int32(0)
     carry = sampler._prefill_jit(graphdef, state, tokens, mask, keys, stop, limit, pad, layout=layout)
     return graphdef, state, carry, (stop, limit, pad), layout
+
+
+def _hlo_arrays(hlo: str):
+    """(name, element type, element count, opcode) of every instruction of a compiled program's text."""
+    for match in re.finditer(r"%(\S+) = (\w+)\[([\d,]*)\]\{[^}]*\} ([\w-]+)\(", hlo):
+        name, element_type, dims, opcode = match.groups()
+        yield name, element_type, math.prod(int(d) for d in dims.split(",") if d), opcode
 
 
 def test_decode_donates_the_cache_and_writes_only_live_slots():
@@ -215,22 +221,46 @@ def test_decode_donates_the_cache_and_writes_only_live_slots():
     assert not np.asarray(final.cache.k[:, :, :, written:]).any()
 
 
+# Three layers and an MLP width of 80 give the caches, one layer's slice of them and the weights
+# element counts that no other array of the decode program shares.
+_DISTINCT_SIZES = dict(num_layers=3, layer_types=("full_attention",) * 3, intermediate_size=80)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 def test_compiled_decode_loop_never_copies_the_cache(dtype):
-    # The cost of a decode step must not grow with the cache capacity beyond attention reading it:
-    # no instruction copies a whole cache (a prompt or completion cache, in any layout), nor converts
-    # one to float32 (XLA's CPU backend slices bfloat16 arrays in float32; the decoder reads and writes
-    # a bfloat16 cache through its bits).
-    graphdef, state, carry, args, layout = _decode_inputs(dtype)
-    assert carry.cache.k.dtype == dtype
+    # The cost of a decode step must not grow with the cache capacity beyond attention reading it: no
+    # instruction makes a whole cache (a prompt or completion cache, in any layout, of any element type)
+    # except in place: the loop carries it (a bfloat16 cache as its bits, KVCache.as_bits) and updates
+    # it with dynamic-update-slice. XLA's CPU backend slices bfloat16 arrays in float32, and copies a
+    # bfloat16 cache whole to reinterpret its bits unless the loop carries the bits.
+    graphdef, state, carry, args, layout = _decode_inputs(dtype, **_DISTINCT_SIZES)
+    assert carry.cache.from_bits(dtype).k.dtype == dtype
+    assert carry.cache.k.dtype == (jnp.uint16 if dtype == jnp.bfloat16 else dtype)
     hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
     whole = {carry.cache.k.size, carry.prompt_cache.k.size}
-    copies = []
-    for line in hlo.splitlines():
-        match = re.search(r"= (?:f32|bf16)\[([\d,]+)\]\{[^}]*\} (?:copy|convert)\(", line)
-        if match and math.prod(int(d) for d in match.group(1).split(",")) in whole:
-            copies.append(line.strip())
-    assert not copies, f"the decode loop copies or converts a whole cache: {copies[:2]}"
+    in_place = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "dynamic-update-slice")
+    copies = [(name, opcode) for name, _, size, opcode in _hlo_arrays(hlo)
+              if size in whole and opcode not in in_place and "dynamic-update-slice" not in name]
+    assert not copies, f"the decode program makes a whole cache other than in place: {copies[:3]}"
+
+
+def test_compiled_bfloat16_decode_never_converts_the_weights():
+    # XLA:CPU slices and gathers bfloat16 arrays in float32: without reading the layers' weights and the
+    # embedding through their bits, it converts every weight stack to float32 once per call and runs
+    # every product in float32. The weights' products take bfloat16 operands and accumulate in float32.
+    graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, **_DISTINCT_SIZES)
+    hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+    vocab = CONFIGS["llama"].vocab_size
+    # The layers' matrices, stacked [layers, ...], and the embedding [vocab, hidden] (not the norms' vectors).
+    weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or x.shape[0] == vocab]
+    sizes = {x.size for x in weights} | {x[0].size for x in weights if x.ndim >= 3}
+    converted = [(name, opcode) for name, element_type, size, opcode in _hlo_arrays(hlo)
+                 if element_type == "f32" and size in sizes]
+    assert not converted, f"the decode program holds a weight in float32: {converted[:3]}"
+    # Every product (each is a fused computation here) multiplies bfloat16 operands.
+    products = [m.group(1) for m in re.finditer(r"\n%\S+ \(([^)]*)\) -> \S+ \{\n(?:  .*\n)*?  .* dot\(", hlo)]
+    assert len(products) >= 7, products  # q, k, v, o, gate, up, down, unembedding, attention
+    assert all("f32" not in operands for operands in products), [p for p in products if "f32" in p][:3]
 
 
 def test_sharded_generation_equals_unsharded(mesh_2x4):

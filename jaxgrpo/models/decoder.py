@@ -68,6 +68,23 @@ class KVCache(NamedTuple):
     k: jax.Array
     v: jax.Array
 
+    def as_bits(self) -> KVCache:
+        """This cache with a 16-bit float type (bfloat16) held as its bits (uint16); wider types as they are.
+
+        A loop that carries a bfloat16 cache from step to step should carry its bits, and hand the model
+        `from_bits(dtype)` each step: XLA:CPU then reads and writes the cache in place instead of copying
+        it whole every step (see `_read_slots`). A bitcast costs nothing on any backend.
+        """
+        return KVCache(_bits(self.k), _bits(self.v))
+
+    def from_bits(self, dtype) -> KVCache:
+        """The cache `as_bits` returned, read back as `dtype` (a cache already of `dtype` as it is)."""
+        dtype = jnp.dtype(dtype)
+        for name, x in zip(self._fields, self):
+            if x.dtype != dtype and (jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize != dtype.itemsize):
+                raise ValueError(f"KVCache.from_bits: {name} holds {x.dtype}, not the bits of {dtype}")
+        return KVCache(_from_bits(self.k, dtype), _from_bits(self.v, dtype))
+
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
     """Inverse frequencies [head_dim // 2] of RoPE ("RoFormer", Su et al. 2021) with the config's scaling."""
@@ -248,6 +265,49 @@ def _write_slots_jvp(primals, tangents):
     return _write_slots(buffer, update, start), jax.lax.dynamic_update_slice(buffer_dot, update_dot, start)
 
 
+# Weights of a narrow float type meet the same XLA:CPU float32 fallback: slicing a layer's weights out of
+# the stack (the layer scan) or gathering embedding rows converts the whole bfloat16 stack or table to
+# float32 (once per call, hoisted out of the decode loop), and every product then runs in float32. So
+# the layer scan slices the weights' bits and the embedding gathers its rows' bits; derivatives are
+# those of the plain slice and gather.
+
+
+@jax.custom_jvp
+def _as_stored(value: jax.Array, bits: jax.Array) -> jax.Array:
+    """`value` (a layer's weight, sliced by the scan), computed from `bits` (the same slice of the
+    weight's bits); only the tangent of `value` is used, so XLA drops its unused float slice."""
+    return _from_bits(bits, value.dtype)
+
+
+@_as_stored.defjvp
+def _as_stored_jvp(primals, tangents):
+    (value, bits), (value_dot, _) = primals, tangents
+    return _as_stored(value, bits), value_dot
+
+
+def _layer_weights(value: jax.Array, bits: jax.Array) -> jax.Array:
+    return value if bits.dtype == value.dtype else _as_stored(value, bits)
+
+
+@jax.custom_jvp
+def _take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """`table[ids]` (the embedding lookup), gathered through the table's bits."""
+    return _from_bits(_bits(table)[ids], table.dtype)
+
+
+@_take_rows.defjvp
+def _take_rows_jvp(primals, tangents):
+    (table, ids), (table_dot, _) = primals, tangents
+    return _take_rows(table, ids), table_dot[ids]
+
+
+def _product(spec: str, x: jax.Array, weight: jax.Array, dtype) -> jax.Array:
+    """`einsum(spec, x, weight)` in `dtype`, accumulated and returned by the kernel in float32, then cast:
+    XLA:CPU runs a bfloat16 x bfloat16 -> float32 product natively (AVX512-BF16), but converts both
+    operands to float32 for a bfloat16 result. The same rounding as a bfloat16 product on accelerators."""
+    return jnp.einsum(spec, x, weight.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
+
+
 def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
     """Online-softmax state [B, kv, G, T(, D)] of the queries over their rows' shared prefix.
 
@@ -376,7 +436,7 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
 
     def _project(self, x, name):
-        y = jnp.einsum("btd,dhk->bthk", x, getattr(self, name)[...].astype(self.dtype))
+        y = _product("btd,dhk->bthk", x, getattr(self, name)[...], self.dtype)
         if self.config.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
@@ -420,7 +480,7 @@ class Attention(nnx.Module):
                                          self.dtype, prefix, prefix_mask)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
-            out = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(self.dtype))
+            out = _product("bthk,hkd->btd", out, self.o[...], self.dtype)
             return constrain_activation(out, ("batch", None, None), mesh), new_kv
 
 
@@ -439,9 +499,10 @@ class MLP(nnx.Module):
     @jax.named_scope("mlp")
     def __call__(self, x, mesh=None):
         hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
-        gate = hidden(x @ self.gate[...].astype(self.dtype))
+        gate = hidden(_product("bte,ef->btf", x, self.gate[...], self.dtype))
         gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
-        out = (gate * hidden(x @ self.up[...].astype(self.dtype))) @ self.down[...].astype(self.dtype)
+        out = _product("btf,fe->bte", gate * hidden(_product("bte,ef->btf", x, self.up[...], self.dtype)), self.down[...],
+                       self.dtype)
         return constrain_activation(out, ("batch", None, None), mesh)
 
 
@@ -633,7 +694,7 @@ class Decoder(nnx.Module):
             rows, (cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask))
 
         with jax.named_scope("embed"):
-            x = self.embed[...][tokens].astype(self.dtype)
+            x = _take_rows(self.embed[...], tokens).astype(self.dtype)
             if c.is_gemma:
                 x = x * jnp.asarray(c.embedding_scale, self.dtype)
         x = rows(x)
@@ -641,8 +702,8 @@ class Decoder(nnx.Module):
         graphdef, layer_params = nnx.split(self.layers)
 
         def layer(x, inputs):
-            params, index, sliding = inputs
-            block = nnx.merge(graphdef, params)
+            params, bits, index, sliding = inputs
+            block = nnx.merge(graphdef, jax.tree.map(_layer_weights, params, bits))
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
@@ -657,7 +718,8 @@ class Decoder(nnx.Module):
         layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
         stream = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         with jax.named_scope("layers"):
-            x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
+            x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, jax.tree.map(_bits, layer_params), layer_ids,
+                                                        jnp.asarray(c.sliding_layer_mask)))
         if cache is not None:
             start = (0, 0, 0, cache_index, 0)
             heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]
