@@ -19,13 +19,14 @@ declare -A COMMANDS=(
   [train_throughput]="python benchmarks/train_throughput.py --shapes 8x128 --repeats 3 --out $RESULTS/train_throughput.json --plot docs/benchmarks_train_throughput.png"
   [scaling_memory]="python benchmarks/scaling_memory.py --out $RESULTS/scaling_memory.json --plot docs/benchmarks_memory_scaling.png"
   [sampler]="python benchmarks/sampler.py --repeats 3"
+  [sampler_bfloat16]="python benchmarks/sampler.py --repeats 3 --dtype bfloat16"
   [logprob_memory]="python benchmarks/logprob_memory.py"
   [prefix_grouper]="python benchmarks/prefix_grouper.py --layers 4 --repeats 2"
   [task_difficulty]="python benchmarks/task_difficulty.py --configs digits1_ops2"
   [profile_step]="python benchmarks/profile_step.py --decode-steps 32 --train 8x64+128 --calls 2"
   [packing]="python benchmarks/packing.py --rollouts 3"
 )
-ORDER=(grpo_step_vs_trl train_throughput sampler profile_step packing prefix_grouper scaling_memory logprob_memory task_difficulty)
+ORDER=(grpo_step_vs_trl train_throughput sampler sampler_bfloat16 profile_step packing prefix_grouper scaling_memory logprob_memory task_difficulty)
 
 if [[ "${1:-}" == "--report-only" ]]; then
   exec python benchmarks/report.py --results "$RESULTS" --out docs/benchmarks.md

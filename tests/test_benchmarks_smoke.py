@@ -87,6 +87,9 @@ def test_the_sampler_floor_table_feeds_the_reports_note(capsys):
     assert f"take {floor_ms:.1f} ms per step" in note and "allows 166.7 ms per generated token" in note
     best = report.number(report.table_value(data, "best ratio with these weight products alone", 5))
     assert f"could not exceed {best:.2f}x" in note and "decode step is 2.0 ms" in note
+    assert note.startswith("**Sampler vs transformers generate, float32 (1.50x, goal 3x).**")
+    (bfloat16_note,) = report.sampler_notes(data, dtype="bfloat16")
+    assert bfloat16_note.startswith("**Sampler vs transformers generate, bfloat16 (1.50x") and "copies each chunk" in bfloat16_note
     met = throughput.replace("1.50x", "3.20x")
     assert report.sampler_notes({"tables": report.parse_markdown_tables(met)}) == []
 

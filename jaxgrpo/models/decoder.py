@@ -227,8 +227,10 @@ def _merge_blocks(a, b):
 # runs bfloat16 slicing in float32: it converts the whole cache to float32 and back around each decode
 # step's one-slot write, and converts it again (hoisted out of the layer loop) to read it. Through the
 # bits, a write into a 30-layer, 32-row, 960-slot cache took 1.6 ms instead of 13 ms here, and the
-# reads of a step 11 ms instead of 42 (XLA:CPU still copies the whole cache's bits once per step to
-# read it). Derivatives are those of the plain slice and update (the shared-prefix forward takes them).
+# reads of a step 11 ms instead of 42. A loop that carries a bfloat16 cache should carry its bits
+# (`KVCache.as_bits`), as the sampler does: XLA:CPU otherwise copies the whole cache's bits once per
+# step to read them. Derivatives are those of the plain slice and update (the shared-prefix forward
+# takes them).
 
 
 def _bits(x: jax.Array) -> jax.Array:
