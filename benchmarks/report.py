@@ -252,7 +252,7 @@ def grpo_notes(d: dict, throughput: dict | None, sampler_ratio: float | None = N
             f"is {_share(p, 'MLP', 'attention q/k/v', 'attention output', 'unembedding'):.0%} weight matmuls (MLP, attention "
             f"projections, unembedding), {_share(p, 'layer weights sliced'):.0%} copying each layer's weights out of the "
             f"stacked parameters (the layer scan's dynamic slice), {_share(p, 'attention scores'):.0%} attention over the live "
-            f"cache (64-slot chunks of each row's completion cache, each prompt's cache read once for its G rows), and {_share(p, 'sampling'):.0%} sampling. At 32 rows a float32 "
+            f"cache (chunks of each row's completion cache, each prompt's cache read once for its G rows), and {_share(p, 'sampling'):.0%} sampling. At 32 rows a float32 "
             "decode step streams all 536 MB of weights for 8.6 GFLOP, so it is bound by memory traffic and small-M matmul "
             "efficiency on both sides; decoding from per-layer weight arrays (no slice copy) made the matmuls slower by "
             "about what the copy cost, since they then stream the weights from memory themselves.")
