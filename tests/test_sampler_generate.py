@@ -187,18 +187,23 @@ def test_stop_tokens_end_rows_with_reason_mask_and_padding():
     assert reasons[0] == sampler.FINISH_STOP
 
 
-def _decode_inputs(dtype=jnp.float32, **config_changes):
-    model = random_model("llama")
+def _prefill_inputs(dtype=jnp.float32, family="llama", **config_changes):
+    model = random_model(family)
     if dtype != jnp.float32 or config_changes:
-        model = Decoder(dataclasses.replace(CONFIGS["llama"], **config_changes), dtype=dtype, param_dtype=dtype,
+        model = Decoder(dataclasses.replace(CONFIGS[family], **config_changes), dtype=dtype, param_dtype=dtype,
                         rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     layout = sampler._layout_for(model, None, 2, 16, 16, sampler.SamplingParams(greedy=True))
     tokens, mask = sampler.left_pad(PROMPTS, 16)
     keys = sampler.row_keys(jax.random.key(0), np.arange(3), 2)
     stop, limit, pad = sampler._stop_array([]), jnp.int32(NEW_TOKENS), jnp.int32(0)
-    carry = sampler._prefill_jit(graphdef, state, tokens, mask, keys, stop, limit, pad, layout=layout)
-    return graphdef, state, carry, (stop, limit, pad), layout
+    return graphdef, state, (tokens, mask, keys, stop, limit, pad), layout
+
+
+def _decode_inputs(dtype=jnp.float32, family="llama", **config_changes):
+    graphdef, state, prefill_args, layout = _prefill_inputs(dtype, family, **config_changes)
+    carry = sampler._prefill_jit(graphdef, state, *prefill_args, layout=layout)
+    return graphdef, state, carry, prefill_args[3:], layout
 
 
 def _hlo_arrays(hlo: str):
@@ -221,9 +226,9 @@ def test_decode_donates_the_cache_and_writes_only_live_slots():
     assert not np.asarray(final.cache.k[:, :, :, written:]).any()
 
 
-# Three layers and an MLP width of 80 give the caches, one layer's slice of them and the weights
-# element counts that no other array of the decode program shares.
-_DISTINCT_SIZES = dict(num_layers=3, layer_types=("full_attention",) * 3, intermediate_size=80)
+# Three layers, two kv heads and an MLP width of 80 give the caches, one layer's slice of them and the
+# weights element counts that no other array of the prefill or decode programs shares.
+_DISTINCT_SIZES = dict(num_layers=3, layer_types=("full_attention",) * 3, num_kv_heads=2, intermediate_size=80)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
@@ -244,19 +249,25 @@ def test_compiled_decode_loop_never_copies_the_cache(dtype):
     assert not copies, f"the decode program makes a whole cache other than in place: {copies[:3]}"
 
 
-def test_compiled_bfloat16_decode_never_converts_the_weights():
-    # XLA:CPU slices and gathers bfloat16 arrays in float32: without reading the layers' weights and the
-    # embedding through their bits, it converts every weight stack to float32 once per call and runs
-    # every product in float32. The weights' products take bfloat16 operands and accumulate in float32.
-    graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, **_DISTINCT_SIZES)
-    hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
-    vocab = CONFIGS["llama"].vocab_size
-    # The layers' matrices, stacked [layers, ...], and the embedding [vocab, hidden] (not the norms' vectors).
-    weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or x.shape[0] == vocab]
+@pytest.mark.parametrize("program", ["prefill", "decode"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])  # separate and tied (embedding) output weights
+def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program):
+    # XLA:CPU slices, gathers and transposes bfloat16 arrays in float32: without reading the layers' weights
+    # and the embedding through their bits, it converts every weight stack to float32 once per call and
+    # runs every product in float32. The weights' products take bfloat16 operands, accumulate in float32.
+    graphdef, state, prefill_args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
+    if program == "prefill":
+        hlo = sampler._prefill_jit.lower(graphdef, state, *prefill_args, layout=layout).compile().as_text()
+    else:
+        carry = sampler._prefill_jit(graphdef, state, *prefill_args, layout=layout)
+        hlo = sampler._decode_jit.lower(graphdef, state, carry, *prefill_args[3:], layout=layout).compile().as_text()
+    vocab = CONFIGS[family].vocab_size
+    # The layers' matrices, stacked [layers, ...], the embedding and any output projection (not the norms' vectors).
+    weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape]
     sizes = {x.size for x in weights} | {x[0].size for x in weights if x.ndim >= 3}
     converted = [(name, opcode) for name, element_type, size, opcode in _hlo_arrays(hlo)
                  if element_type == "f32" and size in sizes]
-    assert not converted, f"the decode program holds a weight in float32: {converted[:3]}"
+    assert not converted, f"the {program} program holds a weight in float32: {converted[:3]}"
     # Every product (each is a fused computation here) multiplies bfloat16 operands.
     products = [m.group(1) for m in re.finditer(r"\n%\S+ \(([^)]*)\) -> \S+ \{\n(?:  .*\n)*?  .* dot\(", hlo)]
     assert len(products) >= 7, products  # q, k, v, o, gate, up, down, unembedding, attention
