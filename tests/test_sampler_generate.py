@@ -255,12 +255,12 @@ def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program):
     # XLA:CPU slices, gathers and transposes bfloat16 arrays in float32: without reading the layers' weights
     # and the embedding through their bits, it converts every weight stack to float32 once per call and
     # runs every product in float32. The weights' products take bfloat16 operands, accumulate in float32.
-    graphdef, state, prefill_args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
     if program == "prefill":
-        hlo = sampler._prefill_jit.lower(graphdef, state, *prefill_args, layout=layout).compile().as_text()
+        graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
+        hlo = sampler._prefill_jit.lower(graphdef, state, *args, layout=layout).compile().as_text()
     else:
-        carry = sampler._prefill_jit(graphdef, state, *prefill_args, layout=layout)
-        hlo = sampler._decode_jit.lower(graphdef, state, carry, *prefill_args[3:], layout=layout).compile().as_text()
+        graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
+        hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
     vocab = CONFIGS[family].vocab_size
     # The layers' matrices, stacked [layers, ...], the embedding and any output projection (not the norms' vectors).
     weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape]
