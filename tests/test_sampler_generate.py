@@ -258,18 +258,22 @@ def test_compiled_decode_loop_never_copies_the_cache(dtype):
     assert not copies, f"the decode program makes a whole cache other than in place: {copies[:3]}"
 
 
+def _bfloat16_program(family, program):
+    """The parameters and compiled HLO text of a bfloat16 sampler's prefill or decode program."""
+    if program == "prefill":
+        graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
+        return state, sampler._prefill_jit.lower(graphdef, state, *args, layout=layout).compile().as_text()
+    graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
+    return state, sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+
+
 @pytest.mark.parametrize("program", ["prefill", "decode"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # separate and tied (embedding) output weights
 def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program):
     # XLA:CPU slices, gathers and transposes bfloat16 arrays in float32: without reading the layers' weights
     # and the embedding through their bits, it converts every weight stack to float32 once per call and
     # runs every product in float32. The weights' products take bfloat16 operands, accumulate in float32.
-    if program == "prefill":
-        graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-        hlo = sampler._prefill_jit.lower(graphdef, state, *args, layout=layout).compile().as_text()
-    else:
-        graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-        hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+    state, hlo = _bfloat16_program(family, program)
     vocab = CONFIGS[family].vocab_size
     # The layers' matrices, stacked [layers, ...], the embedding and any output projection (not the norms' vectors).
     weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape]
@@ -289,12 +293,7 @@ def test_compiled_bfloat16_sampler_reads_the_weights_in_place(family, program):
     # A bitcast hoisted out of the layer or decode loop makes XLA:CPU write every weight's bits to a new
     # buffer once per call (and a transposed copy of a tied embedding): for SmolLM2, 270 MB of freshly
     # faulted pages per sampler call. No instruction may make a whole weight, in any element type or layout.
-    if program == "prefill":
-        graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-        hlo = sampler._prefill_jit.lower(graphdef, state, *args, layout=layout).compile().as_text()
-    else:
-        graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-        hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+    state, hlo = _bfloat16_program(family, program)
     vocab = CONFIGS[family].vocab_size
     sizes = {x.size for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape}
     passed_through = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "opt-barrier")

@@ -611,7 +611,8 @@ class Decoder(nnx.Module):
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
         if self.config.tie_word_embeddings:
             # Contract the embedding's hidden axis in place: XLA:CPU transposes a bfloat16 [V, E] table in
-            # float32 (58 against 8 ms a call for SmolLM2's at batch 32), a float32 one for free.
+            # float32 (58 against 8 ms a call for SmolLM2's at batch 32), a float32 one for free; and read
+            # the table inside the decode loop, or XLA hoists a transposed copy of it out of the loop.
             table, hidden = _read_inside(self.embed[...].astype(self.dtype), hidden)
             logits = jnp.einsum("...e,ve->...v", hidden, table, preferred_element_type=jnp.float32)
         else:
