@@ -234,8 +234,13 @@ def _merge_blocks(a, b):
 # takes them).
 
 
+def _is_narrow(x: jax.Array) -> bool:
+    """Whether x is of a float type narrower than 32 bits (bfloat16, float16): read through its bits."""
+    return x.dtype.itemsize < 4 and jnp.issubdtype(x.dtype, jnp.floating)
+
+
 def _bits(x: jax.Array) -> jax.Array:
-    if x.dtype.itemsize >= 4 or not jnp.issubdtype(x.dtype, jnp.floating):
+    if not _is_narrow(x):
         return x
     return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
 
@@ -305,7 +310,7 @@ def _layer_weights(params, stacks, index):
     read from the bits of its stack in `stacks` (the whole stacked weights) inside the loop."""
     leaves, treedef = jax.tree.flatten(params)
     stack_leaves = treedef.flatten_up_to(stacks)
-    narrow = [i for i, x in enumerate(stack_leaves) if _bits(x) is not x]
+    narrow = [i for i, x in enumerate(stack_leaves) if _is_narrow(x)]
     if narrow:
         frozen, index = _read_inside([jax.lax.stop_gradient(stack_leaves[i]) for i in narrow], index)
         for i, stack in zip(narrow, frozen):
@@ -316,7 +321,7 @@ def _layer_weights(params, stacks, index):
 @jax.custom_jvp
 def _take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     """`table[ids]` (the embedding lookup), gathered through the table's bits."""
-    if _bits(table) is table:
+    if not _is_narrow(table):
         return table[ids]
     frozen, ids = _read_inside(table, ids)
     return _from_bits(_bits(frozen)[ids], table.dtype)
