@@ -51,6 +51,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["jaxgrpo", "jaxgrpo.*"]),
+    # The CPU decode-attention kernel is compiled from its source at first use (jaxgrpo/models/cpu_attention.py).
+    package_data={"jaxgrpo.models": ["cpu_attention.cc"]},
     install_requires=CORE,
     extras_require={"test": TEST + PARITY + PEERS, "parity": PARITY, "bench": BENCH},
     entry_points={

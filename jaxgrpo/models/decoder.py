@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxgrpo.models import cpu_attention
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
@@ -377,7 +378,8 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
     return to_rows(top), to_rows(total), to_rows(out)
 
 
-def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, prefix=None, prefix_mask=None):
+def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, prefix=None, prefix_mask=None,
+                       mesh=None):
     """Attention output [B, T, kv, G, D] over the shared prefix, the live cache and the T new tokens.
 
     q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
@@ -388,7 +390,8 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     static index slices them (differentiable, as the shared-prefix forward needs); a traced one
     runs over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length and not
     with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per (row, kv
-    head), with no transposes of the cache.
+    head), with no transposes of the cache. On an unsharded CPU program (`mesh` None or one device)
+    a one-token call reads the live slots in place through `cpu_attention` instead, where it is built.
     """
     cache_k, cache_v = cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape
@@ -430,6 +433,15 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
         return finish(with_prefix(state))
 
+    if cpu_attention.use_for(cache_k.dtype, head_dim, length, mesh) and (
+            prefix is None or prefix[0].dtype == cache_k.dtype):
+        state = _softmax_block(new_scores, new_values)
+        if prefix is not None:
+            prefix_block = cpu_attention.cache_block(q, *prefix, layer, prefix_mask, prefix[0].shape[3], scale)
+            state = _merge_blocks(state, prefix_block)
+        cache_block = cpu_attention.cache_block(q, cache_k, cache_v, layer, cache_mask, cache_index, scale)
+        return finish(_merge_blocks(state, cache_block))
+    state = with_prefix(_softmax_block(new_scores, new_values))
     chunk = min(CACHE_CHUNK, capacity)
 
     def one_chunk(i, state):
@@ -443,7 +455,6 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         return _merge_blocks(state, _softmax_block(scores, lambda w: cached_values(w, values)))
 
     num_chunks = (cache_index + chunk - 1) // chunk
-    state = with_prefix(_softmax_block(new_scores, new_values))
     return finish(jax.lax.fori_loop(0, num_chunks, one_chunk, state))
 
 
@@ -509,7 +520,7 @@ class Attention(nnx.Module):
                 cache_mask, new_mask, prefix_mask = mask
                 scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
                 out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale,
-                                         self.dtype, prefix, prefix_mask)
+                                         self.dtype, prefix, prefix_mask, mesh)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
             out = _product("bthk,hkd->btd", out, self.o[...], self.dtype)
