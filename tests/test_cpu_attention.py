@@ -73,3 +73,10 @@ def test_cache_rows_must_divide_the_query_rows():
     cache = jnp.ones((1, 2, 1, 8, 64), jnp.float32)
     with pytest.raises(ValueError, match="rows must divide"):
         cpu_attention.cache_block(q, cache, cache, 0, jnp.ones((2, 1, 8), bool), 8, 0.125)
+
+
+def test_loading_the_kernel_keeps_subnormal_floats():
+    """The library must not switch the process to flush-to-zero (what -ffast-math's startup code does)."""
+    assert cpu_attention.available()
+    tiny = np.array([1e-40], np.float32)
+    assert tiny[0] != 0 and (tiny * np.float32(1.0))[0] != 0

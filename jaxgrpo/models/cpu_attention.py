@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_attention.cc")
 TARGET = "jaxgrpo_cpu_attention"
 ENV_SWITCH = "JAXGRPO_CPU_ATTENTION"
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-std=c++17", "-shared", "-fPIC")
+# No -ffast-math: linked into a shared library it sets flush-to-zero for the whole process on load.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
 HEAD_DIMS = (64, 128)
 CACHE_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
