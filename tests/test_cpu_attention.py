@@ -80,3 +80,10 @@ def test_loading_the_kernel_keeps_subnormal_floats():
     assert cpu_attention.available()
     tiny = np.array([1e-40], np.float32)
     assert tiny[0] != 0 and (tiny * np.float32(1.0))[0] != 0
+
+
+def test_caches_must_be_stored_bfloat16_bits_or_float32():
+    q = jnp.ones((2, 1, 1, 1, 64), jnp.float32)
+    cache = jnp.ones((1, 2, 1, 8, 64), jnp.bfloat16)  # not its bits
+    with pytest.raises(ValueError, match="bfloat16 bits"):
+        cpu_attention.cache_block(q, cache, cache, 0, jnp.ones((2, 1, 8), bool), 8, 0.125)

@@ -100,20 +100,21 @@ def cache_block(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer, mas
     """Online-softmax state (max, normalizer [B, kv, G, 1]; output [B, kv, G, 1, D] float32) of the
     queries q [B, 1, kv, G, D] over layer `layer`'s cache slots below `live` that `mask` keeps.
 
-    cache_k, cache_v: the whole caches [L, R, kv, C, D] (bfloat16, read through their bits, or float32)
-    with R = B / share rows, row b reading cache row b // share (a prompt cache shared by its samples);
-    mask [R, 1, C].
+    cache_k, cache_v: the whole caches [L, R, kv, C, D] as stored (bfloat16 caches as their uint16 bits,
+    the decoder's `_bits`, or float32) with R = B / share rows, row b reading cache row b // share (a
+    prompt cache shared by its samples); mask [R, 1, C].
     """
+    if cache_k.dtype not in (jnp.uint16, jnp.float32) or cache_v.dtype != cache_k.dtype:
+        raise ValueError(f"caches must be bfloat16 bits (uint16) or float32, got {cache_k.dtype} and {cache_v.dtype}")
     _, cache_rows, kv_heads, _, head_dim = cache_k.shape
     batch, groups = q.shape[0], q.shape[3]
     if batch % cache_rows:
         raise ValueError(f"the cache's {cache_rows} rows must divide the {batch} query rows")
     state = jax.ShapeDtypeStruct((batch, kv_heads, groups), jnp.float32)
-    as_stored = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x  # noqa: E731
     top, total, out = jax.ffi.ffi_call(
         TARGET, (state, state, jax.ShapeDtypeStruct((batch, kv_heads, groups, head_dim), jnp.float32)),
         vmap_method="sequential",
-    )(q[:, 0].astype(jnp.float32), as_stored(cache_k), as_stored(cache_v), mask[:, 0].astype(bool),
+    )(q[:, 0].astype(jnp.float32), cache_k, cache_v, mask[:, 0].astype(bool),
       jnp.asarray(layer, jnp.int32), jnp.asarray(live, jnp.int32), scale=np.float32(scale),
       share=np.int64(batch // cache_rows))
     return top[..., None], total[..., None], out[..., None, :]

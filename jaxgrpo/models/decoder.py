@@ -433,15 +433,16 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
         return finish(with_prefix(state))
 
+    state = _softmax_block(new_scores, new_values)
     if cpu_attention.use_for(cache_k.dtype, head_dim, length, mesh) and (
             prefix is None or prefix[0].dtype == cache_k.dtype):
-        state = _softmax_block(new_scores, new_values)
         if prefix is not None:
-            prefix_block = cpu_attention.cache_block(q, *prefix, layer, prefix_mask, prefix[0].shape[3], scale)
+            prefix_block = cpu_attention.cache_block(q, _bits(prefix[0]), _bits(prefix[1]), layer, prefix_mask,
+                                                     prefix[0].shape[3], scale)
             state = _merge_blocks(state, prefix_block)
-        cache_block = cpu_attention.cache_block(q, cache_k, cache_v, layer, cache_mask, cache_index, scale)
+        cache_block = cpu_attention.cache_block(q, _bits(cache_k), _bits(cache_v), layer, cache_mask, cache_index, scale)
         return finish(_merge_blocks(state, cache_block))
-    state = with_prefix(_softmax_block(new_scores, new_values))
+    state = with_prefix(state)
     chunk = min(CACHE_CHUNK, capacity)
 
     def one_chunk(i, state):
