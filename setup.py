@@ -51,8 +51,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["jaxgrpo", "jaxgrpo.*"]),
-    # The CPU decode-attention kernel is compiled from its source at first use (jaxgrpo/models/cpu_attention.py).
-    package_data={"jaxgrpo.models": ["cpu_attention.cc"]},
+    # The CPU kernels (decode attention, packed weight products) are compiled from their sources at first
+    # use (jaxgrpo/models/cpu_kernels.py).
+    package_data={"jaxgrpo.models": ["cpu_attention.cc", "cpu_matmul.cc", "cpu_parallel.h"]},
     install_requires=CORE,
     extras_require={"test": TEST + PARITY + PEERS, "parity": PARITY, "bench": BENCH},
     entry_points={

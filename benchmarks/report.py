@@ -298,8 +298,9 @@ def sampler_notes(d: dict, profile: dict | None = None, dtype: str = "float32") 
         return []
     text = (
         f"**Sampler vs transformers generate, {dtype} ({ratio:.2f}x, goal 3x).** Whatever a sampler does around them, each decode "
-        f"step multiplies the batch by every weight matrix. Timed alone with warm caches, at the best speed this machine's "
-        f"XLA kernels reach for their shapes, those products take {floor:.1f} ms per step, and 3x transformers allows "
+        f"step multiplies the batch by every weight matrix. Timed alone with warm caches, with the kernels a decode uses "
+        f"(XLA's, or in bfloat16 the packed-weight cpu_matmul kernel where it is built), those products take {floor:.1f} ms "
+        f"per step, and 3x transformers allows "
         f"{budget:.1f} ms per generated token: with no attention, sampling, norms or memory traffic at all the ratio could "
         f"not exceed {best:.2f}x, and 3x leaves {max(budget - floor, 0.0):.1f} ms per step for everything else."
     )
@@ -328,7 +329,7 @@ def sampler_notes(d: dict, profile: dict | None = None, dtype: str = "float32") 
                  "on hardware with fast low-precision matmuls: the bfloat16 section).")
     else:
         text += (" the goal needs fewer bytes or FLOPs per generated token (a larger batch per step) or cheaper attention "
-                 "reads: XLA:CPU copies each chunk of the cache that attention reads before multiplying it.")
+                 "reads (docs/sampler.md).")
     return [text]
 
 

@@ -7,11 +7,11 @@
    median of the per-pair ratios.
 2. Capacity: the per-step decode time with a cache of capacity 1024 versus 256 for the same live
    length (64-token prompts, batch 32): (time for 36 tokens - time for 4 tokens) / 32.
-3. Floor: what one decode step's weight products cost at the best speed this machine's XLA kernels
-   reach: each distinct [32, in] x [in, out] product of a layer and the unembedding timed alone with
-   warm caches, summed over the layers. A decode step cannot be faster than its weight products, so
-   against transformers' time per generated token it bounds the ratio any sampler built on these
-   kernels can reach.
+3. Floor: what one decode step's weight products cost with the kernels a decode uses (the packed
+   weights of `jaxgrpo.models.cpu_matmul` in bfloat16 where it is built, else XLA's): each distinct
+   [32, in] x [in, out] product of a layer and the unembedding timed alone with warm caches, summed over
+   the layers. A decode step cannot be faster than its weight products, so against transformers' time
+   per generated token it bounds the ratio a sampler built on these kernels can reach.
 
     python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity|floor] [--new-tokens 128]
                                  [--dtype float32|bfloat16]
@@ -33,7 +33,7 @@ from flax import nnx
 
 import jaxgrpo.models
 from jaxgrpo import sampler
-from jaxgrpo.models import registry
+from jaxgrpo.models import cpu_matmul, registry
 from jaxgrpo.models.decoder import _product
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
@@ -160,9 +160,11 @@ def weight_products(config, rows: int, repeats: int, dtype=jnp.float32) -> list[
 
     @jax.jit
     def products(x, w):  # the loop index scales x, so the product cannot be hoisted out of the loop
-        # The decoder's product (float32 accumulation, result in the compute dtype).
+        # The decoder's product (float32 accumulation, result in the compute dtype); `w` is packed
+        # (cpu_matmul) where a decode packs it.
+        columns = w.out_shape[0] if isinstance(w, cpu_matmul.PackedWeight) else w.shape[1]
         return jax.lax.fori_loop(0, calls, lambda i, acc: acc + _product("ri,io->ro", x * i.astype(x.dtype), w, x.dtype),
-                                 jnp.zeros((x.shape[0], w.shape[1]), x.dtype))
+                                 jnp.zeros((x.shape[0], columns), x.dtype))
 
     c = config
     shapes = [
@@ -177,6 +179,8 @@ def weight_products(config, rows: int, repeats: int, dtype=jnp.float32) -> list[
     for name, (fan_in, fan_out), count in shapes:
         x = jax.random.normal(jax.random.key(0), (rows, fan_in), dtype)
         w = jax.random.normal(jax.random.key(1), (fan_in, fan_out), dtype)
+        if cpu_matmul.use_for(dtype, None):
+            w = cpu_matmul.pack(w[None], 1)  # once per decode call, outside the loop
         jax.block_until_ready(products(x, w))
         samples = []
         for _ in range(repeats):
@@ -191,7 +195,8 @@ def floor(model, repeats: int, decode_step: float | None, theirs_per_token: floa
     rows = PROMPTS * SAMPLES
     products = weight_products(model.config, rows, max(repeats, 5), jnp.dtype(DTYPE))
     total = sum(count * seconds for _, _, count, seconds in products)
-    print(f"\n### Floor: the weight products of one decode step (batch {rows}, {DTYPE}, warm caches)\n")
+    kernel = "cpu_matmul, packed weights" if cpu_matmul.use_for(DTYPE, None) else "XLA"
+    print(f"\n### Floor: the weight products of one decode step (batch {rows}, {DTYPE}, {kernel}, warm caches)\n")
     print("| weight product | shape | per step | ms each | GFLOP/s | ms per step |")
     print("|---|---|---|---|---|---|")
     for name, (fan_in, fan_out), count, seconds in products:

@@ -519,6 +519,8 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
     )
     model = nnx.merge(graphdef, state)
     rows = carry.tokens.shape[0]
+    # On CPU, bfloat16 weights packed once for the one-token products (cpu_matmul); None elsewhere.
+    packed_weights = model.pack_weights()
 
     def keep_going(s: _DecodeState):
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -530,7 +532,8 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
         positions = (s.prompt_lengths + s.step - 1)[:, None]
         # The caches ride the loop as bits (KVCache.as_bits): no whole-cache copy per step on XLA:CPU.
         logits, cache = model(previous, positions, cache=s.cache.from_bits(model.dtype), cache_index=slot,
-                              kv_mask=kv_mask, prefix=s.prompt_cache.from_bits(model.dtype), prefix_mask=s.prompt_mask)
+                              kv_mask=kv_mask, prefix=s.prompt_cache.from_bits(model.dtype), prefix_mask=s.prompt_mask,
+                              packed_weights=packed_weights)
         cache = layout.constrain_cache(cache).as_bits()
         tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits[:, 0], layout.sampling)
         live = ~s.done

@@ -89,7 +89,7 @@ def test_the_sampler_floor_table_feeds_the_reports_note(capsys):
     assert f"could not exceed {best:.2f}x" in note and "decode step is 2.0 ms" in note
     assert note.startswith("**Sampler vs transformers generate, float32 (1.50x, goal 3x).**")
     (bfloat16_note,) = report.sampler_notes(data, dtype="bfloat16")
-    assert bfloat16_note.startswith("**Sampler vs transformers generate, bfloat16 (1.50x") and "copies each chunk" in bfloat16_note
+    assert bfloat16_note.startswith("**Sampler vs transformers generate, bfloat16 (1.50x") and "cheaper attention reads" in bfloat16_note
     # A decode step within the budget: the note says what else the throughput run's time per token counts.
     rates = "| sampler | tokens/s |\n|---|---|\n| jaxgrpo.sampler (jax 0.10.2) | 300 |\n| transformers 5.23.0 generate | 200 |\n"
     sampler_bench.floor(types.SimpleNamespace(config=TINY), repeats=1, decode_step=0.1, theirs_per_token=0.5)

@@ -186,7 +186,7 @@ def test_bfloat16_weights_read_through_their_bits_have_the_plain_derivatives(rem
         return (jax.nn.log_softmax(logits)[..., 5]).sum()
 
     value, grads = jax.jit(jax.value_and_grad(loss))(params)
-    monkeypatch.setattr(decoder, "_layer_weights", lambda params, stacks, index: params)
+    monkeypatch.setattr(decoder, "_layer_weights", lambda params, stacks, index, packed=None: params)
     monkeypatch.setattr(decoder, "_take_rows", lambda table, ids: table[ids])
     monkeypatch.setattr(decoder, "_read_inside", lambda arrays, varying: (arrays, varying))
     plain_value, plain_grads = jax.jit(jax.value_and_grad(loss))(params)

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from jaxgrpo import sampler
-from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models import Decoder, DecoderConfig, cpu_matmul
 from jaxgrpo.models.partitioning import shard_model
 
 _SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, head_dim=16)
@@ -258,6 +258,24 @@ def test_compiled_decode_loop_never_copies_the_cache(dtype):
     assert not copies, f"the decode program makes a whole cache other than in place: {copies[:3]}"
 
 
+# The decode's weight products: packed for the C++ kernel on this CPU (cpu_matmul, where it is built), or
+# XLA's products, as on accelerators and on CPUs without AVX512-BF16.
+PROGRAMS = ["prefill", "decode", "decode-xla-products"]
+
+
+@pytest.fixture
+def products_of(monkeypatch):
+    """products_of(program): patches the decoder to XLA's products for "decode-xla-products" (recompiling)."""
+    def choose(program):
+        if program == "decode" and not cpu_matmul.available():
+            pytest.skip("cpu_matmul needs a C++ compiler and an AVX512-BF16 CPU")
+        if program == "decode-xla-products":
+            monkeypatch.setattr(cpu_matmul, "use_for", lambda *args: False)
+        jax.clear_caches()  # programs traced with the other choice must not be reused
+    yield choose
+    jax.clear_caches()
+
+
 def _bfloat16_program(family, program):
     """The parameters and compiled HLO text of a bfloat16 sampler's prefill or decode program."""
     if program == "prefill":
@@ -267,38 +285,52 @@ def _bfloat16_program(family, program):
     return state, sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
 
 
-@pytest.mark.parametrize("program", ["prefill", "decode"])
+def _weight_sizes(state, family):
+    """Element counts of the layers' matrices, stacked and one layer's, the embedding and any output projection."""
+    vocab = CONFIGS[family].vocab_size
+    weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape]
+    return {x.size for x in weights} | {x[0].size for x in weights if x.ndim >= 3}
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # separate and tied (embedding) output weights
-def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program):
+def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program, products_of):
     # XLA:CPU slices, gathers and transposes bfloat16 arrays in float32: without reading the layers' weights
     # and the embedding through their bits, it converts every weight stack to float32 once per call and
     # runs every product in float32. The weights' products take bfloat16 operands, accumulate in float32.
+    products_of(program)
     state, hlo = _bfloat16_program(family, program)
-    vocab = CONFIGS[family].vocab_size
-    # The layers' matrices, stacked [layers, ...], the embedding and any output projection (not the norms' vectors).
-    weights = [x for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape]
-    sizes = {x.size for x in weights} | {x[0].size for x in weights if x.ndim >= 3}
+    sizes = _weight_sizes(state, family)
     converted = [(name, opcode) for name, element_type, size, opcode in _hlo_arrays(hlo)
                  if element_type == "f32" and size in sizes]
     assert not converted, f"the {program} program holds a weight in float32: {converted[:3]}"
+    if program == "decode":
+        # q, k, v, o, gate, up, down in the layer loop and the unembedding: the kernel, on bfloat16 bits.
+        calls = re.findall(r"custom-call\([^\n]*custom_call_target=\"jaxgrpo_cpu_matmul\", "
+                           r"operand_layout_constraints=\{(u16)\[[^\n]*u16\[", hlo)
+        assert len(calls) == 8, calls
+        return
     # Every product (each is a fused computation here) multiplies bfloat16 operands.
     products = [m.group(1) for m in re.finditer(r"\n%\S+ \(([^)]*)\) -> \S+ \{\n(?:  .*\n)*?  .* dot\(", hlo)]
     assert len(products) >= 7, products  # q, k, v, o, gate, up, down, unembedding, attention
     assert all("f32" not in operands for operands in products), [p for p in products if "f32" in p][:3]
 
 
-@pytest.mark.parametrize("program", ["prefill", "decode"])
+@pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_compiled_bfloat16_sampler_reads_the_weights_in_place(family, program):
+def test_compiled_bfloat16_sampler_reads_the_weights_in_place(family, program, products_of):
     # A bitcast hoisted out of the layer or decode loop makes XLA:CPU write every weight's bits to a new
     # buffer once per call (and a transposed copy of a tied embedding): for SmolLM2, 270 MB of freshly
-    # faulted pages per sampler call. No instruction may make a whole weight, in any element type or layout.
+    # faulted pages per sampler call. No instruction may make a whole weight, in any element type or layout,
+    # except the kernel's packing: once per decode call, before the loop (the program's entry computation).
+    products_of(program)
     state, hlo = _bfloat16_program(family, program)
     vocab = CONFIGS[family].vocab_size
     sizes = {x.size for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape}
     passed_through = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "opt-barrier")
-    copies = [(name, opcode) for name, _, size, opcode in _unfused_arrays(hlo)
-              if size in sizes and opcode not in passed_through]
+    entry = _hlo_arrays(re.search(r"\nENTRY [^\n]*\{\n(?:  .*\n)*\}", hlo).group(0))
+    copies = set(_unfused_arrays(hlo)) - (set(entry) if program == "decode" else set())
+    copies = [(name, opcode) for name, _, size, opcode in copies if size in sizes and opcode not in passed_through]
     assert not copies, f"the {program} program copies a whole weight: {copies[:3]}"
 
 

@@ -12,13 +12,13 @@
 // [B, KV, G]; output f32 [B, KV, G, D]. A (row, kv head) with no slot kept gets max -1e30, normalizer 0
 // and output 0.
 
-#include <atomic>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <cmath>
-#include <thread>
 #include <vector>
 
+#include "cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX512F__)
@@ -181,25 +181,11 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer 
   p.top = top->typed_data(), p.total = total->typed_data(), p.out = out->typed_data(), p.scale = scale;
 
 #if defined(__AVX512F__)
-  // Rows split over the intra-op pool's threads; this thread takes the first share.
-  const int64_t threads = pool.num_threads();
-  const int64_t parts = threads < 1 ? 1 : (threads < p.batch ? threads : p.batch);
-  std::atomic<int64_t> pending(parts - 1);
-  for (int64_t part = 1; part < parts; ++part) {
-    const int64_t begin = p.batch * part / parts, end = p.batch * (part + 1) / parts;
-    pool.Schedule([&p, &pending, rows, begin, end] {
-      rows(p, begin, end);
-      pending.fetch_sub(1, std::memory_order_release);
-    });
-  }
-  rows(p, 0, p.batch / parts);
-  for (int spins = 0; pending.load(std::memory_order_acquire) > 0; ++spins) {
-    if (spins < 4096) {
-      _mm_pause();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  // Rows split over the intra-op pool's threads.
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), p.batch));
+  jaxgrpo::ParallelFor(pool, parts, [&p, rows, parts](int64_t part) {
+    rows(p, p.batch * part / parts, p.batch * (part + 1) / parts);
+  });
 #endif
   return ffi::Error::Success();
 }

@@ -33,6 +33,9 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   (so with the row cache's slot i at distance P + i - s from prefix slot s for sliding windows).
   Each prompt's keys are then read once per step for all its rows, with their queries stacked
   into one product, and stored once.
+* Packed weights (a decode loop on CPU): `packed = model.pack_weights()` once before the loop, then
+  `model(..., packed_weights=packed)` multiplies by them through `cpu_matmul`'s kernel (bfloat16,
+  unsharded, AVX512-BF16; None elsewhere, where passing None changes nothing). No derivative.
 
 Logits are float32 whatever the compute dtype.
 
@@ -51,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxgrpo.models import cpu_attention
+from jaxgrpo.models import cpu_attention, cpu_matmul
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
@@ -85,6 +88,23 @@ class KVCache(NamedTuple):
             if x.dtype != dtype and (jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize != dtype.itemsize):
                 raise ValueError(f"KVCache.from_bits: {name} holds {x.dtype}, not the bits of {dtype}")
         return KVCache(_from_bits(self.k, dtype), _from_bits(self.v, dtype))
+
+
+class PackedWeights(NamedTuple):
+    """The weights a decode step multiplies by, packed for `cpu_matmul` (`Decoder.pack_weights`).
+
+    layers: {(module, parameter), e.g. ("attn", "q"): the layer stack packed}; unembedding: the output
+    projection packed, or None.
+    """
+
+    layers: dict[tuple[str, str], cpu_matmul.PackedWeight]
+    unembedding: cpu_matmul.PackedWeight | None
+
+
+# The layers' weights that multiply activations, with how many of their axes (after the layer axis)
+# the product contracts: q/k/v [E, heads, D], o [heads, D, E], gate/up [E, F], down [F, E].
+_PRODUCT_WEIGHTS = {("attn", "q"): 1, ("attn", "k"): 1, ("attn", "v"): 1, ("attn", "o"): 2,
+                    ("mlp", "gate"): 1, ("mlp", "up"): 1, ("mlp", "down"): 1}
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
@@ -306,12 +326,20 @@ def _as_stored_jvp(primals, tangents):
     return _as_stored(value, bits), value_dot
 
 
-def _layer_weights(params, stacks, index):
+def _layer_weights(params, stacks, index, packed=None):
     """Layer `index`'s weights: `params` (the scan's slices of the stacked weights), each narrow-float one
-    read from the bits of its stack in `stacks` (the whole stacked weights) inside the loop."""
-    leaves, treedef = jax.tree.flatten(params)
+    read from the bits of its stack in `stacks` (the whole stacked weights) inside the loop, and each one
+    named in `packed` (`PackedWeights.layers`) replaced by its packed stack at `index`."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    leaves = [leaf for _, leaf in with_paths]
     stack_leaves = treedef.flatten_up_to(stacks)
-    narrow = [i for i, x in enumerate(stack_leaves) if _is_narrow(x)]
+    if packed:
+        names = [tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey)) for path, _ in with_paths]
+        for i, name in enumerate(names):
+            if name in packed:
+                leaves[i] = packed[name].at(index)
+    narrow = [i for i, x in enumerate(stack_leaves)
+              if _is_narrow(x) and not isinstance(leaves[i], cpu_matmul.PackedWeight)]
     if narrow:
         frozen, index = _read_inside([jax.lax.stop_gradient(stack_leaves[i]) for i in narrow], index)
         for i, stack in zip(narrow, frozen):
@@ -334,10 +362,14 @@ def _take_rows_jvp(primals, tangents):
     return _take_rows(table, ids), table_dot[ids]
 
 
-def _product(spec: str, x: jax.Array, weight: jax.Array, dtype) -> jax.Array:
+def _product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
     """`einsum(spec, x, weight)` in `dtype`, accumulated and returned by the kernel in float32, then cast:
     XLA:CPU runs a bfloat16 x bfloat16 -> float32 product natively (AVX512-BF16), but converts both
-    operands to float32 for a bfloat16 result. The same rounding as a bfloat16 product on accelerators."""
+    operands to float32 for a bfloat16 result. The same rounding as a bfloat16 product on accelerators.
+    A `cpu_matmul.PackedWeight` (a decode's packed weights) multiplies through the CPU kernel, which
+    contracts x's trailing axes as every `spec` here does."""
+    if isinstance(weight, cpu_matmul.PackedWeight):
+        return weight.product(x).astype(dtype)
     return jnp.einsum(spec, x, weight.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
 
 
@@ -623,10 +655,27 @@ class Decoder(nnx.Module):
         weight = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
         return weight.astype(self.dtype)
 
-    @jax.named_scope("unembed")
-    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
+    def pack_weights(self) -> PackedWeights | None:
+        """The weights packed for a decode loop's one-token calls through `cpu_matmul` (pass them as
+        `packed_weights=`), or None where that kernel does not apply (see `cpu_matmul.use_for`).
+
+        An XLA computation, run once before the loop (a copy of the weights, 270 MB for SmolLM2)."""
+        if not cpu_matmul.use_for(self.dtype, active_mesh(self.embed[...])):
+            return None
+        layers = {name: cpu_matmul.pack(getattr(getattr(self.layers, name[0]), name[1])[...], in_dims)
+                  for name, in_dims in _PRODUCT_WEIGHTS.items()}
         if self.config.tie_word_embeddings:
+            unembedding = cpu_matmul.pack(self.embed[...][None], 1, out_first=True)
+        else:
+            unembedding = cpu_matmul.pack(self.lm_head[...][None], 1)
+        return PackedWeights(layers, unembedding)
+
+    @jax.named_scope("unembed")
+    def logits_from_hidden(self, hidden: jax.Array, packed_weights: PackedWeights | None = None) -> jax.Array:
+        """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
+        if packed_weights is not None and packed_weights.unembedding is not None:
+            logits = packed_weights.unembedding.product(hidden.astype(self.dtype))
+        elif self.config.tie_word_embeddings:
             # Contract the embedding's hidden axis in place: XLA:CPU transposes a bfloat16 [V, E] table in
             # float32 (58 against 8 ms a call for SmolLM2's at batch 32), a float32 one for free; and read
             # the table inside the decode loop, or XLA hoists a transposed copy of it out of the loop.
@@ -662,11 +711,13 @@ class Decoder(nnx.Module):
         kv_mask: jax.Array | None = None,
         prefix: KVCache | None = None,
         prefix_mask: jax.Array | None = None,
+        packed_weights: PackedWeights | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-normalized hidden states [B, T, E] and the updated cache (None without one).
 
         `branch_ids`: packed prompt groups, with `segment_ids` and `positions`; `prefix`/`prefix_mask`:
-        a shared prefix for a cached call (see the module docstring).
+        a shared prefix for a cached call (see the module docstring); `packed_weights`: this model's
+        `pack_weights()`, multiplied by instead of the parameters (no derivative).
         """
         c = self.config
         self._check_tokens(tokens)
@@ -754,7 +805,8 @@ class Decoder(nnx.Module):
 
         def layer(x, inputs):
             params, index, sliding = inputs
-            block = nnx.merge(graphdef, _layer_weights(params, layer_params, index))
+            block = nnx.merge(graphdef, _layer_weights(params, layer_params, index,
+                                                       packed_weights.layers if packed_weights else None))
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
@@ -779,13 +831,14 @@ class Decoder(nnx.Module):
         return rows(self.final_norm(stream(x))), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None,
-                 kv_mask=None, prefix=None, prefix_mask=None):
+                 kv_mask=None, prefix=None, prefix_mask=None, packed_weights=None):
         """Logits [B, T, V] float32; with `cache=`, `(logits, updated_cache)`."""
         hidden, new_cache = self.hidden_states(
             tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids,
             cache=cache, cache_index=cache_index, kv_mask=kv_mask, prefix=prefix, prefix_mask=prefix_mask,
+            packed_weights=packed_weights,
         )
-        logits = self.logits_from_hidden(hidden)
+        logits = self.logits_from_hidden(hidden, packed_weights)
         return logits if cache is None else (logits, new_cache)
 
     def token_logprobs(

@@ -1,0 +1,53 @@
+// Splitting a custom call's work over XLA:CPU's intra-op thread pool (shared by jaxgrpo's CPU kernels).
+#ifndef JAXGRPO_MODELS_CPU_PARALLEL_H_
+#define JAXGRPO_MODELS_CPU_PARALLEL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace jaxgrpo {
+
+// Runs body(part) for every part in [0, parts), on the calling thread and on up to parts - 1 of the
+// pool's threads, and returns when all have run. Every participant claims parts from one counter, the
+// caller included, so the caller only ever waits for parts that are running: XLA may run several custom
+// calls at once on the pool's threads, and a caller that waited for a task still queued behind them
+// would wait forever. Tasks that start after every part is claimed return at once; they share the
+// counter's ownership, so they never touch this call's stack after it returned.
+template <typename Body>
+void ParallelFor(xla::ffi::ThreadPool& pool, int64_t parts, const Body& body) {
+  struct Counter {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto counter = std::make_shared<Counter>();
+  auto work = [counter, parts, &body] {
+    for (int64_t part; (part = counter->next.fetch_add(1, std::memory_order_relaxed)) < parts;) {
+      body(part);
+      counter->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), parts - 1);
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work(); });
+  work();
+  for (int spins = 0; counter->done.load(std::memory_order_acquire) < parts; ++spins) {
+#if defined(__x86_64__)
+    if (spins < 4096) {
+      _mm_pause();
+      continue;
+    }
+#endif
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace jaxgrpo
+
+#endif  // JAXGRPO_MODELS_CPU_PARALLEL_H_
