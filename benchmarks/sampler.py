@@ -14,9 +14,10 @@
    per generated token it bounds the ratio a sampler built on these kernels can reach.
 
     python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity|floor] [--new-tokens 128]
-                                 [--dtype float32|bfloat16]
+                                 [--dtype float32|bfloat16] [--torch-dtype float32|bfloat16]
 
-`--dtype bfloat16` runs both samplers, and the floor's products, in bfloat16 (weights and compute).
+`--dtype bfloat16` runs both samplers, and the floor's products, in bfloat16 (weights and compute);
+`--torch-dtype` gives transformers another dtype than ours (float32 is its faster one on some CPUs).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from jaxgrpo.models.decoder import _product
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
 DTYPE = "float32"
+TORCH_DTYPE = None  # transformers' dtype: DTYPE unless --torch-dtype says otherwise
 
 TEXT = (
     "Reinforcement learning from verifiable rewards trains a language model by sampling several answers to "
@@ -94,7 +96,7 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
         import torch
 
         hf_model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                        dtype=getattr(torch, DTYPE))
+                                                        dtype=getattr(torch, TORCH_DTYPE or DTYPE))
         hf_model.eval()
         time_torch(hf_model, prompts, 0)  # warm-up
     time_ours(model, prompts, 0)  # compiles
@@ -105,7 +107,9 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
             theirs.append(tokens / time_torch(hf_model, prompts, repeat + 1))
         print(f"  run {repeat}: jaxgrpo {ours[-1]:.0f} tok/s" + (f", transformers {theirs[-1]:.0f} tok/s" if theirs else ""), flush=True)
     print(f"\n### Throughput: SmolLM2-135M-Instruct, {PROMPTS} prompts x G={SAMPLES}, {PROMPT_LENGTH}-token prompts, "
-          f"{NEW_TOKENS} new tokens, {DTYPE}, {jax.devices()[0].platform}\n")
+          f"{NEW_TOKENS} new tokens, {DTYPE}"
+          + (f" (transformers in {TORCH_DTYPE})" if TORCH_DTYPE not in (None, DTYPE) else "")
+          + f", {jax.devices()[0].platform}\n")
     print("| sampler | generated tokens/s (median) |")
     print("|---|---|")
     print(f"| jaxgrpo.sampler (jax {jax.__version__}) | {statistics.median(ours):.0f} |")
@@ -214,15 +218,17 @@ def floor(model, repeats: int, decode_step: float | None, theirs_per_token: floa
 
 
 def main() -> None:
-    global NEW_TOKENS, DTYPE
+    global NEW_TOKENS, DTYPE, TORCH_DTYPE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-torch", action="store_true", help="measure jaxgrpo only")
     parser.add_argument("--only", choices=("throughput", "capacity", "floor"), default=None)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="fewer for a quick indicative run")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=DTYPE, help="weights and compute, both sides")
+    parser.add_argument("--torch-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="transformers' dtype, if not --dtype (e.g. its fastest against our bfloat16)")
     args = parser.parse_args()
-    NEW_TOKENS, DTYPE = args.new_tokens, args.dtype
+    NEW_TOKENS, DTYPE, TORCH_DTYPE = args.new_tokens, args.dtype, args.torch_dtype
     model, tokenizer = jaxgrpo.models.load("smollm2-135m-instruct", dtype=jnp.dtype(DTYPE))
     theirs_per_token = decode_step = None
     if args.only in (None, "throughput"):
