@@ -42,15 +42,15 @@ template <int kRows>
 void Tile(const Product& p, int64_t block, int64_t row) {
   __m512 lo[kRows], hi[kRows];  // columns 0-15 and 16-31
   for (int i = 0; i < kRows; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
-  // Row r's k-th pair of bfloat16 values, as one 32-bit word.
+  // Row row + i's k-th pair of bfloat16 values is the 32-bit word x[i * pairs + k].
   const uint32_t* x = reinterpret_cast<const uint32_t*>(p.x + row * p.depth);
-  const int64_t pairs = p.depth / 2, stride = p.depth / 2;
+  const int64_t pairs = p.depth / 2;
   const uint16_t* w = p.w + block * pairs * 64;
   for (int64_t k = 0; k < pairs; ++k, w += 64) {
     const __m512bh w_lo = (__m512bh)_mm512_loadu_si512(w);
     const __m512bh w_hi = (__m512bh)_mm512_loadu_si512(w + 32);
     for (int i = 0; i < kRows; ++i) {
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * stride + k]));
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[i * pairs + k]));
       lo[i] = _mm512_dpbf16_ps(lo[i], w_lo, a);
       hi[i] = _mm512_dpbf16_ps(hi[i], w_hi, a);
     }

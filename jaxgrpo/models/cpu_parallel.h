@@ -37,9 +37,10 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t parts, const Body& body) {
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), parts - 1);
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work(); });
   work();
-  for (int spins = 0; counter->done.load(std::memory_order_acquire) < parts; ++spins) {
+  for (int spins = 0; counter->done.load(std::memory_order_acquire) < parts;) {
 #if defined(__x86_64__)
     if (spins < 4096) {
+      ++spins;
       _mm_pause();
       continue;
     }
