@@ -265,19 +265,25 @@ PROGRAMS = ["prefill", "decode", "decode-xla-products"]
 
 @pytest.fixture
 def products_of(monkeypatch):
-    """products_of(program): patches the decoder to XLA's products for "decode-xla-products" (recompiling)."""
+    """products_of(program): patches the decoder to XLA's products for "decode-xla-products"."""
+    patched = []
+
     def choose(program):
         if program == "decode" and not cpu_matmul.available():
             pytest.skip("cpu_matmul needs a C++ compiler and an AVX512-BF16 CPU")
         if program == "decode-xla-products":
             monkeypatch.setattr(cpu_matmul, "use_for", lambda *args: False)
-        jax.clear_caches()  # programs traced with the other choice must not be reused
+            jax.clear_caches()  # the programs traced with the kernel must not be reused
+            patched.append(program)
     yield choose
-    jax.clear_caches()
+    if patched:
+        jax.clear_caches()  # nor these, after the patch is undone
 
 
+@functools.lru_cache(maxsize=None)
 def _bfloat16_program(family, program):
-    """The parameters and compiled HLO text of a bfloat16 sampler's prefill or decode program."""
+    """The parameters and compiled HLO text of a bfloat16 sampler's prefill or decode program (`PROGRAMS`;
+    compiled once per family and program, with the products `products_of` chose)."""
     if program == "prefill":
         graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
         return state, sampler._prefill_jit.lower(graphdef, state, *args, layout=layout).compile().as_text()
