@@ -4,7 +4,7 @@
 // normalizer, unnormalized output) of its G queries over the cache slots below `live` that `mask`
 // keeps. The cache is read in place: XLA:CPU copies every dynamic slice that a product reads, and its
 // batched [G, D] x [D, S] products per (row, kv head) are small, so the chunked XLA form spent most of
-// a step there (docs/sampler.md). Built at first use by jaxgrpo/models/cpu_attention.py.
+// a step there (docs/sampler.md). Built at first use by jaxgrpo/models/cpu_kernels.py.
 //
 // Inputs: q f32 [B, KV, G, D]; k, v [L, B / share, KV, C, D] (bfloat16 bits as u16, or f32), row b
 // reading cache row b / share (a prompt cache shared by its samples has share = G samples); mask pred
@@ -12,7 +12,6 @@
 // [B, KV, G]; output f32 [B, KV, G, D]. A (row, kv head) with no slot kept gets max -1e30, normalizer 0
 // and output 0.
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <cmath>
@@ -182,10 +181,7 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer 
 
 #if defined(__AVX512F__)
   // Rows split over the intra-op pool's threads.
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), p.batch));
-  jaxgrpo::ParallelFor(pool, parts, [&p, rows, parts](int64_t part) {
-    rows(p, p.batch * part / parts, p.batch * (part + 1) / parts);
-  });
+  jaxgrpo::ParallelFor(pool, p.batch, [&p, rows](int64_t begin, int64_t end) { rows(p, begin, end); });
 #endif
   return ffi::Error::Success();
 }

@@ -1,9 +1,9 @@
 """Building, loading and registering jaxgrpo's C++ kernels for XLA:CPU (XLA FFI custom calls).
 
 The kernels (`cpu_attention.cc`, `cpu_matmul.cc` and their `cpu_parallel.h`, shipped as package data)
-are compiled together at first use with the C++ compiler (`$CXX`, else `g++`) for this machine (`-march=native`) into
-`$XDG_CACHE_HOME/jaxgrpo` (else `~/.cache/jaxgrpo`), keyed by the sources, the flags and the jax
-version, and each is registered as an XLA FFI target when this CPU has what it needs. Wherever a kernel
+are compiled together at first use with the C++ compiler (`$CXX`, else `g++`) for this machine
+(`-march=native`) into `$XDG_CACHE_HOME/jaxgrpo` (else `~/.cache/jaxgrpo`), keyed by the sources, the
+flags and the jax version, and each is registered as an XLA FFI target when this CPU has what it needs. Wherever a kernel
 cannot be built or used, the decoder runs its XLA form; `JAXGRPO_CPU_ATTENTION=0` and
 `JAXGRPO_CPU_MATMUL=0` turn the kernels off one by one.
 """

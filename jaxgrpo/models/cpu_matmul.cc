@@ -12,7 +12,6 @@
 // Inputs: x u16 [M, K] (bfloat16 bits); w u16 [L, N / 32, K / 2, 64] (L packed matrices, a layer
 // stack); layer s32 scalar (which of the L). Output: f32 [M, N]. The stack is read in place.
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cpu_parallel.h"
@@ -100,10 +99,7 @@ ffi::Error Multiply(ffi::ThreadPool pool, ffi::Buffer<ffi::U16> x, ffi::Buffer<f
   Product p{x.typed_data(), w.typed_data() + index * blocks * w_dims[2] * 64, out->typed_data(), x_dims[0],
             x_dims[1], blocks * 32};
   // Column blocks split over the intra-op pool's threads.
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), blocks));
-  jaxgrpo::ParallelFor(pool, parts, [&p, blocks, parts](int64_t part) {
-    Blocks(p, blocks * part / parts, blocks * (part + 1) / parts);
-  });
+  jaxgrpo::ParallelFor(pool, blocks, [&p](int64_t begin, int64_t end) { Blocks(p, begin, end); });
   return ffi::Error::Success();
 #else
   return ffi::Error::InvalidArgument("cpu_matmul: built for a CPU without AVX512-BF16");

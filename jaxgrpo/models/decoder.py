@@ -94,11 +94,11 @@ class PackedWeights(NamedTuple):
     """The weights a decode step multiplies by, packed for `cpu_matmul` (`Decoder.pack_weights`).
 
     layers: {(module, parameter), e.g. ("attn", "q"): the layer stack packed}; unembedding: the output
-    projection packed, or None.
+    projection packed.
     """
 
     layers: dict[tuple[str, str], cpu_matmul.PackedWeight]
-    unembedding: cpu_matmul.PackedWeight | None
+    unembedding: cpu_matmul.PackedWeight
 
 
 # The layers' weights that multiply activations, with how many of their axes (after the layer axis)
@@ -673,7 +673,7 @@ class Decoder(nnx.Module):
     @jax.named_scope("unembed")
     def logits_from_hidden(self, hidden: jax.Array, packed_weights: PackedWeights | None = None) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
-        if packed_weights is not None and packed_weights.unembedding is not None:
+        if packed_weights is not None:
             logits = packed_weights.unembedding.product(hidden.astype(self.dtype))
         elif self.config.tie_word_embeddings:
             # Contract the embedding's hidden axis in place: XLA:CPU transposes a bfloat16 [V, E] table in
