@@ -12,7 +12,7 @@ from flax import nnx
 from jaxgrpo.models import registry
 from jaxgrpo.models.config import DecoderConfig, from_gguf_metadata, from_hf_config
 from jaxgrpo.models.decoder import Decoder
-from jaxgrpo.models.tokenizer import load_tokenizer
+from jaxgrpo.models.tokenizer import load_tokenizer, tokenizer_from_gguf_metadata
 from jaxgrpo.models.weights import WeightFileError, decoder_params, read_gguf, read_safetensors
 
 
@@ -57,4 +57,5 @@ def load(source: str, dtype=jnp.float32, *, remat: bool = False):
     else:
         raise WeightFileError(f"{path} does not exist (expected a model directory, a .gguf file or a registered name)")
     model = decoder_from_params(config, decoder_params(tensors, config, path), dtype=dtype, remat=remat)
-    return model, load_tokenizer(path)
+    tokenizer = tokenizer_from_gguf_metadata(metadata, path) if path.endswith(".gguf") else load_tokenizer(path)
+    return model, tokenizer

@@ -82,11 +82,8 @@ def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         reader = GGUFReader(path)
     except Exception as error:  # gguf-py raises ValueError/struct errors on a bad header
         raise WeightFileError(f"cannot read GGUF file {path}: {error}") from error
-    metadata = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml."):
-            continue  # the vocabulary is the tokenizer's business, and large
-        metadata[key] = field.contents()
+    # Every key, the tokenizer's too (`tokenizer.*`): one read of the file serves the model and its tokenizer.
+    metadata = {key: field.contents() for key, field in reader.fields.items()}
     arch = metadata.get("general.architecture")
     ffn_norm = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
 
