@@ -7,7 +7,7 @@ holds those two files as the TFDS manual directory::
 
     builder = Gsm8k(data_dir=prepared_dir, file_format="array_record")
     builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir="../shared/data/gsm8k"))
+        download_config=tfds.download.DownloadConfig(manual_dir="path/to/gsm8k_jsonl"))
     test = builder.as_data_source("test")
 
 Each example holds ``question``, ``solution`` (the full reference solution,

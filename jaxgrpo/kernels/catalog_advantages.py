@@ -1,4 +1,4 @@
-"""Catalog advantage estimators (METHODS.md §2, items 8-19) and the off-policy REINFORCE losses.
+"""Advantage estimators of the GRPO-family papers beyond the baselines, and the off-policy REINFORCE losses.
 
 Every estimator follows the outcome-estimator contract::
 
@@ -431,7 +431,7 @@ def dgpo_question_weights(rewards, group_ids, *, num_groups: int, valid=None, te
 
     Args:
       rewards: f32[N], the accuracy reward (the code uses the first reward function).
-      temperature: T=2 (METHODS.md; code `dgpo_dqw_temp`).
+      temperature: T=2 (the authors' code, `dgpo_dqw_temp`).
 
     Paper: Dai et al., "Harder Is Better" (2026); code MathForge 83edda0.
     """
@@ -701,7 +701,7 @@ def riskpo(
     Args:
       bundle_ids: i32[N] bundle of each row (all rows of a question share it).
       num_bundles: range of bundle ids (static); defaults to num_groups.
-      quantile_low, quantile_high: a=0.2, b=0.9 (METHODS.md, from the scripts).
+      quantile_low, quantile_high: a=0.2, b=0.9 (the authors' training scripts).
       cvar_weight: w=1.5.
       tracked_quantiles: optional (q_a, q_b) tracked across steps by the
         trainer; averaged with the batch quantiles (the code's "mix" mode).

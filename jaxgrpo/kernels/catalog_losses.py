@@ -408,8 +408,8 @@ def hapo_entropy_scale(entropy, mask, *, pivot_quantile: float = 0.8, eps: float
     0 where masked.
 
     The reference code divides the negatives by their (negative) minimum,
-    which flips their sign; we follow the paper and METHODS.md ("rescaled to
-    [-1, 1]", h = -1 widens the low clip) and keep the sign.
+    which flips their sign; we follow the paper ("rescaled to [-1, 1]",
+    h = -1 widens the low clip) and keep the sign.
     """
     entropy = check_floating("entropy", entropy)
     check_token_inputs(entropy=entropy, mask=jnp.asarray(mask, entropy.dtype))

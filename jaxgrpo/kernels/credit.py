@@ -236,7 +236,7 @@ def segment_advantages(boundaries, values, mask) -> Array:
 
     Papers: Guo et al., "Segment Policy Optimization" (SPO, 2025); GRPO-VPS
     (2025). Thresholds and the combination with outcome advantages are left
-    to the caller (unverified in METHODS.md).
+    to the caller (the papers leave them unspecified).
     """
     boundaries = check_integer("boundaries", boundaries)
     check_rank("boundaries", boundaries, 2, "[N, K]")

@@ -1,6 +1,6 @@
 """Experimental kernels: documented reconstructions of catalog methods whose formula is unverified.
 
-These are the `[U]` methods of METHODS.md §2: their papers' abstracts describe
+These are the catalog's unverified methods: their papers' abstracts describe
 the idea, but no formula could be checked against the authors' code. Each
 kernel here implements one explicit reading of the abstract, is registered
 under an `experimental/` name (so `KernelInfo.experimental` is True), and its
@@ -320,8 +320,8 @@ def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
     keeps solved and hopeless prompts reachable.
 
     Reconstructed from the abstract ("the persistent value tracker naturally
-    enables an adaptive curriculum via prioritized sampling") and METHODS.md
-    ("priority ∝ sqrt(v(1-v))"); the floor 0.05 is unverified.
+    enables an adaptive curriculum via prioritized sampling"), read as
+    priority ∝ sqrt(v(1-v)); the floor 0.05 is unverified.
 
     Args:
       values: f32[P] tracked success rates (`SPOTrackerState.value`).
@@ -741,8 +741,7 @@ def trapo_selection(
     unlabeled prompts) over the last E epochs. Keep u if it is in the top
     `top_fraction` by similarity or has sim_u >= `min_similarity`.
 
-    The rule "top-10% ∪ sim ≥ 0.4" is from METHODS.md (checked against the
-    TraPO repository by the catalog's authors); the aggregation over labeled
+    The rule "top-10% ∪ sim ≥ 0.4" is the TraPO repository's; the aggregation over labeled
     prompts (mean cosine) is our reading and unverified.
 
     Args:

@@ -63,7 +63,7 @@ def s_grpo_serial_rewards(correct, *, exit_mask=None) -> Array:
       exit_mask: optional f32[N, K], 1 for exits that exist.
 
     Paper: Dai et al., "S-GRPO" (2025). [A + third-party re-implementation;
-    the exact decay rule is unverified in METHODS.md.]
+    the exact decay rule is unverified.]
     """
     correct = check_floating("correct", correct)
     check_rank("correct", correct, 2, "[N, K]")

@@ -69,7 +69,7 @@ def knapsack_allocation(
         128 are our defaults (the paper reports up to 93 rollouts for hard
         prompts; its exact bounds are unverified).
       gain: optional [M] g_i. The paper multiplies by an information-gain term
-        whose exact form METHODS.md could not verify, so it is the caller's.
+        whose exact form the paper does not give, so it is the caller's.
 
     Returns:
       int64[M] allocation summing to `budget`.
