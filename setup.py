@@ -12,6 +12,8 @@ CORE = [
     "numpy>=1.26,<3",
     "transformers==5.23.0",
     "tokenizers>=0.21",
+    # Chat templates are Jinja; transformers imports it only when a template is rendered.
+    "jinja2>=3.1",
     "safetensors>=0.4",
     "gguf==0.19.0",
     "tensorflow-datasets==4.9.10",
