@@ -13,22 +13,40 @@ An experiment is a small Python file with a `config()` function returning a
 
 Any field can be overridden on the command line with dotted keys, e.g.
 ``--set optimizer.lr=1e-6 group_size=8 loss_kwargs.eps_high=0.28``. An unknown
-key is an error that lists the valid ones.
+key is an error that lists the valid ones, and so is assigning a field that does
+not exist (``c.group_sise = 4``).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import importlib.util
 import os
 import types
 import typing
 from typing import Any
 
+class _Fields:
+    """Base of the config sections: assigning an attribute that is not a field is an error.
+
+    A plain dataclass would silently keep `c.group_sise = 4` as a new attribute that
+    nothing reads. Copies, pickles and `dataclasses.replace` do not go through
+    `__setattr__` with unknown names, so they work as for any dataclass.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = self.__dataclass_fields__
+        if name not in fields and not isinstance(getattr(type(self), name, None), property):
+            close = difflib.get_close_matches(name, fields, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid fields: {', '.join(fields)}"
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}; {hint}")
+        super().__setattr__(name, value)
+
 
 @dataclasses.dataclass
-class TaskConfig:
+class TaskConfig(_Fields):
     """Which task to train on (see `jaxgrpo.data.get_task`)."""
 
     name: str = "arithmetic"
@@ -41,7 +59,7 @@ class TaskConfig:
 
 
 @dataclasses.dataclass
-class SamplingConfig:
+class SamplingConfig(_Fields):
     """How completions are sampled during training (see `jaxgrpo.sampler`)."""
 
     temperature: float = 1.0
@@ -53,7 +71,7 @@ class SamplingConfig:
 
 
 @dataclasses.dataclass
-class OptimizerConfig:
+class OptimizerConfig(_Fields):
     """AdamW with linear warm-up then constant learning rate, and global-norm clipping."""
 
     lr: float = 1e-6
@@ -67,7 +85,7 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass
-class MeshConfig:
+class MeshConfig(_Fields):
     """Device mesh shape; -1 takes every remaining device."""
 
     data: int = -1
@@ -76,7 +94,7 @@ class MeshConfig:
 
 
 @dataclasses.dataclass
-class Config:
+class Config(_Fields):
     """Everything a GRPO-family run needs. Defaults are GRPO's (DeepSeekMath, verl)."""
 
     # What to train.

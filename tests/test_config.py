@@ -1,6 +1,9 @@
 """The config system: experiment files, command-line overrides and their errors."""
 
+import copy
+import dataclasses
 import os
+import pickle
 import subprocess
 import sys
 
@@ -89,3 +92,28 @@ def test_cli_errors_are_one_line(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(lines) == 1 and lines[0].startswith("jaxgrpo-train: error:"), (args, lines)
         assert all(n in lines[0] for n in needles), (args, lines[0])
+
+
+# -- nothing a user gives is silently wrong or lost ------------------------------------
+
+
+def test_misspelt_field_names_the_closest_one():
+    """`c.group_sise = 4` used to be kept as a new attribute that nothing read."""
+    cfg = Config()
+    with pytest.raises(AttributeError, match=r"^Config has no field 'group_sise'; did you mean 'group_size'\?$"):
+        cfg.group_sise = 4
+    with pytest.raises(AttributeError, match=r"^SamplingConfig has no field 'temprature'; did you mean 'temperature'\?$"):
+        cfg.sampling.temprature = 0.7
+    with pytest.raises(AttributeError, match="MeshConfig has no field 'zzz'; valid fields: data, fsdp, model"):
+        cfg.mesh.zzz = 2
+    assert not hasattr(cfg, "group_sise")
+
+
+def test_configs_still_copy_pickle_and_replace():
+    cfg = apply_overrides(Config(), ["optimizer.lr=2e-6", "loss_kwargs.eps_high=0.28", "group_size=4"])
+    expected = dataclasses.asdict(cfg)
+    for twin in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert dataclasses.asdict(twin) == expected
+        twin.group_size = 2  # assignment of real fields still works on the copies
+    replaced = dataclasses.replace(cfg, group_size=2)
+    assert replaced.group_size == 2 and replaced.optimizer.lr == 2e-6 and cfg.group_size == 4
