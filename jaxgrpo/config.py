@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import importlib.util
 import os
+import traceback
 import types
 import typing
 from typing import Any
@@ -261,18 +262,42 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
+class ExperimentError(Exception):
+    """An experiment file failed to run: its message names the file, the line and the error."""
+
+
+def _error_in_file(error: BaseException, path: str) -> ExperimentError:
+    """`error`, raised while running the experiment file `path`, as one line pointing into that file."""
+    if isinstance(error, SyntaxError):
+        return ExperimentError(f"{path} line {error.lineno}: {error.msg}")
+    here = os.path.abspath(path)
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if os.path.abspath(frame.filename) == here]
+    where = f"{path} line {lines[-1]}" if lines else path
+    return ExperimentError(f"{where}: {type(error).__name__}: {error}")
+
+
 def load_experiment(path: str) -> Config:
-    """Runs an experiment file and returns the `Config` its `config()` function builds."""
+    """Runs an experiment file and returns the `Config` its `config()` function builds.
+
+    An exception raised by the file's own code (a syntax error, a misspelt field, a
+    KeyError in `config()`) becomes an `ExperimentError` naming the file and line.
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"experiment file {path!r} not found (expected a Python file defining config())")
     name = "jaxgrpo_experiment_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise _error_in_file(e, path) from e
     build = getattr(module, "config", None)
     if not callable(build):
         raise AttributeError(f"{path} must define a function config() -> jaxgrpo.config.Config")
-    cfg = build()
+    try:
+        cfg = build()
+    except Exception as e:
+        raise _error_in_file(e, path) from e
     if not isinstance(cfg, Config):
         raise TypeError(f"config() in {path} must return a jaxgrpo.config.Config, got {type(cfg).__name__}")
     return cfg

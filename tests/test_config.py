@@ -6,10 +6,11 @@ import os
 import pickle
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
-from jaxgrpo.config import Config, apply_overrides, load_experiment, valid_keys, validate
+from jaxgrpo.config import Config, ExperimentError, apply_overrides, load_experiment, valid_keys, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py"))
@@ -117,3 +118,32 @@ def test_configs_still_copy_pickle_and_replace():
         twin.group_size = 2  # assignment of real fields still works on the copies
     replaced = dataclasses.replace(cfg, group_size=2)
     assert replaced.group_size == 2 and replaced.optimizer.lr == 2e-6 and cfg.group_size == 4
+
+
+def _experiment(tmp_path, body, name="x.py"):
+    path = tmp_path / name
+    path.write_text("from jaxgrpo.config import Config\n\n\ndef config():\n" + textwrap.indent(textwrap.dedent(body), "    "))
+    return str(path)
+
+
+def test_misspelt_field_in_an_experiment_file_points_at_its_line(tmp_path):
+    path = _experiment(tmp_path, "c = Config()\nc.group_sise = 4\nreturn c\n")
+    with pytest.raises(ExperimentError) as error:
+        load_experiment(path)
+    assert str(error.value) == (f"{path} line 6: AttributeError: Config has no field 'group_sise'; "
+                                "did you mean 'group_size'?")
+
+
+def test_syntax_error_in_an_experiment_file_is_one_line(tmp_path):
+    path = _experiment(tmp_path, "c = Config()\nc.group_size = = 4\nreturn c\n")
+    with pytest.raises(ExperimentError) as error:
+        load_experiment(path)
+    assert str(error.value) == f"{path} line 6: invalid syntax"
+
+
+def test_error_raised_in_config_names_its_type_and_line(tmp_path):
+    path = _experiment(tmp_path, "c = Config()\nc.group_size = {'a': 4}['b']\nreturn c\n")
+    with pytest.raises(ExperimentError) as error:
+        load_experiment(path)
+    assert str(error.value) == f"{path} line 6: KeyError: 'b'"
+    assert isinstance(error.value.__cause__, KeyError)  # the original stays attached for debugging
