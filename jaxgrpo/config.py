@@ -374,7 +374,8 @@ def _check_types(cfg: Any, prefix: str = "") -> None:
         union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
         allowed = typing.get_args(annotation) if union else (annotation,)
         if not any(_is_a(value, a) for a in allowed):
-            names = " or ".join("None" if a is type(None) else "a finite float" if a is float else a.__name__ for a in allowed)
+            names = " or ".join(
+                "None" if a is type(None) else "a finite float" if a is float else a.__name__ for a in allowed)
             raise ValueError(f"{key} must be {names}, got {type(value).__name__} {value!r}")
 
 
@@ -398,7 +399,8 @@ def _check_ranges(cfg: Config) -> None:
         (o.eps > 0, f"optimizer.eps must be > 0 (it keeps Adam's division finite), got {o.eps}"),
         (o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}"),
         (o.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {o.warmup_steps}"),
-        (o.max_grad_norm > 0, f"optimizer.max_grad_norm must be > 0 (the global-norm clipping threshold), got {o.max_grad_norm}"),
+        (o.max_grad_norm > 0,
+         f"optimizer.max_grad_norm must be > 0 (the global-norm clipping threshold), got {o.max_grad_norm}"),
         (cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}"),
         (cfg.num_epochs >= 1, f"num_epochs must be >= 1, got {cfg.num_epochs}"),
         (cfg.num_minibatches >= 1, f"num_minibatches must be >= 1, got {cfg.num_minibatches}"),
@@ -406,14 +408,16 @@ def _check_ranges(cfg: Config) -> None:
          f"micro_batch_size must be >= 1, or none for whole minibatches, got {cfg.micro_batch_size}"),
         (cfg.aggregation_max_len is None or cfg.aggregation_max_len >= 1,
          f"aggregation_max_len must be >= 1, or none for sampling.max_new_tokens, got {cfg.aggregation_max_len}"),
-        (cfg.kl_coef >= 0, f"kl_coef must be >= 0 (a negative coefficient rewards drifting from the reference), got {cfg.kl_coef}"),
+        (cfg.kl_coef >= 0,
+         f"kl_coef must be >= 0 (a negative coefficient rewards drifting from the reference), got {cfg.kl_coef}"),
         (cfg.value_coef >= 0, f"value_coef must be >= 0, got {cfg.value_coef}"),
         (0 <= cfg.gae_gamma <= 1, f"gae_gamma must be in [0, 1], got {cfg.gae_gamma}"),
         (0 <= cfg.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {cfg.gae_lambda}"),
         (cfg.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {cfg.max_sampling_rounds}"),
         (cfg.warmup_sft_steps >= 0, f"warmup_sft_steps must be >= 0, got {cfg.warmup_sft_steps}"),
         (cfg.warmup_sft_lr > 0, f"warmup_sft_lr must be > 0, got {cfg.warmup_sft_lr}"),
-        (cfg.task.num_eval_examples >= 0, f"task.num_eval_examples must be >= 0 (0 = no evaluation), got {cfg.task.num_eval_examples}"),
+        (cfg.task.num_eval_examples >= 0,
+         f"task.num_eval_examples must be >= 0 (0 = no evaluation), got {cfg.task.num_eval_examples}"),
         (cfg.eval_every >= 0, f"eval_every must be >= 0 (0 = no evaluation), got {cfg.eval_every}"),
         (cfg.eval_pass_k >= 1, f"eval_pass_k must be >= 1, got {cfg.eval_pass_k}"),
         (cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = no checkpoints), got {cfg.checkpoint_every}"),
@@ -421,8 +425,8 @@ def _check_ranges(cfg: Config) -> None:
         (cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}"),
         *((size == -1 or size >= 1, f"mesh.{axis} must be -1 (every remaining device) or >= 1, got {size}")
           for axis, size in mesh.items()),
-        (list(mesh.values()).count(-1) <= 1,
-         f"at most one mesh axis may be -1 (take the remaining devices), got {', '.join(f'{a}={n}' for a, n in mesh.items())}"),
+        (list(mesh.values()).count(-1) <= 1, "at most one mesh axis may be -1 (take the remaining devices), got "
+         + ", ".join(f"{axis}={size}" for axis, size in mesh.items())),
     ]
     for ok, message in rules:
         if not ok:
