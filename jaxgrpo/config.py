@@ -276,12 +276,13 @@ class ExperimentError(Exception):
 
 def _error_in_file(error: BaseException, path: str) -> ExperimentError:
     """`error`, raised while running the experiment file `path`, as one line pointing into that file."""
-    if isinstance(error, SyntaxError):
-        return ExperimentError(f"{path} line {error.lineno}: {error.msg}")
     here = os.path.abspath(path)
+    if isinstance(error, SyntaxError) and os.path.abspath(error.filename or "") == here:
+        return ExperimentError(f"{path} line {error.lineno}: {error.msg}")
     lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if os.path.abspath(frame.filename) == here]
     where = f"{path} line {lines[-1]}" if lines else path
-    return ExperimentError(f"{where}: {type(error).__name__}: {error}")
+    message = " ".join(str(error).splitlines())  # one line, whatever the user's exception says
+    return ExperimentError(f"{where}: {type(error).__name__}: {message}")
 
 
 def load_experiment(path: str) -> Config:
