@@ -41,15 +41,16 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     args = parser.parse_args(argv)
 
-    from jaxgrpo.config import apply_overrides, load_experiment, to_dict, validate
+    from jaxgrpo.config import ExperimentError, apply_overrides, load_experiment, to_dict, validate
 
+    # Every mistake in the experiment file or the overrides is reported here, in one line, before a model is built.
     try:
         cfg = load_experiment(args.experiment)
         apply_overrides(cfg, args.set)
         if args.run_dir:
             cfg.run_dir = args.run_dir
         validate(cfg)
-    except (FileNotFoundError, AttributeError, TypeError, KeyError, ValueError) as e:
+    except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxgrpo-train: error: {message}", file=sys.stderr)
         return 2

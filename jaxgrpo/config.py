@@ -13,22 +13,49 @@ An experiment is a small Python file with a `config()` function returning a
 
 Any field can be overridden on the command line with dotted keys, e.g.
 ``--set optimizer.lr=1e-6 group_size=8 loss_kwargs.eps_high=0.28``. An unknown
-key is an error that lists the valid ones.
+key is an error that lists the valid ones, and so is assigning a field that does
+not exist (``c.group_sise = 4``). `validate` checks every value before anything
+heavy is built.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import importlib.util
+import inspect
+import math
+import numbers
 import os
+import traceback
 import types
 import typing
 from typing import Any
 
+#: Parameter dtypes a policy can be built in (`jaxgrpo.trainer.build_model`).
+DTYPES = ("float32", "bfloat16")
+
+
+class _Fields:
+    """Base of the config sections: assigning an attribute that is not a field is an error.
+
+    A plain dataclass would silently keep `c.group_sise = 4` as a new attribute that
+    nothing reads. Copies, pickles and `dataclasses.replace` do not go through
+    `__setattr__` with unknown names, so they work as for any dataclass.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = self.__dataclass_fields__
+        if name not in fields and not isinstance(getattr(type(self), name, None), property):
+            close = difflib.get_close_matches(name, fields, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid fields: {', '.join(fields)}"
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}; {hint}")
+        super().__setattr__(name, value)
+
 
 @dataclasses.dataclass
-class TaskConfig:
+class TaskConfig(_Fields):
     """Which task to train on (see `jaxgrpo.data.get_task`)."""
 
     name: str = "arithmetic"
@@ -41,7 +68,7 @@ class TaskConfig:
 
 
 @dataclasses.dataclass
-class SamplingConfig:
+class SamplingConfig(_Fields):
     """How completions are sampled during training (see `jaxgrpo.sampler`)."""
 
     temperature: float = 1.0
@@ -53,7 +80,7 @@ class SamplingConfig:
 
 
 @dataclasses.dataclass
-class OptimizerConfig:
+class OptimizerConfig(_Fields):
     """AdamW with linear warm-up then constant learning rate, and global-norm clipping."""
 
     lr: float = 1e-6
@@ -67,7 +94,7 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass
-class MeshConfig:
+class MeshConfig(_Fields):
     """Device mesh shape; -1 takes every remaining device."""
 
     data: int = -1
@@ -76,7 +103,7 @@ class MeshConfig:
 
 
 @dataclasses.dataclass
-class Config:
+class Config(_Fields):
     """Everything a GRPO-family run needs. Defaults are GRPO's (DeepSeekMath, verl)."""
 
     # What to train.
@@ -243,27 +270,58 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
+class ExperimentError(Exception):
+    """An experiment file failed to run: its message names the file, the line and the error."""
+
+
+def _error_in_file(error: BaseException, path: str) -> ExperimentError:
+    """`error`, raised while running the experiment file `path`, as one line pointing into that file."""
+    here = os.path.abspath(path)
+    if isinstance(error, SyntaxError) and os.path.abspath(error.filename or "") == here:
+        return ExperimentError(f"{path} line {error.lineno}: {error.msg}")
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if os.path.abspath(frame.filename) == here]
+    where = f"{path} line {lines[-1]}" if lines else path
+    message = " ".join(str(error).splitlines())  # one line, whatever the user's exception says
+    return ExperimentError(f"{where}: {type(error).__name__}: {message}")
+
+
 def load_experiment(path: str) -> Config:
-    """Runs an experiment file and returns the `Config` its `config()` function builds."""
+    """Runs an experiment file and returns the `Config` its `config()` function builds.
+
+    An exception raised by the file's own code (a syntax error, a misspelt field, a
+    KeyError in `config()`) becomes an `ExperimentError` naming the file and line.
+    """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"experiment file {path!r} not found (expected a Python file defining config())")
     name = "jaxgrpo_experiment_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise _error_in_file(e, path) from e
     build = getattr(module, "config", None)
     if not callable(build):
         raise AttributeError(f"{path} must define a function config() -> jaxgrpo.config.Config")
-    cfg = build()
+    try:
+        cfg = build()
+    except Exception as e:
+        raise _error_in_file(e, path) from e
     if not isinstance(cfg, Config):
         raise TypeError(f"config() in {path} must return a jaxgrpo.config.Config, got {type(cfg).__name__}")
     return cfg
 
 
 def validate(cfg: Config, num_devices: int | None = None) -> None:
-    """Checks that the batch shapes fit together; errors say what to change."""
+    """Checks every value of `cfg` before anything heavy is built; each error names the field and the fix.
+
+    Types first, then ranges, then how the batch shapes fit together, then the kernels the method
+    names (registered names, and their keyword arguments against the kernels' signatures).
+    """
+    _check_types(cfg)
     if cfg.group_size < 1 or cfg.prompts_per_step < 1:
         raise ValueError(f"group_size and prompts_per_step must be >= 1, got {cfg.group_size} and {cfg.prompts_per_step}")
+    _check_ranges(cfg)
     if cfg.batch_size % cfg.num_minibatches:
         raise ValueError(
             f"batch size prompts_per_step*group_size={cfg.batch_size} is not divisible by "
@@ -294,6 +352,141 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         )
     if cfg.steps < 0:
         raise ValueError(f"steps must be >= 0, got {cfg.steps}")
+    _check_kernels(cfg)
+
+
+def _is_a(value: Any, annotation: Any) -> bool:
+    """Whether `value` fits a field annotated `annotation`: an int is a float, a bool is no number."""
+    if annotation is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _check_types(cfg: Any, prefix: str = "") -> None:
+    """Each field of `cfg` (recursively) holds a value of its annotated type; floats are finite."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, key, annotation = getattr(cfg, f.name), prefix + f.name, hints[f.name]
+        if dataclasses.is_dataclass(value) and isinstance(value, annotation):
+            _check_types(value, key + ".")
+            continue
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        allowed = typing.get_args(annotation) if union else (annotation,)
+        if not any(_is_a(value, a) for a in allowed):
+            names = " or ".join(
+                "None" if a is type(None) else "a finite float" if a is float else a.__name__ for a in allowed)
+            raise ValueError(f"{key} must be {names}, got {type(value).__name__} {value!r}")
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Each number lies in the range where it means something."""
+    s, o = cfg.sampling, cfg.optimizer
+    mesh = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "model": cfg.mesh.model}
+    rules = [
+        (s.temperature > 0,
+         f"sampling.temperature must be > 0 for training, got {s.temperature}: temperature 0 is greedy sampling, which "
+         "makes every completion of a group identical, so group-relative advantages are all zero; use e.g. 1.0 "
+         "(greedy decoding is for evaluation)"),
+        (s.top_k >= 0, f"sampling.top_k must be >= 0 (0 disables it), got {s.top_k}"),
+        (0 < s.top_p <= 1, f"sampling.top_p must be in (0, 1] (1 disables it), got {s.top_p}"),
+        (0 <= s.min_p < 1, f"sampling.min_p must be in [0, 1) (0 disables it), got {s.min_p}"),
+        (s.max_new_tokens >= 1, f"sampling.max_new_tokens must be >= 1, got {s.max_new_tokens}"),
+        (s.max_prompt_len >= 1, f"sampling.max_prompt_len must be >= 1, got {s.max_prompt_len}"),
+        (o.lr > 0, f"optimizer.lr must be > 0, got {o.lr}: a negative rate climbs the loss instead of descending it"),
+        (0 <= o.b1 < 1, f"optimizer.b1 must be in [0, 1) (Adam's first-moment decay), got {o.b1}"),
+        (0 <= o.b2 < 1, f"optimizer.b2 must be in [0, 1) (Adam's second-moment decay), got {o.b2}"),
+        (o.eps > 0, f"optimizer.eps must be > 0 (it keeps Adam's division finite), got {o.eps}"),
+        (o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}"),
+        (o.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {o.warmup_steps}"),
+        (o.max_grad_norm > 0,
+         f"optimizer.max_grad_norm must be > 0 (the global-norm clipping threshold), got {o.max_grad_norm}"),
+        (cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}"),
+        (cfg.num_epochs >= 1, f"num_epochs must be >= 1, got {cfg.num_epochs}"),
+        (cfg.num_minibatches >= 1, f"num_minibatches must be >= 1, got {cfg.num_minibatches}"),
+        (cfg.micro_batch_size is None or cfg.micro_batch_size >= 1,
+         f"micro_batch_size must be >= 1, or none for whole minibatches, got {cfg.micro_batch_size}"),
+        (cfg.aggregation_max_len is None or cfg.aggregation_max_len >= 1,
+         f"aggregation_max_len must be >= 1, or none for sampling.max_new_tokens, got {cfg.aggregation_max_len}"),
+        (cfg.kl_coef >= 0,
+         f"kl_coef must be >= 0 (a negative coefficient rewards drifting from the reference), got {cfg.kl_coef}"),
+        (cfg.value_coef >= 0, f"value_coef must be >= 0, got {cfg.value_coef}"),
+        (0 <= cfg.gae_gamma <= 1, f"gae_gamma must be in [0, 1], got {cfg.gae_gamma}"),
+        (0 <= cfg.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {cfg.gae_lambda}"),
+        (cfg.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {cfg.max_sampling_rounds}"),
+        (cfg.warmup_sft_steps >= 0, f"warmup_sft_steps must be >= 0, got {cfg.warmup_sft_steps}"),
+        (cfg.warmup_sft_lr > 0, f"warmup_sft_lr must be > 0, got {cfg.warmup_sft_lr}"),
+        (cfg.task.num_eval_examples >= 0,
+         f"task.num_eval_examples must be >= 0 (0 = no evaluation), got {cfg.task.num_eval_examples}"),
+        (cfg.eval_every >= 0, f"eval_every must be >= 0 (0 = no evaluation), got {cfg.eval_every}"),
+        (cfg.eval_pass_k >= 1, f"eval_pass_k must be >= 1, got {cfg.eval_pass_k}"),
+        (cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = no checkpoints), got {cfg.checkpoint_every}"),
+        (cfg.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {cfg.keep_checkpoints}"),
+        (cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}"),
+        *((size == -1 or size >= 1, f"mesh.{axis} must be -1 (every remaining device) or >= 1, got {size}")
+          for axis, size in mesh.items()),
+        (list(mesh.values()).count(-1) <= 1, "at most one mesh axis may be -1 (take the remaining devices), got "
+         + ", ".join(f"{axis}={size}" for axis, size in mesh.items())),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
+
+
+# What the trainer passes the kernels itself, so these are no `loss_kwargs` / `advantage_kwargs` keys: a loss gets
+# (logp, old_logp, advantages, mask) by position (`trainer.make_loss_fn`); an advantage estimator gets (rewards,
+# group_ids) by position, then `num_groups`, `valid` and, when it accepts them, the batch's `reward_weights`,
+# `lengths` and `seq_logp` (`Trainer.advantages`).
+LOSS_POSITIONAL_ARGS = 4
+ADVANTAGE_POSITIONAL_ARGS = 2
+TRAINER_ADVANTAGE_KWARGS = ("num_groups", "valid", "reward_weights", "lengths", "seq_logp")
+
+
+def _registered(kind: str, name: Any, field: str):
+    """The kernel of `kind` registered under `name`, else an error listing the registered names."""
+    from jaxgrpo import kernels
+
+    names = [k.name for k in kernels.list_kernels(kind)]
+    if name not in names:
+        raise ValueError(f"{field}={name!r} is not a registered {kind} kernel; valid names: {', '.join(names)}")
+    return kernels.get(kind, name)
+
+
+def _check_kwargs(kernel, kwargs: dict, field: str, what: str, positional: int, supplied: tuple = ()) -> None:
+    """`kwargs` are keyword arguments of `kernel`, and with what the trainer supplies they cover the required ones."""
+    signature = list(inspect.signature(kernel).parameters.values())
+    parameters = [p for p in signature[positional:] if p.name not in supplied]
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return  # it takes any keyword
+    keywords = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in keywords:
+            problem = "is passed by the trainer itself" if key in {p.name for p in signature} else "is not an argument"
+            raise ValueError(f"{field} key {key!r} {problem} of {what}; valid keys: {', '.join(keywords) or '(none)'}")
+    missing = [p.name for p in parameters if p.default is p.empty and p.name in keywords and p.name not in kwargs]
+    if missing:
+        raise ValueError(f"{what} needs {', '.join(missing)}, which the trainer does not pass; set them in {field} "
+                         "or pick another kernel")
+
+
+def _check_kernels(cfg: Config) -> None:
+    """The kernels the method names are registered, and their keyword arguments are theirs."""
+    from jaxgrpo import kernels
+
+    loss = _registered("loss", cfg.loss, "loss")
+    _check_kwargs(loss, cfg.loss_kwargs, "loss_kwargs", f"loss {cfg.loss!r}", LOSS_POSITIONAL_ARGS)
+    if not cfg.value_head:  # with a value head, GAE replaces the advantage estimator
+        advantage = _registered("advantage", cfg.advantage, "advantage")
+        _check_kwargs(advantage, cfg.advantage_kwargs, "advantage_kwargs", f"advantage {cfg.advantage!r}",
+                      ADVANTAGE_POSITIONAL_ARGS, TRAINER_ADVANTAGE_KWARGS)
+    if cfg.loss_mask is not None:
+        _registered("mask", cfg.loss_mask, "loss_mask")
+    if cfg.aggregation not in kernels.AGGREGATION_MODES:
+        raise ValueError(f"aggregation={cfg.aggregation!r} is not an aggregation mode; valid modes: "
+                         f"{', '.join(kernels.AGGREGATION_MODES)}")
+    if cfg.kl_kind not in kernels.KL_KINDS:
+        raise ValueError(f"kl_kind={cfg.kl_kind!r} is not a KL estimator; valid kinds: {', '.join(kernels.KL_KINDS)}")
 
 
 def to_dict(cfg: Config) -> dict:

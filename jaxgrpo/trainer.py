@@ -40,7 +40,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import kernels, sampler
-from jaxgrpo.config import Config, OptimizerConfig, validate
+from jaxgrpo.config import DTYPES, Config, OptimizerConfig, validate
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.models import packing
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
@@ -160,7 +160,8 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
         per_token, metrics = policy_loss(logp, batch.old_logp, batch.advantages, mask, **cfg.loss_kwargs)
         metrics = dict(metrics)
         if cfg.kl_coef:
-            kl = kernels.kl_penalty(logp, batch.ref_logp, cfg.kl_kind)
+            # old_logp: k3_unbiased weights k3 by pi / pi_old, pi_old being the policy that sampled the batch.
+            kl = kernels.kl_penalty(logp, batch.ref_logp, cfg.kl_kind, old_logp=batch.old_logp)
             per_token = per_token + cfg.kl_coef * kl * mask
             metrics["kl"] = masked_mean(kl, mask)
         if cfg.entropy_coef:
@@ -353,12 +354,12 @@ def build_model(cfg: Config):
     """(model, tokenizer) for `cfg.model`: a registered builder, else `jaxgrpo.models.load`."""
     from jaxgrpo import models
 
-    dtypes = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-    if cfg.dtype not in dtypes:
-        raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {cfg.dtype!r}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    dtype = getattr(jnp, cfg.dtype)
     if cfg.model in MODEL_BUILDERS:
-        return MODEL_BUILDERS[cfg.model](dtype=dtypes[cfg.dtype], remat=cfg.remat)
-    return models.load(cfg.model, dtype=dtypes[cfg.dtype], remat=cfg.remat)
+        return MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.remat)
+    return models.load(cfg.model, dtype=dtype, remat=cfg.remat)
 
 
 def make_mesh(cfg: Config) -> jax.sharding.Mesh:
@@ -420,21 +421,14 @@ class Trainer:
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
         from jaxgrpo import data
 
+        validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
         self.cfg = cfg
         self.mesh = mesh or make_mesh(cfg)
-        validate(cfg, num_devices=None)
         if cfg.prompts_per_step % jax.process_count():
             raise ValueError(
                 f"prompts_per_step={cfg.prompts_per_step} is not divisible by the {jax.process_count()} processes; "
                 "each host reads an equal block of whole prompt groups"
             )
-        kernels.get_loss(cfg.loss)  # fail early on unknown names, with the valid ones listed
-        if not cfg.value_head:
-            kernels.get_advantage(cfg.advantage)
-        if cfg.loss_mask:
-            kernels.get("mask", cfg.loss_mask)
-        if cfg.aggregation not in kernels.AGGREGATION_MODES:
-            raise ValueError(f"unknown aggregation {cfg.aggregation!r}; valid modes: {', '.join(kernels.AGGREGATION_MODES)}")
 
         if model is None:
             model, tokenizer = build_model(cfg)
@@ -602,7 +596,8 @@ class Trainer:
             "lengths": stats.lengths.astype(np.float32),
             "seq_logp": stats.seq_logp,
         }
-        kwargs = {k: v for k, v in available.items() if k in accepted and k not in cfg.advantage_kwargs}
+        # `validate` keeps these names (config.TRAINER_ADVANTAGE_KWARGS) out of advantage_kwargs.
+        kwargs = {k: v for k, v in available.items() if k in accepted}
         kwargs.update(cfg.advantage_kwargs)
         rewards = stats.rewards
         if "reward_weights" in accepted:

@@ -32,6 +32,15 @@ def test_chunked_equals_naive_with_ragged_chunks(temperature, softcap):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 
+@pytest.mark.parametrize("fn", [token_logprobs_and_entropy, token_logprobs_and_entropy_reference])
+@pytest.mark.parametrize("temperature", [0.0, -0.5])
+def test_temperature_must_be_positive(fn, temperature):
+    """Temperature 0 (the sampler's greedy) would divide the logits by zero: NaN log-probs, then NaN weights."""
+    hidden, unembedding, targets = _inputs(length=4, vocab=50)
+    with pytest.raises(ValueError, match="temperature must be > 0 to score tokens"):
+        fn(hidden, unembedding, targets, temperature=temperature)
+
+
 def test_chunked_gradients_equal_naive():
     hidden, unembedding, targets = _inputs(length=20, vocab=300)
 

@@ -234,6 +234,15 @@ def test_a_step_without_signal_trains_nothing_and_still_reports_its_samples(tmp_
     assert record["reward_mean"] == 0.0 and record["accuracy"] == 0.0 and record["frac_all_wrong"] == 1.0
 
 
+def test_unbiased_kl_receives_the_sampling_log_probs(tmp_path):
+    """kl_kind=k3_unbiased weights k3 by pi / pi_old: the update passes the sampler's log-probs (it used to raise
+    'needs old_logp' inside the first update, after sampling)."""
+    cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=0", "task.num_eval_examples=0", "checkpoint_every=0",
+                     "sampling.max_new_tokens=3", "kl_coef=0.1", "kl_kind=k3_unbiased")
+    (record,) = Trainer(cfg).run(progress=False)
+    assert np.isfinite(record["loss"]) and np.isfinite(record["kl"]) and record["kl"] >= 0
+
+
 def test_prompts_must_split_evenly_over_the_processes(tmp_path, monkeypatch):
     """Each host reads a block of whole groups: prompts_per_step must divide by the process count."""
     monkeypatch.setattr(jax, "process_count", lambda: 3)

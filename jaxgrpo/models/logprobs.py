@@ -14,6 +14,8 @@ Temperature divides the (soft-capped) logits, exactly as the sampler does.
 
 from __future__ import annotations
 
+import numbers
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,15 @@ def _softcapped_scaled(logits: jax.Array, temperature: float, logit_softcap: flo
     return soft_cap(logits, logit_softcap) / temperature
 
 
+def _check_temperature(temperature: float) -> None:
+    # The sampler reads temperature 0 as greedy, but dividing logits by it here gives NaN log-probs and gradients.
+    if isinstance(temperature, numbers.Real) and not temperature > 0:
+        raise ValueError(
+            f"temperature must be > 0 to score tokens, got {temperature}; "
+            "for greedy samples pass the sampler's policy_temperature (1.0)"
+        )
+
+
 def token_logprobs_and_entropy_reference(
     hidden: jax.Array,
     unembedding: jax.Array,
@@ -40,6 +51,7 @@ def token_logprobs_and_entropy_reference(
     logit_softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The same quantities computed naively through full [B, T, V] float32 logits (for tests and benchmarks)."""
+    _check_temperature(temperature)
     logits = jnp.matmul(hidden, unembedding, preferred_element_type=jnp.float32)
     logits = _softcapped_scaled(logits, temperature, logit_softcap)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
@@ -65,7 +77,7 @@ def token_logprobs_and_entropy(
       hidden: final hidden states [B, T, E] (after the final norm).
       unembedding: output projection [E, V].
       targets: int token ids [B, T] whose log-probabilities to return.
-      temperature: divides the logits (1.0 = the model's own distribution).
+      temperature: divides the logits (1.0 = the model's own distribution); must be > 0.
       logit_softcap: Gemma's final soft-capping `cap * tanh(z / cap)`, applied before temperature.
       sequence_chunk, vocab_chunk: block sizes; T and V need not be multiples.
 
@@ -73,6 +85,7 @@ def token_logprobs_and_entropy(
       (log_probs [B, T], entropy [B, T]), float32.
     """
     chex.assert_rank([hidden, unembedding, targets], [3, 2, 2])
+    _check_temperature(temperature)
     chex.assert_equal_shape_prefix([hidden, targets], 2)
     batch, length, width = hidden.shape
     vocab = unembedding.shape[1]
