@@ -45,6 +45,9 @@ PARITY = ["torch==2.13.0"]
 PEERS = ["trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0"]
 BENCH = PARITY + PEERS
 
+# libtpu: compiles for TPU topologies on any machine (jaxgrpo-compile), and runs on TPU hosts.
+TPU = ["jax[tpu]==0.10.2"]
+
 setup(
     name="jaxgrpo",
     version="0.1.0",
@@ -57,10 +60,11 @@ setup(
     # use (jaxgrpo/models/cpu_kernels.py).
     package_data={"jaxgrpo.models": ["cpu_attention.cc", "cpu_matmul.cc", "cpu_parallel.h"]},
     install_requires=CORE,
-    extras_require={"test": TEST + PARITY + PEERS, "parity": PARITY, "bench": BENCH},
+    extras_require={"test": TEST + PARITY + PEERS + TPU, "parity": PARITY, "bench": BENCH, "tpu": TPU},
     entry_points={
         "console_scripts": [
             "jaxgrpo-train=jaxgrpo.cli:train_main",
+            "jaxgrpo-compile=jaxgrpo.cli:compile_main",
             "jaxgrpo-plot=jaxgrpo.cli:plot_main",
             "jaxgrpo-kernels=jaxgrpo.cli:kernels_main",
         ]

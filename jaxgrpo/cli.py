@@ -1,4 +1,4 @@
-"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-plot`, `jaxgrpo-kernels`."""
+"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-compile`, `jaxgrpo-plot`, `jaxgrpo-kernels`."""
 
 from __future__ import annotations
 
@@ -82,6 +82,41 @@ def train_main(argv: list[str] | None = None) -> int:
         print(f"curves: {os.path.dirname(plots[0]) if plots else '(none)'}")
         print(f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}")
     return 0
+
+
+def compile_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-compile",
+        description="Compile an experiment's training programs for a TPU topology on this machine (no TPU needed, "
+                    "no weights read) and report memory per chip, FLOPs, collectives and host transfers.",
+    )
+    parser.add_argument("experiment", help="an experiment file defining config() -> jaxgrpo.config.Config")
+    parser.add_argument("--topology", required=True, help="a TPU topology, e.g. v5e:2x4 (8 chips), v5p:4x4x4 (64)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
+    parser.add_argument("--programs", nargs="*", default=None, help="which programs (default: update forward)")
+    parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
+    args = parser.parse_args(argv)
+    # A CPU process: the TPU devices come from libtpu's topology description, not from attached chips.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from jaxgrpo.config import ExperimentError, apply_overrides, load_experiment, validate
+
+    try:
+        cfg = load_experiment(args.experiment)
+        apply_overrides(cfg, args.set)
+        validate(cfg)
+        from jaxgrpo import compile as aot
+
+        report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.PROGRAMS))
+    except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError, RuntimeError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"jaxgrpo-compile: error: {message}", file=sys.stderr)
+        return 2
+    print(report.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        print(f"report: {args.json}")
+    return 0 if aot.fits_everywhere(report) else 1
 
 
 def plot_main(argv: list[str] | None = None) -> int:

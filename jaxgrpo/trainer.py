@@ -362,19 +362,22 @@ def build_model(cfg: Config):
     return models.load(cfg.model, dtype=dtype, remat=cfg.remat)
 
 
-def make_mesh(cfg: Config) -> jax.sharding.Mesh:
-    """A (data, fsdp, model) mesh over all devices, with Auto axes."""
-    n = jax.device_count()
+def make_mesh(cfg: Config, devices: Sequence | None = None) -> jax.sharding.Mesh:
+    """A (data, fsdp, model) mesh over `devices` (default: all devices), with Auto axes."""
+    n = jax.device_count() if devices is None else len(devices)
     shape = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model]
     if shape.count(-1) > 1:
         raise ValueError(f"at most one mesh axis may be -1, got {shape}")
     fixed = math.prod(s for s in shape if s != -1)
     if n % fixed:
-        raise ValueError(f"mesh {shape} does not divide the {n} devices")
+        raise ValueError(f"mesh (data, fsdp, model) = {tuple(shape)} does not divide the {n} devices; "
+                         f"choose sizes whose product divides {n}")
     shape = [n // fixed if s == -1 else s for s in shape]
     if math.prod(shape) != n:
-        raise ValueError(f"mesh {shape} uses {math.prod(shape)} devices but {n} are present")
-    return jax.make_mesh(tuple(shape), ("data", "fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+        raise ValueError(f"mesh (data, fsdp, model) = {tuple(shape)} uses {math.prod(shape)} devices but {n} are "
+                         "present; set one axis to -1 to take the rest")
+    return jax.make_mesh(tuple(shape), ("data", "fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                         devices=devices)
 
 
 # -- the loop ---------------------------------------------------------------------------

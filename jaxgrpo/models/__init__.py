@@ -2,6 +2,6 @@
 
 from jaxgrpo.models.config import SUPPORTED_ARCHITECTURES, DecoderConfig, RopeConfig, UnsupportedConfigError
 from jaxgrpo.models.decoder import Decoder, KVCache
-from jaxgrpo.models.loading import decoder_from_params, load
+from jaxgrpo.models.loading import decoder_from_params, load, load_config
 from jaxgrpo.models.registry import register, registered_names
 from jaxgrpo.models.weights import WeightFileError

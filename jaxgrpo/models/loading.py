@@ -24,6 +24,38 @@ def decoder_from_params(config: DecoderConfig, params, *, dtype=jnp.float32, rem
     return nnx.merge(graphdef, state)
 
 
+def _resolve(source) -> str:
+    """The checkpoint path of a directory, a `.gguf` file or a registered name."""
+    path = os.fspath(source)
+    if not os.path.exists(path) and not path.endswith(".gguf") and os.sep not in path:
+        path = registry.resolve(path)
+    return path
+
+
+def load_config(source: str) -> DecoderConfig:
+    """The architecture of a checkpoint (as `load` takes it), without reading its weights: enough to build the
+    model from shapes alone, e.g. to compile its programs ahead of time."""
+    path = _resolve(source)
+    if path.endswith(".gguf"):
+        from gguf import GGUFReader
+
+        if not os.path.exists(path):
+            raise WeightFileError(f"GGUF file {path} does not exist")
+        reader = GGUFReader(path)
+        tensors = {t.name: t for t in reader.tensors}
+        if "token_embd.weight" not in tensors:
+            raise WeightFileError(f"{path}: tensor 'token_embd.weight' is missing")
+        metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+        # gguf-py gives shapes in ggml's order, fastest axis first: the vocabulary is the last.
+        return from_gguf_metadata(metadata, vocab_size=int(tensors["token_embd.weight"].shape[-1]),
+                                  tie_word_embeddings="output.weight" not in tensors)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise WeightFileError(f"{config_path} is missing: a model directory needs config.json")
+    with open(config_path) as f:
+        return from_hf_config(json.load(f))
+
+
 def load(source: str, dtype=jnp.float32, *, remat: bool = False):
     """Load a checkpoint: `(Decoder, tokenizer or None)`.
 
@@ -35,9 +67,7 @@ def load(source: str, dtype=jnp.float32, *, remat: bool = False):
 
     A directory without tokenizer files loads with tokenizer None.
     """
-    path = os.fspath(source)
-    if not os.path.exists(path) and not path.endswith(".gguf") and os.sep not in path:
-        path = registry.resolve(path)
+    path = _resolve(source)
     if path.endswith(".gguf"):
         metadata, tensors = read_gguf(path)
         if "model.embed_tokens.weight" not in tensors:

@@ -27,6 +27,7 @@ import math
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -75,16 +76,19 @@ def logical_to_mesh_spec(logical_axes: Sequence[str], shape: Sequence[int], mesh
     return PartitionSpec(*spec)
 
 
+def variable_sharding(variable: nnx.Variable, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """Where `variable` lives on `mesh`, from its logical axes (replicated without them). Its value may be
+    abstract (a `jax.ShapeDtypeStruct`, as `nnx.eval_shape` makes)."""
+    axes = variable.get_metadata().get("logical_axes")
+    if axes is None:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, logical_to_mesh_spec(axes, jnp.shape(variable.get_value()), mesh, rules))
+
+
 def model_shardings(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.State:
     """`NamedSharding`s in the structure of `nnx.state(model)`, e.g. for `jax.jit(out_shardings=...)`."""
-
-    def sharding(variable: nnx.Variable) -> NamedSharding:
-        axes = variable.get_metadata().get("logical_axes")
-        if axes is None:
-            return NamedSharding(mesh, PartitionSpec())
-        return NamedSharding(mesh, logical_to_mesh_spec(axes, variable[...].shape, mesh, rules))
-
-    return jax.tree.map(sharding, nnx.state(model), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return jax.tree.map(lambda v: variable_sharding(v, mesh, rules), nnx.state(model),
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.Module:

@@ -1,0 +1,323 @@
+"""Ahead-of-time compilation of a run's training programs for a TPU topology, on any machine, and their report.
+
+libtpu compiles for a TPU topology without a TPU: `jax.experimental.topologies` describes the topology's
+chips, a mesh is laid over them as the experiment's mesh config says, the model is built from shapes
+alone (no weights are read), and `jax.jit(...).lower(abstract inputs).compile()` gives what XLA's TPU
+compiler decided: memory per chip, FLOPs and bytes, its time estimate, and the compiled HLO, which
+shows the collectives. Programs compiled here, each at the experiment's shapes:
+
+* `update`: one optimizer step of `trainer.make_update_fn` over a minibatch of micro-batches (packed
+  groups at their worst case, one group per row, when `packing` is on);
+* `forward`: the reference / old-policy log-prob forward (`Trainer._reference_outputs`) over a batch.
+
+The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
+scan, the decoder's layer scan): its FLOPs and time are lower bounds, and the report adds the model's
+analytic FLOPs (2·N per token forward, 6·N per token trained) at the chip's peak beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxgrpo.config import Config, validate
+
+GiB = 1 << 30
+
+
+class Chip(NamedTuple):
+    """One TPU chip's published figures: bfloat16 peak FLOP/s, HBM bytes and HBM bandwidth (bytes/s)."""
+
+    name: str
+    peak_flops: float
+    hbm_bytes: int
+    hbm_bandwidth: float
+
+
+#: Per-chip figures from the Cloud TPU system-architecture pages (v4, v5e, v5p, v6e "Trillium").
+CHIPS = {
+    "v4": Chip("TPU v4", 275e12, 32 * GiB, 1200e9),
+    "v5e": Chip("TPU v5e", 197e12, 16 * GiB, 819e9),
+    "v5p": Chip("TPU v5p", 459e12, 95 * GiB, 2765e9),
+    "v6e": Chip("TPU v6e", 918e12, 32 * GiB, 1640e9),
+}
+EXAMPLE_TOPOLOGIES = "v5e:2x4, v5e:4x4, v5p:2x2x1, v5p:4x4x4, v6e:2x4, v4:2x2x2"
+
+PROGRAMS = ("update", "forward")
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+# Ops that move data between the host and the chip inside a program.
+HOST_TRANSFERS = ("infeed", "outfeed", "send", "recv", "host-compute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def topology_devices(topology: str) -> tuple[Chip, list]:
+    """(the chip, the devices) of a TPU topology such as "v5e:2x4"; one-line errors for what cannot be had."""
+    generation = topology.split(":", 1)[0]
+    if ":" not in topology or generation not in CHIPS:
+        raise ValueError(f"unknown TPU topology {topology!r}: write GENERATION:SHAPE with GENERATION one of "
+                         f"{', '.join(CHIPS)}, e.g. {EXAMPLE_TOPOLOGIES}")
+    try:
+        import libtpu  # noqa: F401  (the TPU compiler; nothing else here needs it)
+    except ImportError:
+        raise RuntimeError('compiling for a TPU needs libtpu: pip install "jax[tpu]==0.10.2" '
+                           '(or pip install -e ".[tpu]")') from None
+    from jax.experimental import topologies
+
+    try:
+        devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+    except Exception as error:  # libtpu's errors are long; keep the first line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"libtpu cannot lay out the topology {topology!r} ({first}); "
+                         f"valid examples: {EXAMPLE_TOPOLOGIES}") from None
+    return CHIPS[generation], list(devices)
+
+
+def decoder_config(cfg: Config):
+    """The policy's architecture for `cfg.model`, without weights: a code-built model's own, else the
+    checkpoint's config (`models.load_config`)."""
+    from jaxgrpo import models, trainer
+
+    if cfg.model in trainer.MODEL_BUILDERS:
+        model = nnx.eval_shape(lambda: trainer.MODEL_BUILDERS[cfg.model](dtype=getattr(jnp, cfg.dtype), remat=cfg.remat)[0])
+        return model.config
+    return models.load_config(cfg.model)
+
+
+class Abstract(NamedTuple):
+    """What the programs are traced with: the policy's graph, its non-parameter state, the optimizer, and
+    the abstract train state (every leaf a `ShapeDtypeStruct` carrying its sharding)."""
+
+    graphdef: Any
+    rest: Any
+    optimizer: optax.GradientTransformation
+    state: Any
+    num_params: int
+
+
+def abstract_train_state(cfg: Config, mesh) -> Abstract:
+    """The policy and its optimizer state as the trainer lays them out on `mesh`, from shapes alone."""
+    from jaxgrpo import trainer
+    from jaxgrpo.models import Decoder, partitioning
+
+    config, dtype = decoder_config(cfg), getattr(jnp, cfg.dtype)
+    policy = nnx.eval_shape(lambda: trainer.Policy(
+        Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat, rngs=nnx.Rngs(0)), value_head=cfg.value_head))
+    graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
+    leaves, treedef = jax.tree.flatten(params)
+    variables = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    params = treedef.unflatten([
+        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=partitioning.variable_sharding(variable, mesh))
+        for leaf, variable in zip(leaves, variables)])
+    replicated = NamedSharding(mesh, P())
+    optimizer = trainer.make_optimizer(cfg.optimizer)
+    # The optimizer's moments live where their parameters do (as `optimizer.init` on placed parameters gives).
+    opt_state = optax.tree_map_params(
+        optimizer, lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p.sharding),
+        jax.eval_shape(optimizer.init, params), params,
+        transform_non_params=lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated))
+    state = trainer.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
+    return Abstract(graphdef, rest, optimizer, state, sum(math.prod(leaf.shape) for leaf in leaves))
+
+
+def _batch_shapes(cfg: Config) -> tuple[int, int, int, int]:
+    """(micro-batches per minibatch, rows per micro-batch, prompt + completion length, completion length)."""
+    minibatch = cfg.batch_size // cfg.num_minibatches
+    micro = cfg.micro_batch_size or minibatch
+    completion = cfg.sampling.max_new_tokens
+    return minibatch // micro, micro, cfg.sampling.max_prompt_len + completion, completion
+
+
+def _sharded(shape, dtype, sharding):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def lower_update(cfg: Config, mesh, abstract: Abstract):
+    """The lowered update program at `cfg`'s shapes, and its trained tokens per call."""
+    from jaxgrpo import trainer
+    from jaxgrpo.models import packing
+
+    num_micro, micro, length, completion = _batch_shapes(cfg)
+    rows = NamedSharding(mesh, P(None, trainer.BATCH_AXES))
+    tokens = lambda dtype: _sharded((num_micro, micro, length), dtype, rows)  # noqa: E731
+    per_token = [_sharded((num_micro, micro, completion), jnp.float32, rows) for _ in range(6)]
+    batch = trainer.TrainBatch(tokens(jnp.int32), tokens(jnp.bool_), tokens(jnp.int32), *per_token)
+    packed_shape, layout = None, ()
+    if cfg.packing:
+        # The worst case: no two groups share a row, each group a prompt and G full completions.
+        groups = micro // cfg.group_size
+        packed_shape = (groups, packing.packed_length(cfg.sampling.max_prompt_len + cfg.group_size * completion))
+        replicated = NamedSharding(mesh, P())
+        layout = ((_sharded((num_micro, groups), jnp.int32, replicated),) * 2,)
+    state_sharding = jax.tree.map(lambda x: x.sharding, abstract.state)
+    update = trainer.make_update_fn(cfg, abstract.graphdef, abstract.rest, abstract.optimizer, mesh, state_sharding,
+                                    packed_shape)
+    with jax.set_mesh(mesh):
+        lowered = update.lower(abstract.state, batch, *layout)
+    return lowered, num_micro * micro * length
+
+
+def lower_forward(cfg: Config, mesh, abstract: Abstract):
+    """The lowered reference / old-policy log-prob forward over one step's batch, and its tokens per call."""
+    from jaxgrpo import trainer
+
+    _, _, length, completion = _batch_shapes(cfg)
+    rows = NamedSharding(mesh, P(trainer.BATCH_AXES))
+
+    def forward(params, tokens, attention, positions):
+        policy = nnx.merge(abstract.graphdef, params, abstract.rest)
+        logp, _, values = trainer.completion_outputs(policy, tokens, attention, positions, completion,
+                                                     cfg.sampling.temperature, with_values=cfg.value_head)
+        return logp, (values if values is not None else jnp.zeros_like(logp))
+
+    shape = (cfg.batch_size, length)
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(forward).lower(abstract.state.params, _sharded(shape, jnp.int32, rows),
+                                         _sharded(shape, jnp.bool_, rows), _sharded(shape, jnp.int32, rows))
+    return lowered, cfg.batch_size * length
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+    """{collective: {"count", "bytes"}} of a compiled HLO module's text (async starts counted once)."""
+    found = {name: {"count": 0, "bytes": 0} for name in COLLECTIVES}
+    pattern = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+    for shape, name, _ in pattern.findall(hlo_text):
+        found[name]["count"] += 1
+        found[name]["bytes"] += _shape_bytes(shape)
+    return found
+
+
+def _shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape string such as `bf16[8,128]{1,0}` or a tuple of them."""
+    total = 0
+    for dtype, dims in re.findall(r"([a-z0-9]+)\[([0-9,]*)\]", shape):
+        size = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+        total += size * _DTYPE_BYTES.get(dtype, 4)
+    return total
+
+
+def host_transfers(hlo_text: str) -> list[str]:
+    """The host-transfer ops (infeed, outfeed, send, recv, host callbacks) a compiled HLO module contains."""
+    ops = re.findall(r"\b(" + "|".join(HOST_TRANSFERS) + r")(?:-start|-done)?\(", hlo_text)
+    callbacks = re.findall(r'custom_call_target="([^"]*(?:callback|host)[^"]*)"', hlo_text)
+    return sorted(set(ops + callbacks))
+
+
+@dataclasses.dataclass
+class ProgramReport:
+    """What the TPU compiler reports for one program, per chip, with the roofline figures derived from it."""
+
+    program: str
+    fits: bool
+    hbm_bytes: int  # arguments + outputs + temporaries - donated (aliased) bytes
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    hbm_capacity: int
+    flops: float  # the compiler's count: each loop body once
+    bytes_accessed: float
+    compiler_seconds: float  # the compiler's time estimate ("optimal_seconds"), loop bodies once
+    model_flops: float  # analytic per chip: 6·N (update) or 2·N (forward) per token
+    model_flops_seconds: float  # model_flops at the chip's peak
+    hbm_roofline_seconds: float  # bytes_accessed at the chip's HBM bandwidth
+    collectives: dict
+    host_transfers: list
+    compile_seconds: float
+
+
+@dataclasses.dataclass
+class Report:
+    topology: str
+    chip: str
+    chips: int
+    hosts: int
+    mesh: dict
+    model: str
+    num_params: int
+    programs: list
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def table(self) -> str:
+        """A human-readable summary, one line per program."""
+        lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters) on {self.topology}: {self.chips} x {self.chip}, "
+                 f"{self.hosts} host(s), mesh {self.mesh}"]
+        for p in self.programs:
+            moved = ", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.1f} MiB)" for k, v in p.collectives.items()
+                              if v["count"]) or "none"
+            lines.append(
+                f"  {p.program:8s} {'fits' if p.fits else 'DOES NOT FIT'}: {p.hbm_bytes / GiB:.2f} of "
+                f"{p.hbm_capacity / GiB:.0f} GiB per chip (arguments {p.argument_bytes / GiB:.2f}, temporaries "
+                f"{p.temp_bytes / GiB:.2f}, outputs {p.output_bytes / GiB:.2f}, donated {p.alias_bytes / GiB:.2f}); "
+                f"model FLOPs {p.model_flops:.3g} per chip = {p.model_flops_seconds * 1e3:.2f} ms at peak; compiler: "
+                f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {p.compiler_seconds * 1e3:.2f} ms "
+                f"(loop bodies once); collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
+                f"compiled in {p.compile_seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def _program_report(name: str, lowered, chip: Chip, chips: int, model_flops: float) -> ProgramReport:
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    text = compiled.as_text()
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+             - memory.alias_size_in_bytes)
+    flops_per_chip = model_flops / chips
+    bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    return ProgramReport(
+        program=name, fits=total <= chip.hbm_bytes, hbm_bytes=int(total),
+        argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes), alias_bytes=int(memory.alias_size_in_bytes),
+        hbm_capacity=chip.hbm_bytes, flops=float(cost.get("flops", 0.0)), bytes_accessed=bytes_accessed,
+        compiler_seconds=float(cost.get("optimal_seconds", 0.0)), model_flops=flops_per_chip,
+        model_flops_seconds=flops_per_chip / chip.peak_flops, hbm_roofline_seconds=bytes_accessed / chip.hbm_bandwidth,
+        collectives=collectives(text), host_transfers=host_transfers(text), compile_seconds=seconds)
+
+
+def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS) -> Report:
+    """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read."""
+    from jaxgrpo import trainer
+
+    unknown = [p for p in programs if p not in PROGRAMS]
+    if unknown:
+        raise ValueError(f"unknown program(s) {', '.join(unknown)}; valid: {', '.join(PROGRAMS)}")
+    chip, devices = topology_devices(topology)
+    mesh = trainer.make_mesh(cfg, devices)
+    validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
+    abstract = abstract_train_state(cfg, mesh)
+    reports = []
+    for name in programs:
+        lowered, tokens = (lower_update if name == "update" else lower_forward)(cfg, mesh, abstract)
+        flops_per_token = (6 if name == "update" else 2) * abstract.num_params
+        reports.append(_program_report(name, lowered, chip, len(devices), flops_per_token * tokens))
+    hosts = len({d.process_index for d in devices})
+    return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports)
+
+
+def fits_everywhere(report: Report) -> bool:
+    return all(p.fits for p in report.programs)
+
+
+def per_chip_bytes(tree) -> int:
+    """Bytes one chip holds of an abstract, sharded tree (for checking that a layout divides the state)."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shard = leaf.sharding.shard_shape(leaf.shape)
+        total += int(np.prod(shard, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+    return total
