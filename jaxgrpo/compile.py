@@ -6,19 +6,25 @@ alone (no weights are read), and `jax.jit(...).lower(abstract inputs).compile()`
 compiler decided: memory per chip, FLOPs and bytes, its time estimate, and the compiled HLO, which
 shows the collectives. Programs compiled here, each at the experiment's shapes:
 
+* `prefill` and `decode`: the sampler's two programs (`sampler.generate`) for one step's prompts, at the
+  prompt and completion buckets of `sampling.max_prompt_len` and `sampling.max_new_tokens`: the
+  prompts run once into a shared cache, then a `while` loop samples one token per row per iteration;
+* `forward`: the reference / old-policy log-prob forward (`Trainer._reference_outputs`) over a batch;
 * `update`: one optimizer step of `trainer.make_update_fn` over a minibatch of micro-batches (packed
-  groups at their worst case, one group per row, when `packing` is on);
-* `forward`: the reference / old-policy log-prob forward (`Trainer._reference_outputs`) over a batch.
+  groups at their worst case, one group per row, when `packing` is on).
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
-scan, the decoder's layer scan): its FLOPs and time are lower bounds, and the report adds the model's
-analytic FLOPs (2·N per token forward, 6·N per token trained) at the chip's peak beside them.
+scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower bounds, and the report adds
+the model's analytic FLOPs (2·N per token forward, 6·N per token trained) at the chip's peak beside them.
+For the decode loop, whose body is one step, it also gives the step's HBM floor: the parameters and the
+whole cache a chip holds, read once per token at the chip's bandwidth.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import time
 from typing import Any, NamedTuple
@@ -53,7 +59,7 @@ CHIPS = {
 }
 EXAMPLE_TOPOLOGIES = "v5e:2x4, v5e:4x4, v5p:2x2x1, v5p:4x4x4, v6e:2x4, v4:2x2x2"
 
-PROGRAMS = ("update", "forward")
+PROGRAMS = ("prefill", "decode", "forward", "update")
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 # Ops that move data between the host and the chip inside a program.
 HOST_TRANSFERS = ("infeed", "outfeed", "send", "recv", "host-compute")
@@ -67,6 +73,9 @@ def topology_devices(topology: str) -> tuple[Chip, list]:
     if ":" not in topology or generation not in CHIPS:
         raise ValueError(f"unknown TPU topology {topology!r}: write GENERATION:SHAPE with GENERATION one of "
                          f"{', '.join(CHIPS)}, e.g. {EXAMPLE_TOPOLOGIES}")
+    # libtpu takes a machine-wide lock when it loads, meant for processes that drive TPU chips; a process that
+    # only compiles (this one runs on CPUs) must not fail because another compiling process holds it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         import libtpu  # noqa: F401  (the TPU compiler; nothing else here needs it)
     except ImportError:
@@ -187,6 +196,35 @@ def lower_forward(cfg: Config, mesh, abstract: Abstract):
     return lowered, cfg.batch_size * length
 
 
+def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
+    """The compiled prefill and decode programs of one step's sampling (each with its compile seconds), and
+    what the report needs of them: (prefill, prompt tokens per call, decode, generated tokens per call,
+    per-chip bytes of the decode loop's state)."""
+    from jaxgrpo import sampler
+
+    decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
+    graphdef, state = nnx.split(decoder)
+    s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
+    prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
+    params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
+    layout = sampler._layout_for(decoder, mesh, g, prompt_bucket, new_bucket, params)
+    replicated = NamedSharding(mesh, P())
+    scalar = _sharded((), jnp.int32, replicated)
+    stop = _sharded((8,), jnp.int32, replicated)
+    key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
+    with jax.set_mesh(mesh):
+        prefill = sampler._prefill_jit.lower(
+            graphdef, state, _sharded((prompts, prompt_bucket), jnp.int32, replicated),
+            _sharded((prompts, prompt_bucket), jnp.bool_, replicated),
+            _sharded((prompts * g,), key_dtype, replicated), stop, scalar, scalar, layout=layout)
+        # The decode loop starts from what the prefill returns, laid out as the prefill leaves it.
+        prefill = _compile(prefill)
+        carry = jax.tree.map(lambda info, sharding: _sharded(info.shape, info.dtype, sharding),
+                             prefill[0].out_info, prefill[0].output_shardings)
+        decode = sampler._decode_jit.lower(graphdef, state, carry, stop, scalar, scalar, layout=layout)
+    return prefill, prompts * prompt_bucket, _compile(decode), prompts * g * s.max_new_tokens, per_chip_bytes(carry)
+
+
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
     """{collective: {"count", "bytes"}} of a compiled HLO module's text (async starts counted once)."""
     found = {name: {"count": 0, "bytes": 0} for name in COLLECTIVES}
@@ -227,10 +265,12 @@ class ProgramReport:
     hbm_capacity: int
     flops: float  # the compiler's count: each loop body once
     bytes_accessed: float
-    compiler_seconds: float  # the compiler's time estimate ("optimal_seconds"), loop bodies once
+    compiler_seconds: float | None  # the compiler's time estimate ("optimal_seconds"), loop bodies once; None
+    # where it is negative, as it comes out for programs with loops
     model_flops: float  # analytic per chip: 6·N (update) or 2·N (forward) per token
     model_flops_seconds: float  # model_flops at the chip's peak
     hbm_roofline_seconds: float  # bytes_accessed at the chip's HBM bandwidth
+    step_floor_seconds: float | None  # decode: parameters + cache per chip at the chip's HBM bandwidth, per token
     collectives: dict
     host_transfers: list
     compile_seconds: float
@@ -255,6 +295,8 @@ class Report:
         lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters) on {self.topology}: {self.chips} x {self.chip}, "
                  f"{self.hosts} host(s), mesh {self.mesh}"]
         for p in self.programs:
+            estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
+            step = "" if p.step_floor_seconds is None else f", a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
             moved = ", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.1f} MiB)" for k, v in p.collectives.items()
                               if v["count"]) or "none"
             lines.append(
@@ -262,16 +304,21 @@ class Report:
                 f"{p.hbm_capacity / GiB:.0f} GiB per chip (arguments {p.argument_bytes / GiB:.2f}, temporaries "
                 f"{p.temp_bytes / GiB:.2f}, outputs {p.output_bytes / GiB:.2f}, donated {p.alias_bytes / GiB:.2f}); "
                 f"model FLOPs {p.model_flops:.3g} per chip = {p.model_flops_seconds * 1e3:.2f} ms at peak; compiler: "
-                f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {p.compiler_seconds * 1e3:.2f} ms "
-                f"(loop bodies once); collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
+                f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {estimate} "
+                f"(loop bodies once){step}; collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
                 f"compiled in {p.compile_seconds:.1f} s")
         return "\n".join(lines)
 
 
-def _program_report(name: str, lowered, chip: Chip, chips: int, model_flops: float) -> ProgramReport:
+def _compile(lowered):
+    """(the compiled program, seconds the compiler took)."""
     start = time.perf_counter()
     compiled = lowered.compile()
-    seconds = time.perf_counter() - start
+    return compiled, time.perf_counter() - start
+
+
+def _program_report(name: str, compiled, seconds: float, chip: Chip, chips: int, model_flops: float,
+                    step_floor_bytes: int | None = None) -> ProgramReport:
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -285,8 +332,10 @@ def _program_report(name: str, lowered, chip: Chip, chips: int, model_flops: flo
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
         temp_bytes=int(memory.temp_size_in_bytes), alias_bytes=int(memory.alias_size_in_bytes),
         hbm_capacity=chip.hbm_bytes, flops=float(cost.get("flops", 0.0)), bytes_accessed=bytes_accessed,
-        compiler_seconds=float(cost.get("optimal_seconds", 0.0)), model_flops=flops_per_chip,
+        compiler_seconds=estimate if (estimate := float(cost.get("optimal_seconds", -1.0))) > 0 else None,
+        model_flops=flops_per_chip,
         model_flops_seconds=flops_per_chip / chip.peak_flops, hbm_roofline_seconds=bytes_accessed / chip.hbm_bandwidth,
+        step_floor_seconds=None if step_floor_bytes is None else step_floor_bytes / chip.hbm_bandwidth,
         collectives=collectives(text), host_transfers=host_transfers(text), compile_seconds=seconds)
 
 
@@ -301,11 +350,21 @@ def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS) -> Report:
     mesh = trainer.make_mesh(cfg, devices)
     validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
     abstract = abstract_train_state(cfg, mesh)
-    reports = []
-    for name in programs:
-        lowered, tokens = (lower_update if name == "update" else lower_forward)(cfg, mesh, abstract)
-        flops_per_token = (6 if name == "update" else 2) * abstract.num_params
-        reports.append(_program_report(name, lowered, chip, len(devices), flops_per_token * tokens))
+    n, chips, reports = abstract.num_params, len(devices), []
+    if "prefill" in programs or "decode" in programs:
+        prefill, prompt_tokens, decode, new_tokens, carry_bytes = lower_sampler(cfg, mesh, abstract)
+        if "prefill" in programs:
+            reports.append(_program_report("prefill", *prefill, chip, chips, 2 * n * prompt_tokens))
+        if "decode" in programs:
+            # One step reads every parameter and the whole cache (prompt and completion slots) once.
+            floor = per_chip_bytes(abstract.state.params) + carry_bytes
+            reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor))
+    if "forward" in programs:
+        lowered, tokens = lower_forward(cfg, mesh, abstract)
+        reports.append(_program_report("forward", *_compile(lowered), chip, chips, 2 * n * tokens))
+    if "update" in programs:
+        lowered, tokens = lower_update(cfg, mesh, abstract)
+        reports.append(_program_report("update", *_compile(lowered), chip, chips, 6 * n * tokens))
     hosts = len({d.process_index for d in devices})
     return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports)
 
@@ -319,5 +378,12 @@ def per_chip_bytes(tree) -> int:
     total = 0
     for leaf in jax.tree.leaves(tree):
         shard = leaf.sharding.shard_shape(leaf.shape)
-        total += int(np.prod(shard, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+        total += int(np.prod(shard, dtype=np.int64)) * _itemsize(leaf.dtype)
     return total
+
+
+def _itemsize(dtype) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # a typed PRNG key: its key data's bytes
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+        return int(np.prod(data.shape)) * data.dtype.itemsize
+    return jnp.dtype(dtype).itemsize

@@ -1,5 +1,6 @@
-"""Ahead-of-time compilation for TPU topologies (libtpu, no TPU): the toy experiment's training programs fit,
-shard as the mesh says, and move nothing through the host; bad input gets one-line errors."""
+"""Ahead-of-time compilation for TPU topologies (libtpu, no TPU): the toy experiment's sampling and training
+programs fit, shard as the mesh says, and move nothing through the host (the decode loop included); bad input
+gets one-line errors."""
 
 import json
 import sys
@@ -29,13 +30,16 @@ def one_host_report():
 def test_toy_programs_fit_a_v5e_8_without_host_transfers(one_host_report):
     report = one_host_report
     assert report.chips == 8 and report.chip == "TPU v5e" and report.mesh == {"data": 1, "fsdp": 8, "model": 1}
-    assert [p.program for p in report.programs] == ["update", "forward"]
+    assert [p.program for p in report.programs] == ["prefill", "decode", "forward", "update"]
     for program in report.programs:
         assert program.fits and 0 < program.hbm_bytes < program.hbm_capacity == 16 * aot.GiB
         assert program.host_transfers == []
-        assert program.flops > 0 and program.bytes_accessed > 0 and program.compiler_seconds > 0
+        assert program.flops > 0 and program.bytes_accessed > 0
+        assert program.compiler_seconds is None or program.compiler_seconds > 0
         assert program.model_flops_seconds == pytest.approx(program.model_flops / aot.CHIPS["v5e"].peak_flops)
-    update = report.programs[0]
+    prefill, decode, forward, update = report.programs
+    # The decode loop's body is one step: it reads at least the parameters and cache a chip holds.
+    assert decode.step_floor_seconds > 0 and prefill.step_floor_seconds is None
     # FSDP: the update gathers parameters for the forward and reduces gradients.
     assert update.collectives["all-gather"]["count"] > 0
     assert update.collectives["all-reduce"]["count"] + update.collectives["reduce-scatter"]["count"] > 0
@@ -61,10 +65,10 @@ def test_fsdp_splits_parameters_and_optimizer_state_over_the_chips():
 
 def test_toy_programs_fit_a_multi_host_pod():
     report = aot.compile_experiment(_toy("mesh.data=-1", "mesh.fsdp=16", "prompts_per_step=16"), "v5p:4x4x4",
-                                    programs=("update",))
+                                    programs=("decode", "update"))
     assert report.chips == 64 and report.hosts == 16 and report.mesh == {"data": 4, "fsdp": 16, "model": 1}
-    (update,) = report.programs
-    assert update.fits and update.host_transfers == [] and update.hbm_capacity == 95 * aot.GiB
+    for program in report.programs:
+        assert program.fits and program.host_transfers == [] and program.hbm_capacity == 95 * aot.GiB
 
 
 def test_report_counts_collectives_and_host_transfers_in_hlo_text():
@@ -97,7 +101,7 @@ def test_cli_writes_the_report_and_exits_by_whether_it_fits(tmp_path, capsys):
     (["--topology", "v5e:3x7"], "libtpu cannot lay out the topology 'v5e:3x7'"),
     (["--topology", "v5e:2x4", "--set", "mesh.data=1", "mesh.fsdp=3"], "does not divide the 8 devices"),
     (["--topology", "v5e:2x4", "--set", "model=no-such-model"], "'no-such-model' is neither a model directory"),
-    (["--topology", "v5e:2x4", "--programs", "sampler"], "unknown program(s) sampler; valid: update, forward"),
+    (["--topology", "v5e:2x4", "--programs", "sampler"], "unknown program(s) sampler; valid: prefill, decode, forward, update"),
 ])
 def test_bad_input_gets_one_line_errors(args, message, capsys):
     assert cli.compile_main([TOY, *args]) == 2
@@ -109,3 +113,17 @@ def test_missing_libtpu_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` now raises ImportError
     with pytest.raises(RuntimeError, match=r'pip install "jax\[tpu\]==0.10.2"'):
         aot.topology_devices("v5e:2x4")
+
+
+def test_cpu_kernels_are_never_chosen_for_a_tpu_program():
+    """A CPU process compiling for a TPU: the mesh's devices, not the default backend, pick the decoder's kernels."""
+    from jaxgrpo.models import cpu_attention, cpu_kernels, cpu_matmul
+
+    _, devices = aot.topology_devices("v5e:2x2")
+    tpu = jax.sharding.Mesh(devices[:1], ("data",))
+    cpu = jax.sharding.Mesh(jax.devices("cpu")[:1], ("data",))
+    assert not cpu_kernels.targets_cpu(tpu) and not cpu_kernels.targets_cpu(tpu.abstract_mesh)
+    assert cpu_kernels.targets_cpu(cpu) and cpu_kernels.targets_cpu(cpu.abstract_mesh)
+    assert not cpu_matmul.use_for(jax.numpy.bfloat16, tpu.abstract_mesh)
+    assert not cpu_attention.use_for(jax.numpy.bfloat16, 64, 1, tpu.abstract_mesh)
+    assert cpu_matmul.use_for(jax.numpy.bfloat16, cpu.abstract_mesh) == cpu_matmul.available()

@@ -34,7 +34,7 @@ def use_for(cache_dtype, head_dim: int, query_length: int, mesh) -> bool:
     """Whether a cached call with a run-time cache index should use the kernel: one new token per row,
     a bfloat16 or float32 cache with a supported head size, an unsharded program on the CPU backend."""
     return (query_length == 1 and jnp.dtype(cache_dtype) in CACHE_DTYPES and head_dim in HEAD_DIMS
-            and (mesh is None or mesh.size == 1) and jax.default_backend() == "cpu" and available())
+            and (mesh is None or mesh.size == 1) and cpu_kernels.targets_cpu(mesh) and available())
 
 
 def cache_block(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer, mask: jax.Array, live, scale: float):

@@ -131,6 +131,17 @@ def library() -> ctypes.CDLL | None:
         return None
 
 
+def targets_cpu(mesh) -> bool:
+    """Whether a program laid out on `mesh` (None: the default devices) runs on CPUs. A CPU process can
+    compile for a TPU topology (`jaxgrpo.compile`): the mesh's devices, not the default backend, decide."""
+    device = getattr(mesh, "abstract_device", None)  # an AbstractMesh (as under `jit`) names its devices' kind
+    if device is not None:
+        return device.platform == "cpu"
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh.devices.flat[0].platform == "cpu"
+    return jax.default_backend() == "cpu"
+
+
 @functools.cache
 def register(target: str, switch: str, needs: str) -> bool:
     """Whether FFI target `target` is registered for the CPU platform: False when the environment

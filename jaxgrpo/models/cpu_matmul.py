@@ -37,7 +37,7 @@ def use_for(dtype, mesh) -> bool:
     """Whether a decode with compute dtype `dtype` should multiply by packed weights: bfloat16, an
     unsharded program on the CPU backend, and the kernel available."""
     return (jnp.dtype(dtype) == jnp.bfloat16 and (mesh is None or mesh.size == 1)
-            and jax.default_backend() == "cpu" and available())
+            and cpu_kernels.targets_cpu(mesh) and available())
 
 
 @dataclasses.dataclass(frozen=True)
