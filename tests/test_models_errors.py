@@ -10,6 +10,7 @@ from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig, UnsupportedConfigError, WeightFileError, load
 from jaxgrpo.models.config import from_hf_config
+from tiny_models import write_hf_checkpoint
 
 LLAMA = {
     "model_type": "llama", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
@@ -18,22 +19,7 @@ LLAMA = {
 
 
 def _write_checkpoint(directory, config=LLAMA, drop=()):
-    from safetensors.numpy import save_file
-
-    e, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    d = e // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * d
-    shapes = {
-        "model.embed_tokens.weight": (v, e), "model.norm.weight": (e,), "lm_head.weight": (v, e),
-        "model.layers.0.self_attn.q_proj.weight": (e, e), "model.layers.0.self_attn.k_proj.weight": (kv, e),
-        "model.layers.0.self_attn.v_proj.weight": (kv, e), "model.layers.0.self_attn.o_proj.weight": (e, e),
-        "model.layers.0.mlp.gate_proj.weight": (f, e), "model.layers.0.mlp.up_proj.weight": (f, e),
-        "model.layers.0.mlp.down_proj.weight": (e, f), "model.layers.0.input_layernorm.weight": (e,),
-        "model.layers.0.post_attention_layernorm.weight": (e,),
-    }
-    tensors = {k: np.ones(s, np.float32) for k, s in shapes.items() if k not in drop}
-    save_file(tensors, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(config))
+    write_hf_checkpoint(directory, config, drop=drop)
 
 
 def test_well_formed_checkpoint_loads(tmp_path):

@@ -14,3 +14,40 @@ def llama_and_gemma3(sliding_window: int) -> dict[str, DecoderConfig]:
                                 layer_types=("sliding_attention", "full_attention"), final_logit_softcapping=4.0,
                                 tie_word_embeddings=True),
     }
+
+
+def write_hf_checkpoint(directory, config: dict, *, prefix: str = "model.", drop=(), extra=None, seed: int = 0) -> dict:
+    """Write a Hugging Face model directory (config.json + model.safetensors, random float32 weights) for a
+    Llama, Qwen3 or Gemma 3 text `config`; returns the tensors by name. `prefix` replaces "model." (an
+    image-text Gemma 3 saves its text decoder under "language_model.model."), `drop` leaves tensors out and
+    `extra` adds some (a vision tower)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    text = config.get("text_config", config)
+    e, f, v, layers = text["hidden_size"], text["intermediate_size"], text["vocab_size"], text["num_hidden_layers"]
+    nq = text["num_attention_heads"]
+    nk = text.get("num_key_value_heads", nq)
+    d = text.get("head_dim") or e // nq
+    gemma = text.get("model_type") == "gemma3_text"
+    shapes = {"embed_tokens.weight": (v, e), "norm.weight": (e,)}
+    for i in range(layers):
+        layer = {"self_attn.q_proj.weight": (nq * d, e), "self_attn.k_proj.weight": (nk * d, e),
+                 "self_attn.v_proj.weight": (nk * d, e), "self_attn.o_proj.weight": (e, nq * d),
+                 "mlp.gate_proj.weight": (f, e), "mlp.up_proj.weight": (f, e), "mlp.down_proj.weight": (e, f),
+                 "input_layernorm.weight": (e,), "post_attention_layernorm.weight": (e,)}
+        if gemma or text.get("model_type") == "qwen3":
+            layer |= {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)}
+        if gemma:
+            layer |= {"pre_feedforward_layernorm.weight": (e,), "post_feedforward_layernorm.weight": (e,)}
+        shapes |= {f"layers.{i}.{name}": shape for name, shape in layer.items()}
+    rng = np.random.default_rng(seed)
+    tensors = {prefix + name: rng.normal(0, 0.02, shape).astype(np.float32) for name, shape in shapes.items()}
+    if not text.get("tie_word_embeddings", gemma):
+        tensors["lm_head.weight"] = rng.normal(0, 0.02, (v, e)).astype(np.float32)
+    tensors = {k: t for k, t in tensors.items() if k not in drop} | dict(extra or {})
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config))
+    return tensors

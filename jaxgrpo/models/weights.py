@@ -112,6 +112,22 @@ def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return metadata, tensors
 
 
+def language_model_tensors(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The text decoder's tensors of an image-text Gemma 3 checkpoint, under the text-only names.
+
+    transformers 4.x saves them as `language_model.model.*` (and `language_model.lm_head.*`), 5.x as
+    `model.language_model.*`; the vision tower and the projector are left out.
+    """
+    prefixes = {"language_model.model.": "model.", "model.language_model.": "model.",
+                "language_model.lm_head.": "lm_head."}
+    renamed = {}
+    for name, value in tensors.items():
+        for prefix, replacement in prefixes.items():
+            if name.startswith(prefix):
+                renamed[replacement + name[len(prefix):]] = value
+    return renamed
+
+
 def decoder_params(tensors: Mapping[str, np.ndarray], config: DecoderConfig, source: str) -> dict[str, Any]:
     """The decoder's parameter tree (nested dict of numpy arrays) from Hugging Face-named tensors.
 
