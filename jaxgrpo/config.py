@@ -146,6 +146,9 @@ class Config:
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     log_every: int = 1
+    #: Stop the run (an error) after this many consecutive steps in which no row trains (every reward
+    #: invalid, e.g. NaN, or every group filtered out): such a run learns nothing. 0 = never stop.
+    max_steps_without_signal: int = 5
 
     @property
     def batch_size(self) -> int:
@@ -294,6 +297,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         )
     if cfg.steps < 0:
         raise ValueError(f"steps must be >= 0, got {cfg.steps}")
+    if cfg.max_steps_without_signal < 0:
+        raise ValueError(f"max_steps_without_signal must be >= 0 (0 = never stop), got {cfg.max_steps_without_signal}")
 
 
 def to_dict(cfg: Config) -> dict:
