@@ -411,7 +411,9 @@ class Trainer:
       round's width is the largest number of groups any host still needs
       (a cross-process max), so all hosts run the same rounds and programs.
     * Checkpoints are written and restored by every process (orbax writes each
-      host's shards); metrics, plots and progress bars come from process 0 only.
+      host's shards); metrics, plots and progress bars come from process 0 only,
+      and so do the run directory's lock and checks (`jaxgrpo.rundir`), whose
+      verdict every process gets.
 
     The result equals a single-process run on the same number of devices
     (`tests/test_multihost.py`: 2 processes x 4 CPU devices vs 1 x 8).
@@ -906,7 +908,7 @@ class Trainer:
         `on_step(step, record)` is called after each step's metrics, evaluation
         and checkpoint are written (e.g. for live plots in a notebook).
         """
-        from jaxgrpo.config import Config, to_dict
+        from jaxgrpo.config import to_dict
         from jaxgrpo.rundir import RunDirectory
 
         cfg = self.cfg
