@@ -11,10 +11,10 @@ PLAN.json: {"argv": [...common jaxgrpo-train arguments...], "runs": [{"run_dir",
 * site "metrics" (`MetricsWriter._append`, the one write of a metrics line): the `call`-th line is
   written only up to its `point` fraction of bytes, then the process SIGKILLs itself: a torn line.
 
-Each run is a child process forked from this driver after it imported JAX and jaxgrpo but before JAX
-started a backend (no device, no thread pool yet), so runs skip the seconds of imports; each child then
-starts its own JAX runtime, trains, and is killed for real. RESULTS.jsonl gets one line per run:
-{"index", "returncode"} (-9: SIGKILLed).
+Each run is a child process forked from this driver after it imported JAX, jaxgrpo, tensorboardX and
+matplotlib but before JAX started a backend (no device, no thread pool yet), so runs skip the seconds of
+imports; each child then starts its own JAX runtime, trains, and is killed for real. RESULTS.jsonl gets
+one line per run: {"index", "returncode", "seconds"} (returncode -9: SIGKILLed).
 """
 
 import json
@@ -26,6 +26,8 @@ import time
 import traceback
 
 import jax  # noqa: F401  (imported, not started: the children start their own backends)
+import matplotlib
+import tensorboardX  # noqa: F401  (imports torch: seconds each run would otherwise spend)
 
 import jaxgrpo.checkpoint
 import jaxgrpo.cli
@@ -33,6 +35,9 @@ import jaxgrpo.metrics
 import jaxgrpo.sampler
 import jaxgrpo.toy  # noqa: F401
 import jaxgrpo.trainer
+
+matplotlib.use("Agg")  # as jaxgrpo.metrics.plot_run sets it
+import matplotlib.pyplot  # noqa: E402,F401
 
 #: Seconds over which a kill inside a call is spread (about the call's length in these runs).
 SPAN_S = {"sample": 1.0, "update": 1.0, "save": 0.3}
