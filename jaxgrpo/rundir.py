@@ -19,6 +19,7 @@ orbax needs); its verdict reaches every process, so all of them fail with the sa
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -29,6 +30,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from jaxgrpo.config import Config
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
@@ -45,19 +48,17 @@ class RunDirectoryError(RuntimeError):
     """The run directory cannot be used as asked; the message (one line) says why and what to do."""
 
 
-def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
-    """{'a.b': value} for a nested config dict (dict-valued fields such as loss_kwargs stay whole)."""
+def flatten(config: dict) -> dict[str, Any]:
+    """{'task.name': value, ...} for a config dict: sections (task, sampling, ...) are opened, dict-valued
+    fields (loss_kwargs, rewards, ...) are kept whole, as the user writes them."""
+    sections = {f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)}
     flat = {}
     for key, value in config.items():
-        if isinstance(value, dict) and prefix + key not in _DICT_FIELDS:
-            flat.update(flatten(value, prefix + key + "."))
+        if key in sections and isinstance(value, dict):
+            flat.update({f"{key}.{name}": item for name, item in value.items()})
         else:
-            flat[prefix + key] = value
+            flat[key] = value
     return flat
-
-
-# Config fields whose values are dicts (compared whole, as the user writes them).
-_DICT_FIELDS = frozenset({"task.kwargs", "rewards", "advantage_kwargs", "loss_kwargs"})
 
 
 def config_changes(saved: dict, new: dict, defaults: dict | None = None) -> list[str]:
