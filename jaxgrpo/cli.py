@@ -37,6 +37,8 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="override config fields, e.g. --set optimizer.lr=1e-6 group_size=8")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete what the run directory holds and start over (a fresh run into a non-empty one is refused)")
     parser.add_argument("--run-dir", help="where metrics, plots and checkpoints go (default: the config's run_dir)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     args = parser.parse_args(argv)
@@ -61,16 +63,24 @@ def train_main(argv: list[str] | None = None) -> int:
     _distributed_init()
     import jax
 
+    from jaxgrpo.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.rundir import RunDirectoryError, storage_error_message
+    from jaxgrpo.trainer import NoLearningSignal, Trainer
 
     trainer = Trainer(cfg)
-    os.makedirs(cfg.run_dir, exist_ok=True)
-    with open(os.path.join(cfg.run_dir, "config.json"), "w") as f:
-        json.dump(to_dict(cfg), f, indent=2)
-    trainer.run(resume=args.resume)
+    try:
+        trainer.run(resume=args.resume, overwrite=args.overwrite)
+        plots = plot_run(cfg.run_dir) if jax.process_index() == 0 else []
+    except (RunDirectoryError, CheckpointError, NoLearningSignal) as e:
+        print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # writing metrics, plots or config.json: a full or read-only disk
+        if storage_failure(e) is None:
+            raise
+        print(f"jaxgrpo-train: error: {storage_error_message(cfg.run_dir, e)}", file=sys.stderr)
+        return 1
     if jax.process_index() == 0:
-        plots = plot_run(cfg.run_dir)
         eval_path = os.path.join(cfg.run_dir, EVAL_FILE)
         if os.path.exists(eval_path):
             evals = read_jsonl(eval_path)

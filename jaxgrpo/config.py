@@ -173,6 +173,9 @@ class Config(_Fields):
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     log_every: int = 1
+    #: Stop the run (an error) after this many consecutive steps in which no row trains (every reward
+    #: invalid, e.g. NaN, or every group filtered out): such a run learns nothing. 0 = never stop.
+    max_steps_without_signal: int = 5
 
     @property
     def batch_size(self) -> int:
@@ -424,6 +427,8 @@ def _check_ranges(cfg: Config) -> None:
         (cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0 = no checkpoints), got {cfg.checkpoint_every}"),
         (cfg.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {cfg.keep_checkpoints}"),
         (cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}"),
+        (cfg.max_steps_without_signal >= 0,
+         f"max_steps_without_signal must be >= 0 (0 = never stop), got {cfg.max_steps_without_signal}"),
         *((size == -1 or size >= 1, f"mesh.{axis} must be -1 (every remaining device) or >= 1, got {size}")
           for axis, size in mesh.items()),
         (list(mesh.values()).count(-1) <= 1, "at most one mesh axis may be -1 (take the remaining devices), got "

@@ -1,18 +1,23 @@
 """Run metrics: JSONL and TensorBoard files in the run directory, and PNG learning curves.
 
 Only process 0 writes (multi-host runs call `MetricsWriter` everywhere; the
-others are no-ops). Each line of `metrics.jsonl` is one step's flat dict.
+others are no-ops). Each line of `metrics.jsonl` is one step's flat dict, appended
+with a single `write` of the whole line, so a crash can at worst cut the last line
+short; readers skip such a torn last line with a warning, and a resumed run drops it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Iterable, Mapping
 
 import jax
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
@@ -47,8 +52,7 @@ class MetricsWriter:
                 record[key] = scalar
         if not self.enabled:
             return record
-        with open(os.path.join(self.run_dir, file), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._append(os.path.join(self.run_dir, file), (json.dumps(record) + "\n").encode())
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and math.isfinite(value):
@@ -56,16 +60,32 @@ class MetricsWriter:
             self._tb.flush()
         return record
 
+    @staticmethod
+    def _append(path: str, line: bytes) -> None:
+        # One unbuffered write of the whole line (no Python buffer to flush in pieces), appended with
+        # O_APPEND: a crash leaves the line whole or cut, never interleaved with another.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, line)
+            while written < len(line):  # a short write (a signal, a full pipe): finish the line
+                written += os.write(fd, line[written:])
+        finally:
+            os.close(fd)
+
     def truncate_after(self, step: int) -> None:
-        """Drops records of steps > `step` (after resuming from a checkpoint at `step`)."""
+        """Drops records of steps > `step` and a torn last line (after resuming from a checkpoint at `step`).
+
+        The files are replaced atomically, so a crash here leaves the old or the new version.
+        """
         if not self.enabled:
             return
         for file in (METRICS_FILE, EVAL_FILE):
             path = os.path.join(self.run_dir, file)
             if os.path.exists(path):
                 kept = [r for r in read_jsonl(path) if r["step"] <= step]
-                with open(path, "w") as f:
+                with open(path + ".tmp", "w") as f:
                     f.writelines(json.dumps(r) + "\n" for r in kept)
+                os.replace(path + ".tmp", path)
 
     def close(self) -> None:
         if self._tb is not None:
@@ -73,9 +93,23 @@ class MetricsWriter:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """The records of a JSONL metrics file."""
+    """The records of a JSONL metrics file.
+
+    A last line that does not parse was cut short by a crash during its write: it is skipped with a
+    warning. A bad line before the last is damage of another kind and raises ValueError naming it.
+    """
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+    records = []
+    for i, (number, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}, line {number}, is not a JSON record ({e}); remove or repair that line") from None
+            logger.warning("%s: skipped its last line, cut short (a crash while it was written): %.80r",
+                           path, line.rstrip("\n"))
+    return records
 
 
 #: Curves drawn by `plot_run`, when present: (title, metric keys).

@@ -415,7 +415,9 @@ class Trainer:
       round's width is the largest number of groups any host still needs
       (a cross-process max), so all hosts run the same rounds and programs.
     * Checkpoints are written and restored by every process (orbax writes each
-      host's shards); metrics, plots and progress bars come from process 0 only.
+      host's shards); metrics, plots and progress bars come from process 0 only,
+      and so do the run directory's lock and checks (`jaxgrpo.rundir`), whose
+      verdict every process gets.
 
     The result equals a single-process run on the same number of devices
     (`tests/test_multihost.py`: 2 processes x 4 CPU devices vs 1 x 8).
@@ -844,9 +846,18 @@ class Trainer:
                 "rng_key_data": np.asarray(jax.random.key_data(key)).tolist()}
         checkpointer.save(step, self.checkpoint_state(), meta)
 
-    def restore(self, checkpointer) -> tuple[int, Array]:
-        """Restores the latest checkpoint; returns (step, RNG key)."""
-        restored, meta = checkpointer.restore(None, self.checkpoint_state())
+    def restore(self, checkpointer) -> tuple[int, Array] | None:
+        """Restores the newest checkpoint that restores; returns (step, RNG key), or None without checkpoints.
+
+        Damaged newer checkpoints are skipped with one warning naming them (`Checkpointer.restore_newest`).
+        """
+        found = checkpointer.restore_newest(self.checkpoint_state())
+        if found is None:
+            return None
+        step, restored, meta, skipped = found
+        if skipped and jax.process_index() == 0:
+            logger.warning("deleted damaged checkpoint(s) in %s that did not restore, and resumed from step %d: %s",
+                           checkpointer.directory, step, "; ".join(f"step {s}: {r}" for s, r in skipped))
         self.state = restored["train"]
         if self.ref_params is not None:
             self.ref_params = restored["ref"]
@@ -882,51 +893,95 @@ class Trainer:
         )
         return metrics
 
-    def run(self, *, resume: bool = False, progress: bool = True, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
-        """Trains for `cfg.steps` steps (continuing from the latest checkpoint with `resume`).
+    def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+            on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+        """Trains for `cfg.steps` steps into `cfg.run_dir`; returns the records of the steps it ran.
+
+        A run directory that already holds a run is refused unless `resume` (continue from its newest
+        checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
+        `overwrite` (delete it and start over); a directory another run holds is refused
+        (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal` after
+        `cfg.max_steps_without_signal` consecutive steps in which no row trains.
 
         `on_step(step, record)` is called after each step's metrics, evaluation
         and checkpoint are written (e.g. for live plots in a notebook).
         """
+        from jaxgrpo.config import to_dict
+        from jaxgrpo.rundir import RunDirectory
+
+        cfg = self.cfg
+        config = to_dict(cfg)
+        with RunDirectory.open(cfg.run_dir, config, resume=resume, overwrite=overwrite,
+                               defaults=to_dict(Config())) as run_directory:
+            return self._run(run_directory, config, resume=resume, progress=progress, on_step=on_step)
+
+    def _run(self, run_directory, config: dict, *, resume: bool, progress: bool, on_step) -> list[dict]:
         from jaxgrpo.checkpoint import Checkpointer
         from jaxgrpo.metrics import EVAL_FILE, MetricsWriter
 
         cfg = self.cfg
-        os.makedirs(cfg.run_dir, exist_ok=True)
         writer = MetricsWriter(cfg.run_dir)
         checkpointer = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), keep=cfg.keep_checkpoints)
-        key = jax.random.key(cfg.seed)
-        start = 0
-        if resume and checkpointer.latest_step() is not None:
-            start, key = self.restore(checkpointer)
-            writer.truncate_after(start)
-        elif resume and writer.enabled:
-            print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
-        if start == 0 and cfg.warmup_sft_steps:
-            losses = self.warmup(cfg.warmup_sft_steps)
-            if writer.enabled:  # process 0 speaks for a multi-host run
-                print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-        if start == 0 and self.eval_examples and cfg.eval_every:
-            writer.write(0, self.evaluate(0), file=EVAL_FILE, prefix="eval/")
-        history = []
-        bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
-        for step in bar:
-            metrics = self.train_step(step, key)
-            record = writer.write(step + 1, metrics)
-            history.append(record)
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
-                                s_per_step=f"{record['time_step']:.1f}")
-            done = step + 1
-            if cfg.eval_every and self.eval_examples and (done % cfg.eval_every == 0 or done == cfg.steps):
-                writer.write(done, self.evaluate(done), file=EVAL_FILE, prefix="eval/")
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                self.save(checkpointer, done, key)
-            if on_step is not None:
-                on_step(done, record)
-        checkpointer.close()
-        writer.close()
-        return history
+        try:
+            key = jax.random.key(cfg.seed)
+            start = 0
+            restored = self.restore(checkpointer) if resume else None
+            if restored is not None:
+                start, key = restored
+            elif resume and writer.enabled:
+                print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
+            if resume:  # records after the checkpoint (all of them from step 0) are written again
+                writer.truncate_after(start if restored is not None else -1)
+            run_directory.write_config(config)  # the run can start: this is now the config of its checkpoints
+            if start == 0 and cfg.warmup_sft_steps:
+                losses = self.warmup(cfg.warmup_sft_steps)
+                if writer.enabled:  # process 0 speaks for a multi-host run
+                    print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+            if start == 0 and self.eval_examples and cfg.eval_every:
+                writer.write(0, self.evaluate(0), file=EVAL_FILE, prefix="eval/")
+            history = []
+            without_signal = 0  # consecutive steps in which no row trained
+            bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
+            for step in bar:
+                metrics = self.train_step(step, key)
+                record = writer.write(step + 1, metrics)
+                history.append(record)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
+                                    s_per_step=f"{record['time_step']:.1f}")
+                done = step + 1
+                without_signal = without_signal + 1 if record["frac_trained_rows"] == 0 else 0
+                if without_signal:
+                    self._no_signal(done, without_signal, warn=writer.enabled)
+                if cfg.eval_every and self.eval_examples and (done % cfg.eval_every == 0 or done == cfg.steps):
+                    writer.write(done, self.evaluate(done), file=EVAL_FILE, prefix="eval/")
+                if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                    self.save(checkpointer, done, key)
+                if on_step is not None:
+                    on_step(done, record)
+            return history
+        finally:
+            checkpointer.close()
+            writer.close()
+
+    def _no_signal(self, step: int, count: int, *, warn: bool) -> None:
+        """Warns of a step in which no row trained; raises `NoLearningSignal` at `max_steps_without_signal` in a row."""
+        limit = self.cfg.max_steps_without_signal
+        if limit and count >= limit:
+            raise NoLearningSignal(
+                f"steps {step - count + 1}-{step} trained no row ({count} in a row, max_steps_without_signal={limit}): "
+                "every reward was invalid (NaN: check the reward functions and that the task's examples have "
+                "answers) or dynamic sampling found no group with differing rewards; fix that, or set "
+                "max_steps_without_signal=0 to train on regardless"
+            )
+        if warn:
+            logger.warning("step %d trained no row (frac_trained_rows=0: every reward invalid or every group "
+                           "filtered out); %d such step(s) in a row%s", step, count,
+                           f", the run stops at {limit}" if limit else "")
+
+
+class NoLearningSignal(RuntimeError):
+    """Consecutive steps trained no row (`Config.max_steps_without_signal`); the message says what to check."""
 
 
 # -- small helpers ----------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""Kill a run 20 times at random points (sampling, update, save, metrics write), resume each time:
+the end result is bit for bit the uninterrupted run's."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from jaxgrpo.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
+DRIVER = os.path.join(ROOT, "tests", "fault_injection_driver.py")
+
+STEPS = 12
+# The toy task, smaller and without warm-up or evaluation: these runs are about surviving kills.
+OVERRIDES = [f"steps={STEPS}", "checkpoint_every=2", "warmup_sft_steps=0", "eval_every=0", "task.num_eval_examples=0",
+             "prompts_per_step=4", "group_size=4", "sampling.max_new_tokens=2"]
+SITES = ("sample", "update", "save", "metrics")
+KILLS_PER_SITE = 5
+
+
+def kill_plan(seed: int) -> list[dict]:
+    """20 kills, 5 per site, in a seeded random order, each at a random call and point.
+
+    A run restarts from the checkpoint at an even step s and saves next at s + 2, so a kill in the
+    first or second call of sampling, update or metrics write lands before that save: the run loses
+    its progress. A kill in the first save keeps at most those 2 steps; 5 of them reach step 10 at
+    most, so every planned kill happens before the 12 steps are done.
+    """
+    rng = random.Random(seed)
+    sites = [s for s in SITES for _ in range(KILLS_PER_SITE)]
+    rng.shuffle(sites)
+    return [{"site": s, "call": 1 if s == "save" else rng.choice((1, 2)), "point": round(rng.random(), 3)}
+            for s in sites]
+
+
+def _final_params(run_dir):
+    import orbax.checkpoint as ocp
+
+    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(STEPS), "state"))
+    return jax.tree.map(np.asarray, restored["train"]["params"])
+
+
+def test_twenty_kills_then_resume_give_the_uninterrupted_run(tmp_path):
+    kills = kill_plan(seed=2026)
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    runs = [{"run_dir": straight, "resume": False, "kill": None}]
+    runs += [{"run_dir": killed, "resume": i > 0, "kill": kill} for i, kill in enumerate(kills)]
+    runs.append({"run_dir": killed, "resume": True, "kill": None})
+    plan, results = tmp_path / "plan.json", tmp_path / "results.jsonl"
+    plan.write_text(json.dumps({"argv": [TOY, "--set", *OVERRIDES], "runs": runs}))
+    # One CPU device, and a persistent compilation cache shared by the runs, so a restart does not
+    # compile again (this session's conftest turns the cache off for in-process tests).
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    proc = subprocess.run([sys.executable, DRIVER, str(plan), str(results)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcomes = [json.loads(line) for line in open(results)]
+    assert len(outcomes) == len(runs)
+
+    def log(i):
+        return open(f"{results}.{i}.log").read()[-3000:]
+
+    assert outcomes[0]["returncode"] == 0, log(0)
+    for i, kill in enumerate(kills, start=1):
+        assert outcomes[i]["returncode"] == -9, (kill, outcomes[i], log(i))  # every planned kill happened
+    assert outcomes[-1]["returncode"] == 0, log(len(runs) - 1)
+
+    jax.tree.map(np.testing.assert_array_equal, _final_params(straight), _final_params(killed))
+    timing = ("time_", "tokens_per_s")
+
+    def comparable(run_dir):
+        return [{k: v for k, v in r.items() if not any(t in k for t in timing)}
+                for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+
+    resumed = comparable(killed)
+    assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))  # every step once, no torn line left
+    assert resumed == comparable(straight)
+    # Kills during saves left orbax temporary directories; the resumed runs cleaned them up.
+    assert sorted(os.listdir(os.path.join(killed, "checkpoints"))) == ["10", "12", "8"]

@@ -1,0 +1,310 @@
+"""What a run does with its directory when a user's input is wrong or the machine fails: refuses to overwrite,
+one writer at a time, resume only with a compatible config, falls back past a damaged checkpoint, survives a
+torn metrics line, reports a full or read-only disk in one line, and stops a run that trains nothing."""
+
+import errno
+import glob
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import jaxgrpo.rewards
+from jaxgrpo.checkpoint import CheckpointError, Checkpointer
+from jaxgrpo.cli import plot_main, train_main
+from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
+from jaxgrpo.metrics import MetricsWriter, read_jsonl
+from jaxgrpo.rundir import RunDirectory, RunDirectoryError
+from jaxgrpo.trainer import NoLearningSignal, Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
+# A 2-step toy run, a checkpoint at each step.
+SMALL = ["steps=2", "checkpoint_every=1", "warmup_sft_steps=0", "eval_every=0", "task.num_eval_examples=0",
+         "prompts_per_step=4", "group_size=4", "sampling.max_new_tokens=2"]
+
+
+def toy_config(run_dir, *overrides):
+    cfg = load_experiment(TOY)
+    apply_overrides(cfg, [*SMALL, f"run_dir={run_dir}", *overrides])
+    return cfg
+
+
+def steps_of(run_dir, file="metrics.jsonl"):
+    return [r["step"] for r in read_jsonl(os.path.join(run_dir, file))]
+
+
+def params_of(trainer):
+    return jax.tree.map(np.asarray, trainer.state.params)
+
+
+def one_error_line(capsys):
+    """The one line the CLI wrote to stderr besides its progress bar."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("jaxgrpo-train: error: "), lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """(a finished 2-step run directory, its trainer, its final parameters); tests copy the directory.
+
+    Tests reuse the trainer (its compiled programs) by pointing its config at their copy; `restore`
+    and `run` set everything a run depends on (state, data position, key).
+    """
+    run_dir = str(tmp_path_factory.mktemp("finished") / "run")
+    trainer = Trainer(toy_config(run_dir))
+    trainer.run(progress=False)
+    return run_dir, trainer, params_of(trainer)
+
+
+@pytest.fixture
+def copy_of(finished, tmp_path):
+    run_dir, trainer, params = finished
+    base = trainer.cfg
+
+    def copy(name="run", **changes):
+        target = str(tmp_path / name)
+        shutil.copytree(run_dir, target)
+        trainer.cfg = toy_config(target)
+        for key, value in changes.items():
+            setattr(trainer.cfg, key, value)
+        return target, trainer
+
+    yield copy
+    trainer.cfg = base
+
+
+def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, capsys):
+    """Before: orbax skipped every save (a step at or below its latest) and metrics.jsonl read 1,2,1,2."""
+    run_dir, trainer = copy_of()
+    config_before = open(os.path.join(run_dir, "config.json")).read()
+    with pytest.raises(RunDirectoryError, match=r"already holds a run .*--resume to continue it, --overwrite to "
+                                                r"delete it and start over, or another --run-dir"):
+        trainer.run(progress=False)
+    assert train_main([TOY, "--run-dir", run_dir, "--set", *SMALL]) == 1
+    assert "already holds a run" in one_error_line(capsys)
+    assert steps_of(run_dir) == [1, 2] and open(os.path.join(run_dir, "config.json")).read() == config_before
+
+    open(os.path.join(run_dir, "notes.txt"), "w").close()
+    trainer.run(overwrite=True, progress=False)
+    assert steps_of(run_dir) == [1, 2] and not os.path.exists(os.path.join(run_dir, "notes.txt"))
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
+    with pytest.raises(RunDirectoryError, match="contradict"):
+        trainer.run(resume=True, overwrite=True, progress=False)
+
+    # A save that orbax skips is an error, not silence.
+    checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"))
+    with pytest.raises(CheckpointError, match="orbax did not save step 1 .* already holds step 2"):
+        checkpointer.save(1, {"x": np.zeros(2)}, {})
+    checkpointer.close()
+
+
+_HOLDER = """
+import sys, time
+from jaxgrpo.rundir import RunDirectory
+run_directory = RunDirectory.open(sys.argv[1], {}, resume=True)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_writer_fails_at_once_naming_the_holder_and_a_killed_holder_frees_the_directory(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, run_dir], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        assert train_main([TOY, "--run-dir", run_dir, "--set", *SMALL]) == 1
+        line = one_error_line(capsys)
+        assert f"in use by pid {holder.pid} on host " in line and "run.lock" in line and "--run-dir" in line
+        assert time.monotonic() - started < 60  # at once: no training, no waiting for the lock
+        assert not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # The kernel dropped the dead holder's flock; its pid is still in the lock file, and is replaced.
+    with RunDirectory.open(run_dir, {}, resume=True):
+        assert open(os.path.join(run_dir, "run.lock")).read().startswith(f"pid {os.getpid()} on host ")
+
+
+def test_resume_refuses_a_changed_config_naming_each_change_and_keeps_the_saved_config(copy_of, finished, capsys):
+    run_dir, trainer = copy_of()
+    config_path = os.path.join(run_dir, "config.json")
+    saved = open(config_path).read()
+    changed = ["group_size=2", "seed=7", "optimizer.lr=0.01"]
+    assert train_main([TOY, "--run-dir", run_dir, "--resume", "--set", *SMALL, *changed]) == 1
+    line = one_error_line(capsys)
+    for change in ("group_size 4 -> 2", "seed 0 -> 7", "optimizer.lr 0.001 -> 0.01"):
+        assert change in line, line
+    assert "steps" in line and "another --run-dir" in line
+    assert open(config_path).read() == saved  # the checkpoints' config survives the refused resume
+
+    # Training longer, evaluating and keeping more checkpoints are allowed; config.json then says so.
+    trainer.cfg.steps, trainer.cfg.keep_checkpoints, trainer.cfg.log_every = 3, 4, 2
+    trainer.run(resume=True, progress=False)
+    assert steps_of(run_dir) == [1, 2, 3]
+    assert json.load(open(config_path))["steps"] == 3
+
+
+def _damage(run_dir, step, how):
+    state = os.path.join(run_dir, "checkpoints", str(step), "state")
+    data = [f for f in glob.glob(os.path.join(state, "**", "d", "*"), recursive=True) if os.path.isfile(f)]
+    if how == "truncated data":
+        biggest = max(data, key=os.path.getsize)
+        os.truncate(biggest, os.path.getsize(biggest) // 2)
+    elif how == "deleted data":
+        for f in data:
+            os.remove(f)
+    elif how == "deleted metadata":
+        os.remove(os.path.join(state, "_METADATA"))
+
+
+def test_resume_falls_back_past_damaged_checkpoints_with_one_warning(copy_of, finished, caplog, capsys):
+    """Before: 44-531 lines of orbax traceback, and the previous good checkpoint was never used."""
+    _, _, final_params = finished
+    for i, how in enumerate(("truncated data", "deleted data", "deleted metadata")):
+        run_dir, trainer = copy_of(f"run{i}")
+        _damage(run_dir, 2, how)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            history = trainer.run(resume=True, progress=False)
+        warnings = [r.getMessage() for r in caplog.records if "damaged checkpoint" in r.getMessage()]
+        assert len(warnings) == 1 and "resumed from step 1: step 2: " in warnings[0], (how, warnings)
+        assert [r["step"] for r in history] == [2] and steps_of(run_dir) == [1, 2]
+        # Step 2 again from checkpoint 1: the same parameters as the undamaged run's.
+        jax.tree.map(np.testing.assert_array_equal, final_params, params_of(trainer))
+        assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
+
+    run_dir, _ = copy_of("none_restores")
+    _damage(run_dir, 1, "deleted metadata")
+    _damage(run_dir, 2, "deleted data")
+    assert train_main([TOY, "--run-dir", run_dir, "--resume", "--set", *SMALL]) == 1
+    line = one_error_line(capsys)
+    assert "no checkpoint in" in line and "restores (step 2: ValueError: NOT_FOUND" in line and "; step 1: " in line
+    assert "--overwrite" in line
+
+
+def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_by_resume(copy_of, caplog, capsys):
+    """Before: a JSONDecodeError blocked both --resume and jaxgrpo-plot."""
+    run_dir, trainer = copy_of(steps=3)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    with open(metrics, "a") as f:
+        f.write('{"step": 3, "reward_me')  # a crash while step 3's line was written
+    with caplog.at_level(logging.WARNING):
+        assert steps_of(run_dir) == [1, 2]
+        assert plot_main([run_dir]) == 0
+    assert "reward.png" in capsys.readouterr().out
+    torn = [r for r in caplog.records if "cut short" in r.getMessage()]
+    assert len(torn) == 2 and '{"step": 3, "reward_me' in torn[0].getMessage()  # one per read
+
+    trainer.run(resume=True, progress=False)
+    lines = open(metrics).read().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]  # every line whole
+
+    with open(metrics, "r+") as f:  # damage before the last line is not a torn write: an error naming it
+        f.write("garbage\n")
+    with pytest.raises(ValueError, match="metrics.jsonl, line 1, is not a JSON record"):
+        read_jsonl(metrics)
+
+
+def test_a_metrics_line_is_one_write(tmp_path, monkeypatch):
+    writes = []
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(bytes(data)) or real_write(fd, data))
+    writer = MetricsWriter(str(tmp_path), tensorboard=False, enabled=True)
+    writer.write(1, {f"metric_{i}": float(i) for i in range(2000)})  # ~40 kB: more than a write buffer
+    monkeypatch.undo()
+    (line,) = writes
+    assert line.endswith(b"\n") and json.loads(line)["metric_1999"] == 1999.0
+
+
+def test_a_full_disk_during_a_save_and_a_read_only_directory_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    """Before: 589 lines of traceback for a disk that filled during a save; earlier checkpoints must survive."""
+    run_dir = str(tmp_path / "run")
+    handler_save = ocp.StandardCheckpointHandler.async_save
+    calls = []
+
+    def disk_fills_at_second_save(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(run_dir, "checkpoints"))
+        return handler_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", disk_fills_at_second_save)
+    assert train_main([TOY, "--run-dir", run_dir, "--set", *SMALL]) == 1
+    line = one_error_line(capsys)
+    assert f"could not save the checkpoint of step 2 in {run_dir}/checkpoints" in line
+    assert "No space left on device" in line and "rerun with --resume" in line
+    monkeypatch.undo()  # space freed
+    assert train_main([TOY, "--run-dir", run_dir, "--resume", "--set", *SMALL]) == 0
+    capsys.readouterr()
+    assert steps_of(run_dir) == [1, 2]  # step 2 again from the surviving checkpoint 1
+
+    # tensorstore reports a full disk as a ValueError naming the OS error code; that is a storage failure too.
+    from jaxgrpo.checkpoint import storage_failure
+
+    tensorstore_error = ValueError("RESOURCE_EXHAUSTED: Error writing local file \"x\": Failed to write 83 bytes to "
+                                   "file 8: No space left on device [os_error_code='28']")
+    assert storage_failure(tensorstore_error) == "No space left on device (errno ENOSPC)"
+
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        open(read_only / "probe", "w").close()
+        writable = True  # root ignores the mode: inject the error the kernel would give instead
+    except PermissionError:
+        writable = False
+    if writable:
+        os.remove(read_only / "probe")
+        real_open = os.open
+
+        def refuse(path, *args, **kwargs):
+            if str(path).startswith(str(read_only)):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refuse)
+    try:
+        assert train_main([TOY, "--run-dir", str(read_only), "--set", *SMALL]) == 1
+    finally:
+        monkeypatch.undo()
+        read_only.chmod(0o755)
+    line = one_error_line(capsys)
+    assert f"cannot write the run directory {read_only}: Permission denied" in line and "make it writable" in line
+
+
+def nan_reward(completions, examples):
+    return np.full(len(completions), np.nan, np.float32)
+
+
+def test_a_run_that_trains_no_row_warns_each_step_and_stops(tmp_path, capsys, caplog, monkeypatch):
+    """Before: a NaN reward on every sample trained nothing for the whole run, and it exited 0 without a word."""
+    monkeypatch.setattr(jaxgrpo.rewards, "nan_reward", nan_reward, raising=False)
+    run_dir = str(tmp_path / "run")
+    with caplog.at_level(logging.WARNING):
+        code = train_main([TOY, "--run-dir", run_dir, "--set", *SMALL, "steps=5", "max_steps_without_signal=3",
+                           "rewards={'nan_reward': 1.0}", "correctness_reward=nan_reward"])
+    assert code == 1
+    line = one_error_line(capsys)
+    assert "steps 1-3 trained no row" in line and "max_steps_without_signal=0" in line
+    warned = [r.getMessage() for r in caplog.records if "trained no row" in r.getMessage()]
+    assert [w.split(" trained")[0] for w in warned] == ["step 1", "step 2"]
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["frac_trained_rows"] == 0 for r in records)
+
+    cfg = Config()
+    cfg.max_steps_without_signal = -1
+    with pytest.raises(ValueError, match="max_steps_without_signal must be >= 0"):
+        validate(cfg)
