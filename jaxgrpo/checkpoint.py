@@ -84,8 +84,9 @@ class Checkpointer:
         """The newest checkpoint that restores: `(step, state, metadata, skipped)`, or None without checkpoints.
 
         A checkpoint that fails to restore (a data file truncated or deleted, its metadata gone) is
-        skipped for the one before it; `skipped` lists `(step, reason)` of those, and they are deleted,
-        so the resumed run can save those steps again. Raises `CheckpointError` when none restores.
+        skipped for the one before it; `skipped` lists `(step, reason)` of those. They are moved out of the
+        way, into `damaged_directory` (deleted only on remote storage, which has no rename), so the resumed
+        run can save those steps again. Raises `CheckpointError` when none restores.
         In a multi-host run the processes agree on each attempt (a step counts only if it restored everywhere).
         """
         steps = sorted(self.all_steps(), reverse=True)
@@ -97,8 +98,8 @@ class Checkpointer:
             except Exception as e:  # orbax and tensorstore raise many kinds for a damaged checkpoint
                 reason = _first_line(e)
             if _on_every_process(not reason):
-                for bad, _ in skipped:
-                    self._manager.delete(bad)
+                if skipped:
+                    self._set_aside([bad for bad, _ in skipped])
                 return step, state, meta, skipped
             skipped.append((step, reason or "failed on another process"))
         if skipped:
@@ -108,6 +109,30 @@ class Checkpointer:
                 "restore the directory from a backup"
             )
         return None
+
+    @property
+    def damaged_directory(self) -> str:
+        """Where checkpoints that do not restore are moved: beside the checkpoints, never read by orbax."""
+        return self.directory.rstrip("/") + "_damaged"
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Moves the checkpoints of `steps` into `damaged_directory` (process 0; the others wait for it)."""
+        if "://" in self.directory:  # remote storage has no rename
+            for step in steps:
+                self._manager.delete(step)
+            return
+        if jax.process_index() == 0:
+            os.makedirs(self.damaged_directory, exist_ok=True)
+            for step in steps:
+                source = os.path.join(self.directory, str(step))
+                target = os.path.join(self.damaged_directory, str(step))
+                suffix = 1
+                while os.path.exists(target):  # an earlier resume set the same step aside
+                    target = os.path.join(self.damaged_directory, f"{step}.{suffix}")
+                    suffix += 1
+                os.replace(source, target)
+        _on_every_process(True)
+        self._manager.reload()
 
     def close(self) -> None:
         self._manager.close()

@@ -856,8 +856,9 @@ class Trainer:
             return None
         step, restored, meta, skipped = found
         if skipped and jax.process_index() == 0:
-            logger.warning("deleted damaged checkpoint(s) in %s that did not restore, and resumed from step %d: %s",
-                           checkpointer.directory, step, "; ".join(f"step {s}: {r}" for s, r in skipped))
+            logger.warning("checkpoint(s) in %s did not restore and were moved to %s; resumed from step %d: %s",
+                           checkpointer.directory, checkpointer.damaged_directory, step,
+                           "; ".join(f"step {s}: {r}" for s, r in skipped))
         self.state = restored["train"]
         if self.ref_params is not None:
             self.ref_params = restored["ref"]

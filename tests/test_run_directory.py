@@ -179,8 +179,11 @@ def test_resume_falls_back_past_damaged_checkpoints_with_one_warning(copy_of, fi
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             history = trainer.run(resume=True, progress=False)
-        warnings = [r.getMessage() for r in caplog.records if "damaged checkpoint" in r.getMessage()]
+        warnings = [r.getMessage() for r in caplog.records if "did not restore" in r.getMessage()]
         assert len(warnings) == 1 and "resumed from step 1: step 2: " in warnings[0], (how, warnings)
+        # Nothing is deleted: the damaged checkpoint is set aside beside the checkpoints.
+        assert "checkpoints_damaged" in warnings[0]
+        assert os.listdir(os.path.join(run_dir, "checkpoints_damaged")) == ["2"]
         assert [r["step"] for r in history] == [2] and steps_of(run_dir) == [1, 2]
         # Step 2 again from checkpoint 1: the same parameters as the undamaged run's.
         jax.tree.map(np.testing.assert_array_equal, final_params, params_of(trainer))
