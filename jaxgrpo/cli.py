@@ -64,10 +64,17 @@ def train_main(argv: list[str] | None = None) -> int:
     import jax
 
     from jaxgrpo.checkpoint import CheckpointError, storage_failure
+    from jaxgrpo.config import Config
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
-    from jaxgrpo.rundir import RunDirectoryError, storage_error_message
+    from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.trainer import NoLearningSignal, Trainer
 
+    try:  # a used or locked run directory is refused before the model is built (`Trainer.run` checks again)
+        RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,
+                               defaults=to_dict(Config()))
+    except RunDirectoryError as e:
+        print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
+        return 1
     trainer = Trainer(cfg)
     try:
         trainer.run(resume=args.resume, overwrite=args.overwrite)

@@ -97,6 +97,28 @@ class RunDirectory:
         self._lock_fd = lock_fd
         self.is_writer = is_writer
 
+    @staticmethod
+    def preflight(path: str, config: dict, *, resume: bool = False, overwrite: bool = False,
+                  defaults: dict | None = None) -> None:
+        """The checks of `open` that change nothing, for a caller to run before anything heavy (building the
+        model): contradicting flags, a directory another run holds (its lock taken and let go at once), a
+        used directory without `resume` or `overwrite`, a changed config on `resume`. `open` checks again."""
+        if resume and overwrite:
+            raise RunDirectoryError("--resume and --overwrite contradict each other: pick one")
+        message = ""
+        if jax.process_index() == 0 and os.path.isdir(path):
+            try:
+                os.close(_lock(path))
+                if not overwrite:
+                    _check(path, config, resume=resume, overwrite=False, defaults=defaults)
+            except RunDirectoryError as e:
+                message = str(e)
+            except OSError as e:
+                message = storage_error_message(path, e)
+        message = _from_process_0(message)
+        if message:
+            raise RunDirectoryError(message)
+
     @classmethod
     def open(cls, path: str, config: dict, *, resume: bool = False, overwrite: bool = False,
              defaults: dict | None = None) -> "RunDirectory":

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import jaxgrpo.rewards
+import jaxgrpo.trainer
 from jaxgrpo.checkpoint import CheckpointError, Checkpointer
 from jaxgrpo.cli import plot_main, train_main
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
@@ -84,14 +85,16 @@ def copy_of(finished, tmp_path):
     trainer.cfg = base
 
 
-def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, capsys):
+def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, capsys, monkeypatch):
     """Before: orbax skipped every save (a step at or below its latest) and metrics.jsonl read 1,2,1,2."""
     run_dir, trainer = copy_of()
     config_before = open(os.path.join(run_dir, "config.json")).read()
     with pytest.raises(RunDirectoryError, match=r"already holds a run .*--resume to continue it, --overwrite to "
                                                 r"delete it and start over, or another --run-dir"):
         trainer.run(progress=False)
-    assert train_main([TOY, "--run-dir", run_dir, "--set", *SMALL]) == 1
+    with monkeypatch.context() as patch:  # the CLI refuses before it builds the model
+        patch.setattr(jaxgrpo.trainer, "Trainer", lambda *a, **k: pytest.fail("the Trainer was built"))
+        assert train_main([TOY, "--run-dir", run_dir, "--set", *SMALL]) == 1
     assert "already holds a run" in one_error_line(capsys)
     assert steps_of(run_dir) == [1, 2] and open(os.path.join(run_dir, "config.json")).read() == config_before
 
