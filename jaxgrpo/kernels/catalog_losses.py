@@ -386,11 +386,13 @@ def hapo(
         raise ValueError(f"lengths must have shape [N]=[{rewards.shape[0]}], got shape {lengths.shape}")
     weight = jnp.where(valid, jnp.maximum(lengths, 0.0), 0.0)
     total = segments.sum(weight, group_ids, num_groups, valid)
-    mean = segments.sum(weight * rewards, group_ids, num_groups, valid) / jnp.maximum(total, 1e-12)
-    centered = rewards - segments.gather(mean, group_ids)
+    # On rewards scaled by a power of two per group (eps alike), so the squares cannot overflow.
+    scaled, k = segments.unit_scale(rewards, group_ids, num_groups, valid)
+    mean = segments.sum(weight * scaled, group_ids, num_groups, valid) / jnp.maximum(total, 1e-12)
+    centered = scaled - segments.gather(mean, group_ids)
     var = segments.sum(weight * centered * centered, group_ids, num_groups, valid) / jnp.maximum(total, 1e-12)
     std = jnp.where(var > 0, jnp.sqrt(jnp.where(var > 0, var, 1.0)), 0.0)
-    token_level = centered / (segments.gather(std, group_ids) + eps)
+    token_level = centered / segments.gather(std + segments.scaled_eps(eps, k, rewards.dtype), group_ids)
     too_large = segments.max(jnp.where(valid, jnp.abs(token_level), 0.0), group_ids, num_groups, valid) >= fallback_threshold
     fallback = grpo(rewards, group_ids, num_groups=num_groups, valid=valid, eps=eps)
     advantages = jnp.where(segments.gather(too_large, group_ids), fallback, token_level)

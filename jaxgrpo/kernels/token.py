@@ -20,17 +20,15 @@ def masked_whiten(x, mask, *, shift_mean: bool = True, eps: float = 1e-8) -> Arr
     """(x - mean) / sqrt(var + eps) over the masked entries of the whole batch (unbiased var).
 
     With `shift_mean=False` the mean is added back (only the scale changes).
-    Masked entries are returned as 0.
+    Masked entries are returned as 0. Finite for any finite x (the statistics
+    are taken on x scaled by a power of two, see `segments.masked_standardize`).
     """
     mask = jnp.asarray(mask)
     check_token_inputs(x=x, mask=mask.astype(jnp.float32))
-    mask = mask.astype(x.dtype)
-    mean = segments.masked_mean(x, mask)
-    var = segments.masked_variance(x, mask, ddof=1)
-    white = (x - mean) * jax.lax.rsqrt(var + eps)
+    white = segments.masked_standardize(x, mask, ddof=1, eps=eps, eps_inside=True)
     if not shift_mean:
-        white = white + mean
-    return white * mask
+        white = white + segments.masked_mean(x, mask)
+    return jnp.where(mask != 0, white, 0.0)
 
 
 def _reverse_scan(step, init, *xs):
