@@ -8,6 +8,9 @@ Every loss follows the policy-loss contract of `jaxgrpo.kernels.losses`::
 Inputs a method needs beyond that (token entropies, group ids, prefix masks)
 are explicit keyword array arguments. Where the paper's loss is not a plain
 token average, the docstring says which `aggregate` mode reproduces it exactly.
+Token inputs (logp, old_logp, advantages, entropies) are replaced by 0 where
+`mask` is 0 before any arithmetic, so NaN or inf at masked-out tokens gives
+neither a NaN loss nor a NaN gradient.
 
 The HAPO advantage (`hapo`, kind "advantage") lives here too, beside the HAPO
 loss it is designed for.
@@ -303,6 +306,7 @@ def disco(
         raise ValueError(f"tau must be > 0, got {tau}")
     mask = jnp.asarray(mask)
     check_token_inputs(logp=logp, old_logp=old_logp, mask=mask.astype(jnp.float32))
+    logp, old_logp = segments.fill_masked(mask, logp, old_logp)
     mask = mask.astype(logp.dtype)
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     if rewards.shape[0] != logp.shape[0]:
@@ -416,6 +420,7 @@ def hapo_entropy_scale(entropy, mask, *, pivot_quantile: float = 0.8, eps: float
     entropy = check_floating("entropy", entropy)
     check_token_inputs(entropy=entropy, mask=jnp.asarray(mask, entropy.dtype))
     on = jnp.asarray(mask) > 0
+    entropy = segments.fill_masked(on, entropy)
     log_h = jnp.log(jnp.maximum(entropy, eps))
     flat = jnp.where(on, log_h, jnp.inf).reshape(-1)
     n = on.sum()

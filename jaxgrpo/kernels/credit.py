@@ -128,6 +128,7 @@ def pure_min_form(process_rewards, step_mask, *, temperature: float = 0.1, mask=
     check_same_shape("step_mask", steps, "process_rewards", process_rewards)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    process_rewards = segments.fill_masked(steps, process_rewards)  # only step tokens are read
     logits = jnp.where(steps, -process_rewards / temperature, -jnp.inf)
     peak = jnp.max(logits, axis=-1, keepdims=True)
     peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))

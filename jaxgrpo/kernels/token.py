@@ -1,7 +1,9 @@
 """Token-level advantages and returns: GAE, discounted returns, masked whitening.
 
 Arrays are [N, T] with a token mask; masked positions are skipped (they neither
-receive credit nor pass it on) and get 0.
+receive credit nor pass it on) and get 0. Their inputs are replaced by 0 before
+any arithmetic (`segments.fill_masked`), so NaN or inf there reaches neither the
+outputs nor the gradients.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, mask=mask.astype(jnp.float32))
+    token_rewards = segments.fill_masked(mask, token_rewards)
     mask = mask.astype(token_rewards.dtype)
 
     def step(carry, inputs):
@@ -91,6 +94,7 @@ def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) ->
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, values=values, mask=mask.astype(jnp.float32))
+    token_rewards, values = segments.fill_masked(mask, token_rewards, values)
     mask = mask.astype(values.dtype)
 
     def step(carry, inputs):
