@@ -44,7 +44,7 @@ def test_render_is_deterministic_and_lists_every_library_kernel(monkeypatch):
 def test_docs_show_signatures_modes_and_kl_kinds():
     text = docs.render()
     assert "`grpo(rewards, group_ids, *, num_groups, valid=None, std_ddof=1, eps=1e-06)`" in text
-    assert "`kl_k1_straight_through(logp, ref_logp, *, clamp=None, old_logp=None)`" in text
+    assert "`kl_k1_straight_through(logp, ref_logp, *, clamp=None, old_logp=None, mask=None)`" in text
     for mode in jaxgrpo.AGGREGATION_MODES:
         assert f"| `{mode}` | `sum" in text
     assert "| `seq_mean_token_sum_norm` | `sum_{i,t} l m / (N_seq * max_len)` | Dr. GRPO |" in text

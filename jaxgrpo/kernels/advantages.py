@@ -7,6 +7,14 @@ Every estimator follows one contract::
 
 Rows with `valid=False` (padding, filtered groups) get advantage 0 and do not
 enter their group's statistics. A group with a single valid row gets 0.
+
+Non-finite rewards: a row whose reward is NaN or +-inf is invalid (advantage 0,
+left out of its group's statistics), in every registered estimator; the other
+rows of its group get the advantages of the group without it. Large rewards:
+group and batch statistics are computed on rewards scaled by a power of two
+(`segments.unit_scale`), so the normalized estimators (GRPO, REINFORCE++) are
+finite for any finite reward, and the others overflow only where the
+advantage itself exceeds the largest float.
 """
 
 from __future__ import annotations
@@ -28,10 +36,8 @@ def group_centered(rewards: Array, group_ids: Array, num_groups: int, valid: Arr
 
 
 def batch_whiten(x: Array, valid: Array, *, ddof: int = 1, eps: float = 1e-8) -> Array:
-    """(x - mean) / sqrt(var + eps) over the valid rows of the whole batch."""
-    mean = segments.masked_mean(x, valid)
-    var = segments.masked_variance(x, valid, ddof=ddof)
-    return (x - mean) * jax.lax.rsqrt(var + eps)
+    """(x - mean) / sqrt(var + eps) over the valid rows of the whole batch; 0 for invalid rows."""
+    return segments.masked_standardize(x, valid, ddof=ddof, eps=eps, eps_inside=True)
 
 
 def _finish(advantages: Array, group_ids: Array, num_groups: int, valid: Array) -> Array:
@@ -50,7 +56,8 @@ def grpo(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, 
       rewards: f32[N] outcome rewards.
       group_ids: i32[N] group (prompt) of each row, in [0, num_groups).
       num_groups: number of groups (static).
-      valid: optional bool[N]; invalid rows get 0 and are left out of the statistics.
+      valid: optional bool[N]; invalid rows, and rows with a NaN or inf reward, get 0
+        and are left out of the statistics.
       std_ddof: delta degrees of freedom of the group std; 1 (unbiased, as
         `torch.std` in TRL and verl) by default, 0 for the population std.
       eps: added to the std; 1e-6 as in verl. A constant group gets 0.
@@ -58,9 +65,8 @@ def grpo(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, 
     Paper: Shao et al., "DeepSeekMath" (2024). Defaults follow verl/TRL.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
-    std = segments.std(rewards, group_ids, num_groups, valid, ddof=std_ddof)
-    centered = group_centered(rewards, group_ids, num_groups, valid)
-    return _finish(centered / (segments.gather(std, group_ids) + eps), group_ids, num_groups, valid)
+    normalized = segments.standardize(rewards, group_ids, num_groups, valid, ddof=std_ddof, eps=eps)
+    return _finish(normalized, group_ids, num_groups, valid)
 
 
 @register_advantage("dr_grpo", paper="Understanding R1-Zero-Like Training: A Critical Perspective (2025)")

@@ -13,6 +13,10 @@ micro-batches (or devices) add up to the parts of the full batch. For gradient
 accumulation, compute the full batch's denominator first
 (`aggregation_denominator`) and pass it to `aggregate` for each micro-batch:
 the micro-batch losses, and their gradients, then sum to the full-batch ones.
+
+Masked-out tokens are selected away (`where`, not a multiplication by the
+mask), so a NaN or inf per-token loss there changes neither the loss nor its
+gradient.
 """
 
 from __future__ import annotations

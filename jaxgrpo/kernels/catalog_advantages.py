@@ -8,8 +8,13 @@ Every estimator follows the outcome-estimator contract::
 with method-specific inputs (step returns, anchor ids, strata, cluster ids,
 bundle ids, sequence log-likelihoods, a reward matrix f32[N, K]) passed as
 explicit keyword arrays. Rows with `valid=False` get 0 and never enter a
-statistic; finite inputs give finite outputs. Advantages are constants for the policy
-gradient, so every estimator returns `stop_gradient` of its result.
+statistic; so do rows whose reward is NaN or +-inf (they count as invalid, see
+`validation.check_outcome_inputs`), and method-specific row inputs of invalid
+rows are ignored too. Finite inputs give finite outputs: statistics are taken
+on rewards scaled by a power of two per group (`segments.unit_scale`), so the
+normalized estimators stay finite for any finite reward. Advantages are
+constants for the policy gradient, so every estimator returns `stop_gradient`
+of its result.
 
 Companions: `mc_grpo_pivot_mask` (kind "mask"), `dgpo_question_weights`
 (kind "selection"), and the losses `rec` and `opmd` (kind "loss").
@@ -42,11 +47,14 @@ Array = jax.Array
 # --------------------------------------------------------------------------- #
 
 
-def _check_row_array(name: str, x, n: int, *, integer: bool = False) -> Array:
+def _check_row_array(name: str, x, n: int, *, integer: bool = False, valid: Array | None = None) -> Array:
+    """A checked [N] row input; with `valid`, float values of invalid rows are replaced by 0."""
     x = check_integer(name, x) if integer else check_floating(name, x)
     if x.shape != (n,):
         raise ValueError(f"{name} must have shape [N]=[{n}] like rewards, got shape {tuple(x.shape)}")
-    return x.astype(jnp.int32) if integer else x
+    if integer:
+        return x.astype(jnp.int32)
+    return x if valid is None else jnp.where(valid, x, 0)
 
 
 def _check_ids_in_range(name: str, ids: Array, size: int, size_name: str) -> None:
@@ -177,8 +185,11 @@ def mc_grpo(rewards, group_ids, *, num_groups: int, valid=None, mad_eps: float =
     Small-Rollout Reinforcement Learning" (2026); code MC-GRPO da07745.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
-    median, mad, _, _ = _median_and_mad(rewards, group_ids, num_groups, valid)
-    adv = (rewards - segments.gather(median, group_ids)) / (segments.gather(mad, group_ids) + mad_eps)
+    # Median and MAD of rewards scaled by a power of two (exact, and |r - median| cannot overflow).
+    scaled, k = segments.unit_scale(rewards, group_ids, num_groups, valid)
+    median, mad, _, _ = _median_and_mad(scaled, group_ids, num_groups, valid)
+    mad_eps = segments.scaled_eps(mad_eps, k, rewards.dtype)
+    adv = (scaled - segments.gather(median, group_ids)) / segments.gather(mad + mad_eps, group_ids)
     return _zero_invalid_and_singletons(adv, group_ids, num_groups, valid)
 
 
@@ -235,8 +246,10 @@ def bnpo(
     scaled = (rewards - min_value) / (max_value - min_value)
     p_group = segments.mean(scaled, group_ids, num_groups, valid)
     has_rows = segments.count(group_ids, num_groups, valid) > 0
-    mu = masked_mean(p_group, has_rows)
-    var = segments.masked_variance(p_group, has_rows, ddof=1)
+    # The Beta fit needs p in [0, 1] (as the density below); out-of-range rewards would make c +-inf.
+    p_fit = jnp.clip(p_group, 0.0, 1.0)
+    mu = masked_mean(p_fit, has_rows)
+    var = segments.masked_variance(p_fit, has_rows, ddof=1)
     fit = (has_rows.sum() > 1) & (var > 0)
     c = mu * (1.0 - mu) / jnp.where(fit, var, 1.0) - 1.0
     alpha = jnp.where(fit, jnp.maximum(1.0 + c * mu / 3.0, 1.0), 1.0)
@@ -293,16 +306,11 @@ def gdpo(
     weights = jnp.ones((k,), rewards.dtype) if reward_weights is None else check_floating("reward_weights", reward_weights)
     if weights.shape != (k,):
         raise ValueError(f"reward_weights must have shape [K]=[{k}] like rewards' second axis, got {tuple(weights.shape)}")
-    mean = segments.gather(segments.mean(rewards, group_ids, num_groups, valid), group_ids)
-    std = segments.gather(segments.std(rewards, group_ids, num_groups, valid, ddof=std_ddof), group_ids)
-    per_reward = (rewards - mean) / (std + eps)
+    per_reward = segments.standardize(rewards, group_ids, num_groups, valid, ddof=std_ddof, eps=eps)
     n = _group_count(group_ids, num_groups, valid)
     per_reward = jnp.where((valid & (n > 1))[:, None], per_reward, 0.0)
     summed = per_reward @ weights
-    batch_mean = masked_mean(summed, valid)
-    batch_var = segments.masked_variance(summed, valid, ddof=std_ddof)
-    batch_std = jnp.sqrt(jnp.where(batch_var > 0, batch_var, 0.0))
-    return jax.lax.stop_gradient(jnp.where(valid, (summed - batch_mean) / (batch_std + eps), 0.0))
+    return jax.lax.stop_gradient(segments.masked_standardize(summed, valid, ddof=std_ddof, eps=eps))
 
 
 # --------------------------------------------------------------------------- #
@@ -323,13 +331,19 @@ def ngrpo(rewards, group_ids, *, num_groups: int, valid=None, r_max: float = 1.0
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     n = segments.count(group_ids, num_groups, valid)
-    total = segments.sum(rewards, group_ids, num_groups, valid) + r_max
+    # In units of 2^k, k from the group's largest |r| and r_max, so sums and squares cannot overflow.
+    peak = jnp.maximum(segments.max(jnp.abs(rewards), group_ids, num_groups, valid), abs(r_max))
+    k = segments.scale_exponent(peak)
+    scale = segments.power_of_two(-k, rewards.dtype)
+    scaled, r_max = rewards * segments.gather(scale, group_ids), r_max * scale
+    eps = segments.scaled_eps(eps, k, rewards.dtype)
+    total = segments.sum(scaled, group_ids, num_groups, valid) + r_max
     mu = total / (n + 1.0)
     mu_row = segments.gather(mu, group_ids)
-    ss = segments.sum(jnp.square(rewards - mu_row), group_ids, num_groups, valid) + jnp.square(r_max - mu)
+    ss = segments.sum(jnp.square(scaled - mu_row), group_ids, num_groups, valid) + jnp.square(r_max - mu)
     var = ss / jnp.maximum(n, 1.0)
     sigma = jnp.where(var > 0, jnp.sqrt(jnp.where(var > 0, var, 1.0)), 0.0)
-    adv = (rewards - mu_row) / (segments.gather(sigma, group_ids) + eps)
+    adv = (scaled - mu_row) / segments.gather(sigma + eps, group_ids)
     return jax.lax.stop_gradient(jnp.where(valid, adv, 0.0))
 
 
@@ -412,10 +426,12 @@ def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) 
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     n = segments.count(group_ids, num_groups, valid)
-    mean = segments.mean(rewards, group_ids, num_groups, valid)
-    centered = rewards - segments.gather(mean, group_ids)
-    extent = segments.sum(jnp.abs(centered), group_ids, num_groups, valid)
-    adv = segments.gather(n, group_ids) * centered / (segments.gather(extent, group_ids) + eps)
+    # A ratio of deviations: computed on rewards scaled by a power of two, so the sum cannot overflow.
+    scaled, k = segments.unit_scale(rewards, group_ids, num_groups, valid)
+    mean = segments.mean(scaled, group_ids, num_groups, valid)
+    centered = scaled - segments.gather(mean, group_ids)
+    extent = segments.sum(jnp.abs(centered), group_ids, num_groups, valid) + segments.scaled_eps(eps, k, rewards.dtype)
+    adv = segments.gather(n, group_ids) * centered / segments.gather(extent, group_ids)
     return _zero_invalid_and_singletons(adv, group_ids, num_groups, valid)
 
 
@@ -453,12 +469,9 @@ def dgpo_question_weights(rewards, group_ids, *, num_groups: int, valid=None, te
 
 
 def _normalize_in_segments(x, seg_ids, num_segments, valid, normalization, eps):
-    mean = segments.gather(segments.mean(x, seg_ids, num_segments, valid), seg_ids)
-    centered = x - mean
     if normalization == "mean_norm":
-        return centered
-    std = segments.gather(segments.std(x, seg_ids, num_segments, valid, ddof=1), seg_ids)
-    return centered / (std + eps)
+        return x - segments.gather(segments.mean(x, seg_ids, num_segments, valid), seg_ids)
+    return segments.standardize(x, seg_ids, num_segments, valid, ddof=1, eps=eps)
 
 
 @register_advantage("gigpo", paper="Group-in-Group Policy Optimization for LLM Agent Training (2025)")
@@ -498,7 +511,7 @@ def gigpo(
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     n = rewards.shape[0]
-    step_returns = _check_row_array("step_returns", step_returns, n)
+    step_returns = _check_row_array("step_returns", step_returns, n, valid=valid)
     anchor_ids = _check_row_array("anchor_ids", anchor_ids, n, integer=True)
     _check_ids_in_range("anchor_ids", anchor_ids, num_anchors, "num_anchors")
     if normalization not in ("mean_norm", "std"):
@@ -517,9 +530,8 @@ def gigpo(
 
 
 def _grpo_normalize(rewards, seg_ids, num_segments, valid, ddof, eps):
-    mean = segments.gather(segments.mean(rewards, seg_ids, num_segments, valid), seg_ids)
-    std = segments.gather(segments.std(rewards, seg_ids, num_segments, valid, ddof=ddof), seg_ids)
-    return _zero_invalid_and_singletons((rewards - mean) / (std + eps), seg_ids, num_segments, valid)
+    normalized = segments.standardize(rewards, seg_ids, num_segments, valid, ddof=ddof, eps=eps)
+    return _zero_invalid_and_singletons(normalized, seg_ids, num_segments, valid)
 
 
 @register_advantage(
@@ -657,10 +669,10 @@ def seed_grpo(
         factor = jnp.exp(-x)
     else:
         factor = jnp.power(1.0 - x, focal_gamma)
-    centered = rewards - segments.gather(segments.mean(rewards, group_ids, num_groups, valid), group_ids)
     if std_normalize:
-        std = segments.std(rewards, group_ids, num_groups, valid, ddof=1)
-        centered = centered / (segments.gather(std, group_ids) + eps)
+        centered = segments.standardize(rewards, group_ids, num_groups, valid, ddof=1, eps=eps)
+    else:
+        centered = rewards - segments.gather(segments.mean(rewards, group_ids, num_groups, valid), group_ids)
     return _zero_invalid_and_singletons(centered * segments.gather(factor, group_ids), group_ids, num_groups, valid)
 
 
@@ -723,7 +735,11 @@ def riskpo(
     papers_per_bundle = jax.ops.segment_min(jnp.where(valid, question_size, big), bundle_ids, num_segments=num_bundles)
     in_paper = valid & (rank < jnp.take(papers_per_bundle, bundle_ids, mode="clip"))
     paper_ids = joint_segment_ids(bundle_ids, rank, in_paper)
-    paper_score = segments.sum(rewards, paper_ids, n, in_paper)
+    # Scores in units of 2^k per bundle (k from its largest |reward|), so sums and squares cannot
+    # overflow; the advantage is a ratio of scores, and 1 and eps below are scaled alike.
+    scaled, k = segments.unit_scale(rewards, bundle_ids, num_bundles, in_paper)
+    unit = segments.power_of_two(-k, rewards.dtype)
+    paper_score = segments.sum(scaled, paper_ids, n, in_paper)
     paper_exists = segments.count(paper_ids, n, in_paper) > 0
     paper_bundle = jax.ops.segment_max(jnp.where(in_paper, bundle_ids, -1), paper_ids, num_segments=n)
     paper_bundle = jnp.clip(paper_bundle, 0, num_bundles - 1)
@@ -732,16 +748,16 @@ def riskpo(
     q_high = quantile_within_groups(paper_score, paper_bundle, num_bundles, paper_exists, quantile_high)
     if tracked_quantiles is not None:
         tracked = jnp.asarray(tracked_quantiles, rewards.dtype)
-        q_low, q_high = 0.5 * (q_low + tracked[0]), 0.5 * (q_high + tracked[1])
+        q_low, q_high = 0.5 * (q_low + tracked[0] * unit), 0.5 * (q_high + tracked[1] * unit)
     num_papers = segments.count(paper_bundle, num_bundles, paper_exists)
     std = segments.std(paper_score, paper_bundle, num_bundles, paper_exists, ddof=1)
-    std = jnp.where(num_papers > 1, std, 1.0)
+    std = jnp.where(num_papers > 1, std, unit) + segments.scaled_eps(eps, k, rewards.dtype)
 
     s = paper_score
     a, b = q_low[paper_bundle], q_high[paper_bundle]
     rvar = (jnp.maximum(s - a, 0.0) - jnp.maximum(s - b, 0.0) + a - b) / (quantile_high - quantile_low + eps)
     cvar = -jnp.maximum(a - s, 0.0) / (quantile_low + eps)
-    paper_adv = (cvar_weight * cvar + rvar) / (cvar_weight + 1.0) / (std[paper_bundle] + eps)
+    paper_adv = (cvar_weight * cvar + rvar) / (cvar_weight + 1.0) / std[paper_bundle]
     return jax.lax.stop_gradient(jnp.where(in_paper, paper_adv[paper_ids], 0.0))
 
 
@@ -787,7 +803,7 @@ def xrpo(
     Exploitation" (2025).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
-    seq_logp = jax.lax.stop_gradient(_check_row_array("seq_logp", seq_logp, rewards.shape[0]))
+    seq_logp = jax.lax.stop_gradient(_check_row_array("seq_logp", seq_logp, rewards.shape[0], valid=valid))
     adv = get_advantage(base)(rewards, group_ids, num_groups=num_groups, valid=valid)
     mean_s = segments.gather(segments.mean(seq_logp, group_ids, num_groups, valid), group_ids)
     eta = jnp.exp(jnp.clip(seq_logp - mean_s, -50.0, 50.0))

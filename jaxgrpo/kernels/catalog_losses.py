@@ -8,6 +8,9 @@ Every loss follows the policy-loss contract of `jaxgrpo.kernels.losses`::
 Inputs a method needs beyond that (token entropies, group ids, prefix masks)
 are explicit keyword array arguments. Where the paper's loss is not a plain
 token average, the docstring says which `aggregate` mode reproduces it exactly.
+Token inputs (logp, old_logp, advantages, entropies) are replaced by 0 where
+`mask` is 0 before any arithmetic, so NaN or inf at masked-out tokens gives
+neither a NaN loss nor a NaN gradient.
 
 The HAPO advantage (`hapo`, kind "advantage") lives here too, beside the HAPO
 loss it is designed for.
@@ -303,6 +306,7 @@ def disco(
         raise ValueError(f"tau must be > 0, got {tau}")
     mask = jnp.asarray(mask)
     check_token_inputs(logp=logp, old_logp=old_logp, mask=mask.astype(jnp.float32))
+    logp, old_logp = segments.fill_masked(mask, logp, old_logp)
     mask = mask.astype(logp.dtype)
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
     if rewards.shape[0] != logp.shape[0]:
@@ -386,11 +390,13 @@ def hapo(
         raise ValueError(f"lengths must have shape [N]=[{rewards.shape[0]}], got shape {lengths.shape}")
     weight = jnp.where(valid, jnp.maximum(lengths, 0.0), 0.0)
     total = segments.sum(weight, group_ids, num_groups, valid)
-    mean = segments.sum(weight * rewards, group_ids, num_groups, valid) / jnp.maximum(total, 1e-12)
-    centered = rewards - segments.gather(mean, group_ids)
+    # On rewards scaled by a power of two per group (eps alike), so the squares cannot overflow.
+    scaled, k = segments.unit_scale(rewards, group_ids, num_groups, valid)
+    mean = segments.sum(weight * scaled, group_ids, num_groups, valid) / jnp.maximum(total, 1e-12)
+    centered = scaled - segments.gather(mean, group_ids)
     var = segments.sum(weight * centered * centered, group_ids, num_groups, valid) / jnp.maximum(total, 1e-12)
     std = jnp.where(var > 0, jnp.sqrt(jnp.where(var > 0, var, 1.0)), 0.0)
-    token_level = centered / (segments.gather(std, group_ids) + eps)
+    token_level = centered / segments.gather(std + segments.scaled_eps(eps, k, rewards.dtype), group_ids)
     too_large = segments.max(jnp.where(valid, jnp.abs(token_level), 0.0), group_ids, num_groups, valid) >= fallback_threshold
     fallback = grpo(rewards, group_ids, num_groups=num_groups, valid=valid, eps=eps)
     advantages = jnp.where(segments.gather(too_large, group_ids), fallback, token_level)
@@ -414,6 +420,7 @@ def hapo_entropy_scale(entropy, mask, *, pivot_quantile: float = 0.8, eps: float
     entropy = check_floating("entropy", entropy)
     check_token_inputs(entropy=entropy, mask=jnp.asarray(mask, entropy.dtype))
     on = jnp.asarray(mask) > 0
+    entropy = segments.fill_masked(on, entropy)
     log_h = jnp.log(jnp.maximum(entropy, eps))
     flat = jnp.where(on, log_h, jnp.inf).reshape(-1)
     n = on.sum()

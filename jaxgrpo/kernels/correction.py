@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.kernels.registry import register
-from jaxgrpo.kernels.segments import masked_mean
+from jaxgrpo.kernels.segments import fill_masked, masked_mean
 from jaxgrpo.kernels.validation import check_token_inputs
 
 Array = jax.Array
@@ -38,6 +38,7 @@ def importance_correction(
     lower_threshold <= w <= threshold else 0 (the token or sequence is dropped).
 
     Multiply the per-token loss by the returned weights (a stop-gradient array).
+    Masked-out tokens get weight 0 whatever their log-probabilities (NaN, -inf).
 
     Args:
       threshold: upper cap C; 2.0 as in the paper and verl.
@@ -55,6 +56,7 @@ def importance_correction(
         raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
     mask = jnp.asarray(mask)
     check_token_inputs(trainer_logp=trainer_logp, sampler_logp=sampler_logp, mask=mask.astype(jnp.float32))
+    trainer_logp, sampler_logp = fill_masked(mask, trainer_logp, sampler_logp)
     mask = mask.astype(trainer_logp.dtype)
     log_w = jnp.clip(jax.lax.stop_gradient(trainer_logp) - sampler_logp, -20.0, 20.0) * mask
     if level == "sequence":

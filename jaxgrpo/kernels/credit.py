@@ -128,6 +128,7 @@ def pure_min_form(process_rewards, step_mask, *, temperature: float = 0.1, mask=
     check_same_shape("step_mask", steps, "process_rewards", process_rewards)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    process_rewards = segments.fill_masked(steps, process_rewards)  # only step tokens are read
     logits = jnp.where(steps, -process_rewards / temperature, -jnp.inf)
     peak = jnp.max(logits, axis=-1, keepdims=True)
     peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
@@ -169,7 +170,8 @@ def rank_grpo(hits, group_ids, *, num_groups: int, valid=None, reward: str = "dc
 
     r_{i,k} = `rank_rewards(hits)`; A_{i,k} = (r_{i,k} - mean_g r_{.,k}) /
     (std_g r_{.,k} + eps) over the valid lists i of group g (ddof = 1, the
-    GRPO convention). Single-list groups and invalid rows get 0. Pair with
+    GRPO convention). Single-list groups and invalid rows (also lists with a
+    NaN or inf rank reward) get 0. Pair with
     `rank_level_ratio` (the rank-level importance ratio) and
     `rank_token_values` (to put A on the rank's tokens).
 
@@ -178,11 +180,10 @@ def rank_grpo(hits, group_ids, *, num_groups: int, valid=None, reward: str = "dc
 
     Paper: "Rank-GRPO" (2025).
     """
-    r = rank_rewards(hits, reward=reward)
-    _, group_ids, valid, num_groups = check_outcome_inputs(r[:, 0], group_ids, num_groups, valid)
-    mean = segments.mean(r, group_ids, num_groups, valid)
-    std = segments.std(r, group_ids, num_groups, valid, ddof=std_ddof)
-    adv = (r - segments.gather(mean, group_ids)) / (segments.gather(std, group_ids) + eps)
+    r, group_ids, valid, num_groups = check_outcome_inputs(
+        rank_rewards(hits, reward=reward), group_ids, num_groups, valid, reward_shape="[N, K]"
+    )
+    adv = segments.standardize(r, group_ids, num_groups, valid, ddof=std_ddof, eps=eps)
     n = segments.gather(segments.count(group_ids, num_groups, valid), group_ids)
     return jnp.where((valid & (n > 1))[:, None], adv, 0.0)
 

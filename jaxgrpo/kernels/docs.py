@@ -106,6 +106,13 @@ def render() -> str:
         "`experimental/` are documented reconstructions whose formula could not be checked against the",
         "authors' code. The docstring of each function gives its formula, defaults and paper.",
         "",
+        "Numerics: a row whose reward is NaN or +-inf counts as invalid (as `valid=False`) in every",
+        "estimator that takes rewards: it gets 0 and is left out of its group's statistics. Group and",
+        "batch statistics are computed on values scaled by a power of two, so they do not overflow for",
+        "any finite reward (normalized advantages stay finite). Token kernels replace their inputs by 0",
+        "where the mask is 0 before any arithmetic, so NaN or inf at masked-out tokens reaches neither",
+        "a loss nor a gradient (`kl_penalty` does so when given `mask`).",
+        "",
         "Kinds: " + ", ".join(f"[{kind}](#{kind})" for kind in registry.KINDS) + ".",
     ]
     for kind, contract in registry.KINDS.items():

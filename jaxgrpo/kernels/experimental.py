@@ -8,6 +8,11 @@ docstring says which parts are reconstructed. Every hyper-parameter that
 switches the reconstruction off is tested to reduce to a verified baseline
 kernel (e.g. DHPO with token weight 1 is `ppo_clip`).
 
+Numerics follow the baseline kernels: a row with a NaN or +-inf reward is
+invalid (advantage 0, out of every statistic), whitening is computed on values
+scaled by a power of two (no overflow), and token inputs are replaced by 0
+where the mask is 0 before any arithmetic (no NaN from masked-out tokens).
+
 Kernels:
   experimental/etr_clip                loss   ETR elastic trust region
   experimental/dhpo                    loss   DHPO token/sequence ratio mix
@@ -204,7 +209,7 @@ def dhpo(
         weight = jnp.full_like(logp, token_weight)
     else:
         check_token_inputs(logp=logp, token_entropy=token_entropy)
-        entropy = jax.lax.stop_gradient(jnp.maximum(token_entropy, 0.0))
+        entropy = jax.lax.stop_gradient(jnp.maximum(segments.fill_masked(mask, token_entropy), 0.0))
         seq_entropy = masked_mean(entropy, mask, axis=-1)[:, None]
         denom = entropy + seq_entropy
         weight = jnp.where(denom > 0, entropy / jnp.where(denom > 0, denom, 1.0), 0.5)
@@ -463,6 +468,7 @@ def t_ppo_egae(
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, values=values, mask=mask.astype(jnp.float32))
+    token_rewards, values = segments.fill_masked(mask, token_rewards, values)
     mask = mask.astype(values.dtype)
     n = values.shape[0]
     complete = check_valid("is_complete", is_complete, n)
@@ -546,7 +552,7 @@ def grpo_vps_progress(
         delta = delta - group_mean[group_ids]
     seg = jnp.clip(segment_ids, 0, num_segments - 1)
     token_delta = jnp.take_along_axis(delta, seg, axis=1)
-    return (advantages[:, None] + progress_coef * token_delta) * mask
+    return jnp.where(mask > 0, advantages[:, None] + progress_coef * token_delta, 0.0)
 
 
 # ---------------------------------------------------------- Arbitrary-Entropy PO

@@ -10,6 +10,10 @@ Straight-through variants `k1+`, `k3+` take the value of k1/k3 and the gradient
 of k2. `k3_unbiased` weights k3 by the importance ratio pi / pi_old, which keeps
 the estimate of KL(pi || pi_ref) unbiased when the samples came from pi_old.
 
+Pass `mask` to get 0 (value and gradient) at masked-out tokens whatever the
+log-probabilities hold there: NaN or -inf at a pad token would otherwise turn
+`kl * mask` and its gradient into NaN.
+
 Reference: J. Schulman, "Approximating KL Divergence" (2020).
 """
 
@@ -20,6 +24,7 @@ import jax.numpy as jnp
 
 from jaxgrpo.kernels.losses import MAX_LOG_RATIO
 from jaxgrpo.kernels.registry import register
+from jaxgrpo.kernels.segments import fill_masked
 from jaxgrpo.kernels.validation import check_token_inputs
 
 Array = jax.Array
@@ -60,7 +65,7 @@ def _straight_through(value: Array, gradient_of: Array) -> Array:
     return gradient_of + jax.lax.stop_gradient(value - gradient_of)
 
 
-def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, old_logp=None) -> Array:
+def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, old_logp=None, mask=None) -> Array:
     """Per-token KL estimate between the policy and a reference.
 
     Args:
@@ -71,9 +76,12 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, 
         `low_var_kl` clamps k3 at 10).
       old_logp: f32[N, T] log pi_old(y_t) of the sampling policy; required for
         `k3_unbiased`.
+      mask: optional f32[N, T] (or bool) token mask; where it is 0 the inputs are
+        replaced by 0 before any arithmetic and the estimate is 0, so NaN or
+        -inf there reaches neither the value nor the gradient.
 
     Returns:
-      f32[N, T] per-token estimate (not masked).
+      f32[N, T] per-token estimate (not multiplied by the mask).
 
     With x = log pi_ref - log pi: k1 = -x, k2 = x^2 / 2, k3 = exp(x) - x - 1.
 
@@ -82,6 +90,11 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, 
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
     check_token_inputs(logp=logp, ref_logp=ref_logp, old_logp=old_logp)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        check_token_inputs(logp=logp, mask=mask.astype(jnp.float32))
+        logp, ref_logp = fill_masked(mask, logp, ref_logp)
+        old_logp = None if old_logp is None else fill_masked(mask, old_logp)
     log_r = jnp.asarray(ref_logp) - logp  # log(pi_ref / pi)
     if kind == "k1":
         kl = _k1(log_r)
@@ -113,8 +126,8 @@ _SUMMARIES = {
 
 
 def _registered_estimator(kind: str):
-    def estimator(logp, ref_logp, *, clamp: float | None = None, old_logp=None):
-        return kl_penalty(logp, ref_logp, kind, clamp=clamp, old_logp=old_logp)
+    def estimator(logp, ref_logp, *, clamp: float | None = None, old_logp=None, mask=None):
+        return kl_penalty(logp, ref_logp, kind, clamp=clamp, old_logp=old_logp, mask=mask)
 
     estimator.__name__ = "kl_" + kind.replace("+", "_straight_through")
     estimator.__doc__ = (

@@ -8,6 +8,11 @@ Every policy loss follows one contract::
 `per_token_loss` is zero where `mask` is zero; turn it into a scalar with
 `jaxgrpo.aggregate`. `metrics` holds scalars (masked token means) such as the
 clip fractions and ratio statistics.
+
+Masked-out tokens: `prepare` replaces logp, old_logp and the advantages by 0
+where `mask` is 0 before any arithmetic (`segments.fill_masked`), so NaN or
++-inf there (padding, a -inf log-probability of a pad token) gives neither a
+NaN loss nor a NaN gradient; every registered loss goes through it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.kernels.registry import register_loss
-from jaxgrpo.kernels.segments import masked_mean
+from jaxgrpo.kernels.segments import fill_masked, masked_mean
 from jaxgrpo.kernels.validation import broadcast_advantages, check_token_inputs
 
 Array = jax.Array
@@ -26,10 +31,14 @@ MAX_LOG_RATIO = 20.0
 
 
 def prepare(logp, old_logp, advantages, mask):
-    """Validates the loss inputs; returns (logp, old_logp, advantages [N,T], mask as logp's dtype)."""
+    """Validates the loss inputs; returns (logp, old_logp, advantages [N,T], mask as logp's dtype).
+
+    logp, old_logp and the advantages are 0 where the mask is 0, whatever they held there.
+    """
     mask = jnp.asarray(mask)
     check_token_inputs(logp=logp, old_logp=old_logp, mask=mask.astype(jnp.float32))
-    return logp, old_logp, broadcast_advantages(advantages, logp), mask.astype(logp.dtype)
+    logp, old_logp, advantages = fill_masked(mask, logp, old_logp, broadcast_advantages(advantages, logp))
+    return logp, old_logp, advantages, mask.astype(logp.dtype)
 
 
 def log_ratio(logp: Array, old_logp: Array) -> Array:
@@ -194,6 +203,7 @@ def clipped_value_loss(values, old_values, returns, mask, *, clip_range: float =
     """PPO's clipped value loss, per token.
 
     l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2), c = 0.2 (verl).
+    Masked-out tokens give 0 and no gradient, whatever their values.
 
     Returns:
       (per_token_loss f32[N,T], metrics with `value_clip_fraction`).
@@ -202,6 +212,7 @@ def clipped_value_loss(values, old_values, returns, mask, *, clip_range: float =
     """
     mask = jnp.asarray(mask)
     check_token_inputs(values=values, old_values=old_values, returns=returns, mask=mask.astype(jnp.float32))
+    values, old_values, returns = fill_masked(mask, values, old_values, returns)
     mask = mask.astype(values.dtype)
     clipped = old_values + jnp.clip(values - old_values, -clip_range, clip_range)
     unclipped_loss = jnp.square(values - returns)

@@ -1,7 +1,9 @@
 """Token-level advantages and returns: GAE, discounted returns, masked whitening.
 
 Arrays are [N, T] with a token mask; masked positions are skipped (they neither
-receive credit nor pass it on) and get 0.
+receive credit nor pass it on) and get 0. Their inputs are replaced by 0 before
+any arithmetic (`segments.fill_masked`), so NaN or inf there reaches neither the
+outputs nor the gradients.
 """
 
 from __future__ import annotations
@@ -20,17 +22,15 @@ def masked_whiten(x, mask, *, shift_mean: bool = True, eps: float = 1e-8) -> Arr
     """(x - mean) / sqrt(var + eps) over the masked entries of the whole batch (unbiased var).
 
     With `shift_mean=False` the mean is added back (only the scale changes).
-    Masked entries are returned as 0.
+    Masked entries are returned as 0. Finite for any finite x (the statistics
+    are taken on x scaled by a power of two, see `segments.masked_standardize`).
     """
     mask = jnp.asarray(mask)
     check_token_inputs(x=x, mask=mask.astype(jnp.float32))
-    mask = mask.astype(x.dtype)
-    mean = segments.masked_mean(x, mask)
-    var = segments.masked_variance(x, mask, ddof=1)
-    white = (x - mean) * jax.lax.rsqrt(var + eps)
+    white = segments.masked_standardize(x, mask, ddof=1, eps=eps, eps_inside=True)
     if not shift_mean:
-        white = white + mean
-    return white * mask
+        white = white + segments.masked_mean(x, mask)
+    return jnp.where(mask != 0, white, 0.0)
 
 
 def _reverse_scan(step, init, *xs):
@@ -49,6 +49,7 @@ def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, mask=mask.astype(jnp.float32))
+    token_rewards = segments.fill_masked(mask, token_rewards)
     mask = mask.astype(token_rewards.dtype)
 
     def step(carry, inputs):
@@ -93,6 +94,7 @@ def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) ->
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, values=values, mask=mask.astype(jnp.float32))
+    token_rewards, values = segments.fill_masked(mask, token_rewards, values)
     mask = mask.astype(values.dtype)
 
     def step(carry, inputs):

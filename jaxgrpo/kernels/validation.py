@@ -60,6 +60,12 @@ def check_num_groups(num_groups: Any) -> int:
 def check_outcome_inputs(rewards, group_ids, num_groups, valid, *, reward_shape: str = "[N]"):
     """Validates the outcome-estimator arguments and returns them as arrays.
 
+    A row whose reward is NaN or +-inf (any of its K rewards, for [N, K]) is
+    invalid, as if `valid` were False there: every estimator then leaves it out
+    of its group's statistics and gives it 0, so one bad reward does not turn
+    its group's advantages into NaN. The rewards of invalid rows are returned
+    as 0, so they never reach arithmetic (nor a gradient).
+
     Returns:
       (rewards, group_ids as int32, valid as bool[N], num_groups as int).
     """
@@ -81,7 +87,10 @@ def check_outcome_inputs(rewards, group_ids, num_groups, valid, *, reward_shape:
             raise ValueError(
                 f"group_ids must lie in [0, num_groups={num_groups}), got values in [{lo}, {hi}]"
             )
-    valid = check_valid("valid", valid, n)
+    finite = jnp.isfinite(rewards)
+    finite = finite if finite.ndim == 1 else finite.all(axis=1)
+    valid = check_valid("valid", valid, n) & finite
+    rewards = jnp.where(valid.reshape(valid.shape + (1,) * (rewards.ndim - 1)), rewards, 0)
     return rewards, group_ids.astype(jnp.int32), valid, num_groups
 
 
