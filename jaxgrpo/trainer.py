@@ -161,7 +161,8 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
         metrics = dict(metrics)
         if cfg.kl_coef:
             # old_logp: k3_unbiased weights k3 by pi / pi_old, pi_old being the policy that sampled the batch.
-            kl = kernels.kl_penalty(logp, batch.ref_logp, cfg.kl_kind, old_logp=batch.old_logp)
+            # mask: padding never reaches the arithmetic, so garbage there cannot make the gradient NaN.
+            kl = kernels.kl_penalty(logp, batch.ref_logp, cfg.kl_kind, old_logp=batch.old_logp, mask=mask)
             per_token = per_token + cfg.kl_coef * kl * mask
             metrics["kl"] = masked_mean(kl, mask)
         if cfg.entropy_coef:
