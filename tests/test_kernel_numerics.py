@@ -194,6 +194,7 @@ ADVANTAGE_INPUTS = {
                                 "anchor_ids": rng.integers(0, 3, r.shape).astype(np.int32)},
     ),
     "grpo": NO_EXTRAS,
+    "grpo_batch_std": NO_EXTRAS,
     "hapo": (lambda n, g: {}, lambda r, gid, v, rng: {"lengths": np.round(_row_floats(rng, v, 0, 50))}),
     "krpo": NO_EXTRAS,
     "mc_grpo": NO_EXTRAS,
@@ -239,6 +240,10 @@ LOSS_INPUTS = {
     "rec": NO_EXTRAS,
     "reinforce": NO_EXTRAS,
     "sapo": NO_EXTRAS,
+    "vespo": (  # with and without the sampler's importance weights (NaN at masked-out tokens)
+        lambda shape: {},
+        lambda mask, rng: {"importance_weights": _token_floats(rng, mask, 0, 5)} if rng.random() < 0.5 else {},
+    ),
 }
 
 

@@ -3,7 +3,8 @@
 Importing this package registers every built-in kernel: the baselines
 (advantages, losses, kl, token, aggregation, shaping, correction), the verified
 catalog methods (catalog_advantages, catalog_losses, credit, group_rewards,
-selection) and the documented reconstructions (experimental).
+selection), the kernels that complete the peers' registries (reward_scaling,
+sequence_losses, token_masks) and the documented reconstructions (experimental).
 """
 
 from jaxgrpo.kernels import segments
@@ -36,3 +37,4 @@ from jaxgrpo.kernels.token import discounted_returns, gae, masked_whiten, reinfo
 
 # The method catalog: importing registers the kernels.
 from jaxgrpo.kernels import catalog_advantages, catalog_losses, credit, experimental, group_rewards, selection  # noqa: E402,F401
+from jaxgrpo.kernels import reward_scaling, sequence_losses, token_masks  # noqa: E402,F401
