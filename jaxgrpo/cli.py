@@ -155,9 +155,24 @@ def plot_main(argv: list[str] | None = None) -> int:
 def kernels_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxgrpo-kernels", description="List the registered kernels.")
     parser.add_argument("--kind", help="only this kind (advantage, loss, ...)")
+    parser.add_argument("--peer", help="instead, how the kernels of a peer library (verl, trl, tunix) map to ours")
     args = parser.parse_args(argv)
     import jaxgrpo
 
+    if args.peer is not None:
+        from jaxgrpo.kernels import peers
+
+        try:
+            rows = peers.table(args.peer, mark_unavailable=True)
+        except ValueError as e:
+            print(f"jaxgrpo-kernels: error: {e}", file=sys.stderr)
+            return 2
+        peer = peers.PEERS[args.peer]
+        print(f"{peer.repository} at {peer.commit} ({', '.join(peer.files)})")
+        for setting, name, ours, options, note in rows:
+            line = f"{setting:28s} {name:36s} -> {ours:40s} {options}"
+            print(line.rstrip() + (f"  # {note}" if note else ""))
+        return 0
     for k in jaxgrpo.list_kernels(args.kind):
         flag = " [experimental]" if k.experimental else ""
         print(f"{k.kind:16s} {k.name:32s} {k.paper}{flag}")

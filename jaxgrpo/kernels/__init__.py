@@ -5,6 +5,7 @@ Importing this package registers every built-in kernel: the baselines
 catalog methods (catalog_advantages, catalog_losses, credit, group_rewards,
 selection), the kernels that complete the peers' registries (reward_scaling,
 sequence_losses, token_masks) and the documented reconstructions (experimental).
+`peers` maps the registries of verl, TRL and tunix to these kernels.
 """
 
 from jaxgrpo.kernels import segments

@@ -4,8 +4,9 @@
     python -m jaxgrpo.kernels.docs --check    # exits 1 if docs/kernels.md is stale
 
 One table per kernel kind (name, paper, the first line of the docstring, the
-signature with its defaults), then the aggregation modes, the KL kinds and the
-public functions that are not registry entries. The output is a pure function
+signature with its defaults), then the aggregation modes, the KL kinds, the
+public functions that are not registry entries, and the peer coverage: one
+table per peer library (`jaxgrpo.kernels.peers`), with the commit read. The output is a pure function
 of the library's code: kernels are listed in `list_kernels` order (kind, then
 name), and kernels registered from outside the `jaxgrpo` package (a notebook,
 a test) are left out, so the file does not depend on who imported what.
@@ -21,7 +22,7 @@ import sys
 from typing import Callable
 
 from jaxgrpo import kernels
-from jaxgrpo.kernels import aggregation, registry
+from jaxgrpo.kernels import aggregation, peers, registry
 from jaxgrpo.kernels.kl import KL_KINDS
 
 COMMAND = "python -m jaxgrpo.kernels.docs"
@@ -162,7 +163,43 @@ def render() -> str:
     for name in FUNCTIONS:
         fn = getattr(kernels, name)
         out.append(f"| `{fn.__module__}.{name}` | {_cell(summary(fn))} | `{_cell(signature(fn))}` |")
+    out += peer_coverage()
     return "\n".join(out) + "\n"
+
+
+def peer_coverage() -> list[str]:
+    """The "Peer coverage" section: one table per peer of `jaxgrpo.kernels.peers`.
+
+    It lists every row whether or not this build registers the kernel, so the
+    text depends on the coverage data only (`jaxgrpo-kernels --peer NAME` marks
+    what a build lacks).
+    """
+    symbols = "; ".join(f"`{k}` is {v}" for k, v in peers.SIZE_SYMBOLS.items())
+    out = [
+        "",
+        "## Peer coverage",
+        "",
+        "How each kernel of verl, TRL and tunix maps to a jaxgrpo kernel, with the keyword options that",
+        "reproduce the peer's defaults and, for a loss whose normalization the peer fixes, the aggregation",
+        f"mode. In option values, {symbols}. `jaxgrpo-kernels --peer NAME` prints the same table.",
+    ]
+    for name in sorted(peers.COVERAGE):
+        peer = peers.PEERS[name]
+        files = ", ".join(f"`{f}`" for f in peer.files)
+        out += [
+            "",
+            f"### {name}",
+            "",
+            f"Read from [{peer.repository}](https://github.com/{peer.repository}) at commit `{peer.commit}`: {files}.",
+            "",
+            "| Setting | Value | jaxgrpo | Options | Note |",
+            "|---|---|---|---|---|",
+        ]
+        for setting, value, ours, options, note in peers.table(name):
+            ours_cell = ours if ours == "missing" else f"{ours.split(' ', 1)[0]} `{ours.split(' ', 1)[1]}`"
+            options_cell = f"`{_cell(options)}`" if options else ""
+            out.append(f"| `{_cell(setting)}` | `{_cell(value)}` | {ours_cell} | {options_cell} | {_cell(note)} |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
