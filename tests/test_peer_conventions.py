@@ -469,6 +469,42 @@ def test_straight_through_kl_rows_have_the_value_and_the_k2_gradient(value):
     np.testing.assert_allclose(_x64(grad), (b.logp - b.ref_logp) * b.mask, **TOL)
 
 
+def _trl_token_gradient(b: Batch, loss_type: str):
+    """d sum_t(per_token_loss * mask) / d logp of TRL's per-token loss, by hand (token-level ratios)."""
+    a, lp, m = b.advantages[:, None], b.logp, b.mask
+    r = np.exp(lp - b.old_logp)
+    if loss_type == "dapo":  # -min(r A, clip(r) A): -r A where the unclipped term is the smaller one, else 0
+        unclipped = r * a <= np.clip(r, 0.8, 1.2) * a
+        return np.where(unclipped, -r * a, 0.0) * m
+    if loss_type == "cispo":  # -sg(min(r, 5)) A log pi
+        return -np.minimum(r, 5.0) * a * m
+    if loss_type == "sapo":  # -(4 / tau) sigmoid(tau (r - 1)) A: slope 4 s (1 - s) r A
+        tau = np.where(a > 0, 1.0, 1.05)
+        sig = 1 / (1 + np.exp(-tau * (r - 1)))
+        return -4 * sig * (1 - sig) * r * a * m
+    if loss_type == "vespo":  # -sg(phi) A log pi
+        seq_log = np.clip(((lp - b.old_logp) * m).sum(-1, keepdims=True), np.log(1e-8), 20)
+        k, lam = np.where(a >= 0, 2.0, 3.0), np.where(a >= 0, 3.0, 2.0)
+        return -np.exp(lam + k * seq_log - lam * np.exp(seq_log)) * a * m
+    raise KeyError(loss_type)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "sapo", "vespo"])
+def test_trl_token_losses_have_the_peers_gradient(loss_type):
+    b = make_batch(7)
+    row = next(r for r in peers.coverage("trl") if r.peer_kind == "loss_type" and r.peer_name == loss_type)
+    fn = jaxgrpo.get_loss(row.ours)
+
+    def grad():
+        def total(lp):
+            per_token, _ = fn(lp, jnp.asarray(b.old_logp), jnp.asarray(b.advantages), jnp.asarray(b.mask), **row.options)
+            return (per_token * b.mask).sum()
+
+        return jax.grad(total)(jnp.asarray(b.logp))
+
+    np.testing.assert_allclose(_x64(grad), _trl_token_gradient(b, loss_type), **TOL)
+
+
 def test_trl_delta_is_dual_clip_with_c_delta():
     b = make_batch(5)
     # Ratios of e^1.5 = 4.5 > delta = 3 for a negative and a positive advantage.
