@@ -31,7 +31,7 @@ KINDS: dict[str, str] = {
     "reward": "reward shaping: raw rewards or outcomes in, shaped rewards out",
     "selection": "prompt or group selection and rollout allocation: masks, weights or counts",
     "kl": "KL estimator between two per-token log-probabilities",
-    "mask": "a loss mask derived from rewards or groups (e.g. pivot exclusion)",
+    "mask": "a loss mask derived from rewards, groups or the policy's statistics (e.g. pivot exclusion, off-policy sequences)",
 }
 
 
