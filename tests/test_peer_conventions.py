@@ -214,8 +214,10 @@ def _verl(b: Batch, value: str):
     lp, old, ref, m, a = b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages[:, None]
     r, g = b.rewards, b.group_ids
     mean, std, size = group_stats(r, g)
-    if value in ("grpo", "grpo_vectorized"):
+    if value == "grpo":
         return (r - mean) / (std + 1e-6)
+    if value == "grpo_vectorized":  # group_mean_std floors the variance at eps
+        return (r - mean) / (np.sqrt(np.maximum(std**2, 1e-6)) + 1e-6)
     if value == "grpo (norm_adv_by_std_in_grpo=False)":
         return r - mean
     if value in ("rloo", "rloo_vectorized"):

@@ -109,7 +109,8 @@ _VERL = (
     PeerRow("adv_estimator", "grpo (norm_adv_by_std_in_grpo=False)", "advantage", "dr_grpo",
             note=_ONE_ROLLOUT.format(peer="verl", value="r")),
     PeerRow("adv_estimator", "grpo_vectorized", "advantage", "grpo", dict(std_ddof=1, eps=1e-6),
-            note="The vectorized form of grpo."),
+            note="Equal unless a group's variance is below eps (verl floors the variance at eps = 1e-6). "
+                 + _ONE_ROLLOUT.format(peer="verl", value="r / (1 + eps)")),
     PeerRow("adv_estimator", "rloo", "advantage", "rloo", note=_ONE_ROLLOUT.format(peer="verl", value="r")),
     PeerRow("adv_estimator", "rloo_vectorized", "advantage", "rloo"),
     PeerRow("adv_estimator", "reinforce_plus_plus", "token_advantage", "reinforce_pp_returns", dict(gamma=1.0, eps=1e-8),
