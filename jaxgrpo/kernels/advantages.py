@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.registry import register_advantage
-from jaxgrpo.kernels.validation import check_outcome_inputs
+from jaxgrpo.kernels.validation import check_floating, check_outcome_inputs
 
 Array = jax.Array
 
@@ -98,30 +98,87 @@ def rloo(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
     return _finish(scale * group_centered(rewards, group_ids, num_groups, valid), group_ids, num_groups, valid)
 
 
+WHITEN_MODES = ("tokens", "rows")
+
+
+def checked_lengths(lengths, n: int, valid: Array) -> Array | None:
+    """Completion lengths f32[N] (tokens per row) as floats, 0 for invalid rows and never negative; None stays None."""
+    if lengths is None:
+        return None
+    lengths = jnp.asarray(lengths)
+    lengths = lengths.astype(jnp.float32) if jnp.issubdtype(lengths.dtype, jnp.integer) else check_floating("lengths", lengths)
+    if lengths.shape != (n,):
+        raise ValueError(f"lengths must have shape [N]=[{n}] like rewards, got shape {tuple(lengths.shape)}")
+    return jnp.where(valid & jnp.isfinite(lengths), jnp.maximum(lengths, 0.0), 0.0)
+
+
+def whitened(x: Array, valid: Array, *, mode: str = "tokens", lengths: Array | None = None, eps: float = 1e-8) -> Array:
+    """Batch whitening (x - mean) / sqrt(var + eps), unbiased variance, over tokens or over rows.
+
+    `mode="tokens"` weights each row by its number of completion tokens
+    (`lengths`), which is the whitening of a row-constant advantage broadcast
+    over its tokens with the completion mask (REINFORCE++'s and verl's
+    `masked_whiten`): mean = sum_i l_i x_i / L, var = sum_i l_i (x_i - mean)^2 / (L - 1),
+    L = sum_i l_i. Without `lengths` every row counts as one token, which is
+    `mode="rows"`: each valid row weighs 1 whatever its length. A row with no
+    token gets 0.
+    """
+    if mode not in WHITEN_MODES:
+        raise ValueError(f"whiten must be one of {', '.join(WHITEN_MODES)}, got {mode!r}")
+    weight = valid.astype(x.dtype)
+    if mode == "tokens" and lengths is not None:
+        weight = weight * lengths
+    return segments.masked_standardize(x, weight, ddof=1, eps=eps, eps_inside=True)
+
+
 @register_advantage("reinforce_pp", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
-def reinforce_pp(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8) -> Array:
+def reinforce_pp(
+    rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8, whiten: str = "tokens", lengths=None
+) -> Array:
     """REINFORCE++ advantage: the rewards whitened over the global batch.
 
-    A_i = (r_i - mean_batch) / sqrt(var_batch + eps), unbiased variance over the
-    valid rows of the whole batch; groups are ignored (no per-prompt baseline).
-    For token-level returns with a KL term folded into the reward, use
-    `discounted_returns` and `masked_whiten`.
+    A_i = (r_i - mean) / sqrt(var + eps), unbiased variance; groups are ignored
+    (no per-prompt baseline). With `whiten="tokens"` (the default, as the paper
+    and verl: the advantage of every completion token is whitened) mean and
+    variance are taken over the tokens of the batch, each row weighted by its
+    length; with `whiten="rows"` over the valid rows, each row weighing 1. The
+    two agree only when every row has the same number of tokens, up to the
+    unbiased variance's (L - 1) vs (N - 1). For token-level returns with a KL
+    term folded into the reward, use `discounted_returns` and `masked_whiten`.
+
+    Args:
+      whiten: "tokens" or "rows".
+      lengths: f32[N] completion tokens per row (the trainer passes them); without
+        them every row counts as one token, i.e. row whitening.
 
     Paper: Hu, "REINFORCE++" (2025); eps and the unbiased variance follow verl.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
-    return jnp.where(valid, batch_whiten(rewards, valid, eps=eps), 0.0)
+    lengths = checked_lengths(lengths, rewards.shape[0], valid)
+    return jnp.where(valid, whitened(rewards, valid, mode=whiten, lengths=lengths, eps=eps), 0.0)
 
 
 @register_advantage("reinforce_pp_baseline", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
-def reinforce_pp_baseline(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8) -> Array:
+def reinforce_pp_baseline(
+    rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8, whiten: str = "tokens", lengths=None
+) -> Array:
     """REINFORCE++ with a group baseline: subtract the group mean, then whiten over the batch.
 
-    A_i = whiten_batch(r_i - mean_g); single-row groups are centered to 0 but
-    still take part in the batch statistics, as in verl.
+    A_i = whiten_batch(r_i - b_g), b_g the mean of the valid rows of i's group,
+    except that a group with a single valid row keeps its raw reward (b_g = 0),
+    as verl does; that row then enters the batch statistics with r_i, which
+    changes every row's whitened advantage. Whitening is over tokens (default,
+    the paper and verl) or rows, as in `reinforce_pp`.
 
-    Paper: Hu, "REINFORCE++" (2025); the baseline variant as in verl.
+    Args:
+      whiten: "tokens" or "rows".
+      lengths: f32[N] completion tokens per row (the trainer passes them); without
+        them every row counts as one token, i.e. row whitening.
+
+    Paper: Hu, "REINFORCE++" (2025); the baseline variant and single-row groups as in verl.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
-    centered = group_centered(rewards, group_ids, num_groups, valid)
-    return jnp.where(valid, batch_whiten(centered, valid, eps=eps), 0.0)
+    lengths = checked_lengths(lengths, rewards.shape[0], valid)
+    n = segments.gather(segments.count(group_ids, num_groups, valid), group_ids)
+    centered = jnp.where(n > 1, group_centered(rewards, group_ids, num_groups, valid), rewards)
+    return jnp.where(valid, whitened(centered, valid, mode=whiten, lengths=lengths, eps=eps), 0.0)

@@ -80,7 +80,9 @@ def ppo_clip(
     Args:
       eps_low, eps_high: clip range; eps_high defaults to eps_low (symmetric,
         0.2 as in PPO). DAPO's clip-higher uses eps_low=0.2, eps_high=0.28.
-      clip_ratio_c: dual-clip bound (3.0 in verl) or None.
+      clip_ratio_c: dual-clip bound or None (default: no dual clip, as PPO and
+        DAPO). verl always applies the dual clip with c = 3.0; pass
+        clip_ratio_c=3.0 for verl's loss.
 
     Papers: Schulman et al., "Proximal Policy Optimization Algorithms" (2017);
     Yu et al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (2025).
@@ -109,6 +111,10 @@ def ppo_clip(
     return loss * mask, metrics
 
 
+#: GSPO's bound on the sequence log-ratio, as verl's: s_i <= e^10, so |A| s_i stays below |A| e^10.
+MAX_SEQUENCE_LOG_RATIO = 10.0
+
+
 def _sequence_log_ratio(logp, old_logp, mask):
     """Mean token log-ratio of each sequence, f32[N, 1]."""
     log_r = log_ratio(logp, old_logp)
@@ -126,34 +132,63 @@ def _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high):
 
 
 @register_loss("gspo", paper="Group Sequence Policy Optimization (2025)")
-def gspo(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
+def gspo(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    max_seq_log_ratio: float = MAX_SEQUENCE_LOG_RATIO,
+):
     """GSPO: PPO clipping on the sequence-level geometric-mean ratio.
 
-    s_i = exp((1/|o_i|) sum_t log rho_{i,t}); every token of sequence i carries
-    l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), so the
+    s_i = exp(min((1/|o_i|) sum_t log rho_{i,t}, M)); every token of sequence i
+    carries l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), so the
     `seq_mean_token_mean` aggregation gives the paper's -(1/G) sum_i min(...).
 
+    The safety bound M (`max_seq_log_ratio`, 10 as verl) caps the sequence
+    log-ratio: with A < 0 the clipped objective does not bound s_i from above,
+    and token log-ratios clamped at +-20 alone would let the loss reach |A| e^20.
+    Above M the loss is |A| e^M and its gradient is 0. The paper has no such bound.
+
     Paper: Zheng et al., "Group Sequence Policy Optimization" (2025);
-    eps_low=3e-4, eps_high=4e-4 from the paper.
+    eps_low=3e-4, eps_high=4e-4 from the paper; max_seq_log_ratio=10 from verl.
     """
     logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
-    seq_ratio = jnp.exp(_sequence_log_ratio(logp, old_logp, mask)) * jnp.ones_like(logp)
+    seq_log_r = jnp.minimum(_sequence_log_ratio(logp, old_logp, mask), max_seq_log_ratio)
+    seq_ratio = jnp.exp(seq_log_r) * jnp.ones_like(logp)
     return _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high)
 
 
 @register_loss("gspo_token", paper="Group Sequence Policy Optimization (2025)")
-def gspo_token(logp, old_logp, advantages, mask, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
+def gspo_token(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    max_seq_log_ratio: float = MAX_SEQUENCE_LOG_RATIO,
+):
     """GSPO-token: the sequence ratio's value with per-token gradients.
 
-    s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]: equal to s_i in value, so
-    clipping is decided per sequence, while each token's gradient is its own
-    (allowing token-level advantages A_{i,t}).
+    s_{i,t} = exp(min(sg[log s_i] + log pi(y_t) - sg[log pi(y_t)], M)): equal to
+    s_i in value, so clipping is decided per sequence, while each token's
+    gradient is its own (allowing token-level advantages A_{i,t}). This is
+    verl's "gspo" loss.
 
-    Paper: Zheng et al., "Group Sequence Policy Optimization" (2025).
+    The safety bound M (`max_seq_log_ratio`, 10 as verl) caps the log-ratio,
+    so with A < 0 the loss stays below |A| e^M instead of |A| e^20; a capped
+    token has no gradient. The paper has no such bound.
+
+    Paper: Zheng et al., "Group Sequence Policy Optimization" (2025); max_seq_log_ratio=10 from verl.
     """
     logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
     seq_log_r = jax.lax.stop_gradient(_sequence_log_ratio(logp, old_logp, mask))
-    seq_ratio = jnp.exp(seq_log_r + logp - jax.lax.stop_gradient(logp))
+    seq_ratio = jnp.exp(jnp.minimum(seq_log_r + logp - jax.lax.stop_gradient(logp), max_seq_log_ratio))
     return _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high)
 
 
