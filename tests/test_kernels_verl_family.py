@@ -98,6 +98,11 @@ def test_optimal_token_baseline_golden():
     adv, _ = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2,
                                             is_weights=f32([[1, 1], [2, 1], [1, 1]]))
     close(adv[:2, 0], [1 - 0.5 / 3.5, -0.5 / 3.5])
+    # handle_zero_tail: row 0 is the one longest of group 0 (2 tokens vs 1), so past the second-longest
+    # length (t >= 1) its baseline is 0: A[0, 1] = G = 1 instead of 0. Group 1 has one row: unchanged.
+    adv, _ = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2,
+                                            handle_zero_tail=True)
+    close(adv, [[0.6, 1.0], [-0.4, 0.0], [2.0, 2.0]])
 
 
 # ---------------------------------------------------------------- losses

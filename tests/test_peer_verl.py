@@ -150,8 +150,8 @@ def test_remax_as_verl():
     close(on_tokens(np.asarray(got), mask), expected)
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_optimal_token_baseline_as_verl(seed):
+@pytest.mark.parametrize("seed, zero_tail", [(0, False), (1, False), (2, True), (3, True)])
+def test_optimal_token_baseline_as_verl(seed, zero_tail):
     rng, rewards, group_ids, lengths, mask, _, old = batch(seed)
     group_ids = group_ids.copy()
     group_ids[-1] = GROUPS  # a single-row group: no baseline
@@ -161,15 +161,22 @@ def test_optimal_token_baseline_as_verl(seed):
     returns = np.flip(np.cumsum(np.flip(token_rewards * mask, -1), -1), -1)
     cumulative = np.cumsum((1 - 2 * pi + sum_sq) * mask, -1)
     baselines = np.zeros((N, T))
+    triggered = False
     for rows in group_rows(group_ids).values():
         if len(rows) == 1:
             continue
         num = (returns[rows] * cumulative[rows] * mask[rows]).sum(0)
         den = (cumulative[rows] * mask[rows]).sum(0) + 1e-8
         baselines[rows] = num / den
+        lengths_g = mask[rows].sum(-1)
+        longest, second = np.sort(lengths_g)[-1], np.sort(lengths_g)[-2]
+        if zero_tail and (lengths_g == longest).sum() == 1 and longest > second:
+            baselines[rows[np.argmax(lengths_g)], int(second):] = 0.0
+            triggered = True
+    assert triggered == zero_tail  # the zero tail is exercised where asked
     expected = (returns - baselines) * mask
     adv, ret = kernels.optimal_token_baseline(j(token_rewards), j(mask), j(group_ids, jnp.int32), j(old), j(sum_sq),
-                                              num_groups=GROUPS + 1)
+                                              num_groups=GROUPS + 1, handle_zero_tail=zero_tail)
     close(adv, expected, atol=2e-6)
     close(ret, returns * mask)
 

@@ -1,4 +1,4 @@
-"""Outcome advantage estimators: the baselines (GRPO, Dr. GRPO, RLOO, REINFORCE++).
+"""Outcome advantage estimators: the baselines (GRPO, Dr. GRPO, RLOO, REINFORCE++) and verl's OPO, GPG, pass@k, ReMax.
 
 Every estimator follows one contract::
 
@@ -6,7 +6,9 @@ Every estimator follows one contract::
        valid: bool[N] | None = None, **hparams) -> f32[N]
 
 Rows with `valid=False` (padding, filtered groups) get advantage 0 and do not
-enter their group's statistics. A group with a single valid row gets 0.
+enter their group's statistics. A group with a single valid row gets 0, except
+where verl keeps its raw reward (group baseline 0): `reinforce_pp_baseline`,
+`opo` and `gpg`, as their docstrings say.
 
 Non-finite rewards: a row whose reward is NaN or +-inf is invalid (advantage 0,
 left out of its group's statistics), in every registered estimator; the other

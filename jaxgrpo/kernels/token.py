@@ -120,6 +120,7 @@ def optimal_token_baseline(
     num_groups: int,
     valid=None,
     is_weights=None,
+    handle_zero_tail: bool = False,
     eps: float = 1e-8,
 ) -> tuple[Array, Array]:
     """Optimal token baseline (OTB): a baseline per position t, weighted by the path's cumulative gradient norm.
@@ -129,7 +130,9 @@ def optimal_token_baseline(
     per group and position, B_t = sum_i G_{i,t} W_{i,t} m_{i,t} / (sum_i W_{i,t} m_{i,t} + eps),
     over the group's valid rows, and A_{i,t} = (G_{i,t} - B_t) m_{i,t}. A group with
     one valid row gets B = 0 (A = G). With truncated importance weights rho_t
-    (`is_weights`), w is scaled by rho_t^2.
+    (`is_weights`), w is scaled by rho_t^2. With `handle_zero_tail`, the one
+    longest row of a group (when a single row is the longest) gets B = 0 past
+    the second-longest row's length, where the baseline would be its own return.
 
     Args:
       token_rewards: f32[N, T] rewards (an outcome reward sits on the last token).
@@ -140,14 +143,14 @@ def optimal_token_baseline(
         position (the sampler must record it: the trainer does not compute it).
       valid: optional bool[N]; invalid rows get 0 and stay out of the baselines.
       is_weights: optional f32[N, T] rollout importance weights.
+      handle_zero_tail: False as verl.
       eps: 1e-8 as verl.
 
     Returns:
       (advantages, returns), both f32[N, T], 0 at masked-out tokens.
 
     Paper: Li et al., "The Optimal Token Baseline: Variance Reduction for
-    Long-Horizon LLM-RL" (2026); verl's `optimal_token_baseline` (without its
-    optional `handle_zero_tail`).
+    Long-Horizon LLM-RL" (2026); verl's `optimal_token_baseline`.
     """
     mask = jnp.asarray(mask)
     check_token_inputs(token_rewards=token_rewards, mask=mask.astype(jnp.float32), old_logp=old_logp,
@@ -169,5 +172,15 @@ def optimal_token_baseline(
     baseline = per_group(returns * cumulative * m) / (per_group(cumulative * m) + eps)
     rows = per_group(valid.astype(token_rewards.dtype))
     baseline = jnp.where(rows[:, None] > 1, baseline, 0.0)
-    advantages = (returns - jnp.take(baseline, group_ids, axis=0, mode="clip")) * m
+    baseline = jnp.take(baseline, group_ids, axis=0, mode="clip")
+    if handle_zero_tail:
+        length = jnp.where(valid, m.sum(-1), -1.0)
+        longest = jax.ops.segment_max(length, group_ids, num_segments=num_groups)
+        is_longest = valid & (length == jnp.take(longest, group_ids, mode="clip"))
+        count = jax.ops.segment_sum(is_longest.astype(jnp.int32), group_ids, num_segments=num_groups)
+        second = jax.ops.segment_max(jnp.where(is_longest, -1.0, length), group_ids, num_segments=num_groups)
+        tail = is_longest & (jnp.take(count, group_ids, mode="clip") == 1)
+        tail = tail[:, None] & (jnp.arange(m.shape[1])[None, :] >= jnp.take(second, group_ids, mode="clip")[:, None])
+        baseline = jnp.where(tail, 0.0, baseline)
+    advantages = (returns - baseline) * m
     return jax.lax.stop_gradient(advantages), jax.lax.stop_gradient(returns * m)
