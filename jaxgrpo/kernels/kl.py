@@ -129,8 +129,7 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None, 
         kl = jnp.exp(jnp.clip(logp - old_logp, -MAX_LOG_RATIO, MAX_LOG_RATIO)) * _k3(log_r)
     else:
         kl = {"k1": _k1, "k2": _k2, "k3": _k3, "abs": _abs}[kind](log_r)
-    kl = bound(kl)
-    return kl
+    return bound(kl)
 
 
 _SUMMARIES = {
