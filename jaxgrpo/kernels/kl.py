@@ -53,7 +53,8 @@ def _k2(log_r):
 
 
 def _abs(log_r):
-    return jnp.abs(log_r)
+    # |x| with gradient sign(x): 0 at x = 0, as torch's abs in verl (jnp.abs would give 1 there).
+    return log_r * jnp.sign(log_r)
 
 
 @jax.custom_jvp
