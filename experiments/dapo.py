@@ -1,4 +1,8 @@
-"""DAPO (Yu et al., 2025): clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL."""
+"""DAPO (Yu et al., 2025): clip-higher, token-level loss, dynamic sampling, overlong shaping, no KL.
+
+The authors' release (verl's DAPO recipe) also bounds the loss of negative-advantage tokens with the
+dual clip at c = 10, which `ppo_clip` leaves off by default; this port sets it.
+"""
 
 from jaxgrpo.config import Config
 
@@ -7,7 +11,7 @@ def config() -> Config:
     c = Config()
     c.advantage = "grpo"
     c.loss = "ppo_clip"
-    c.loss_kwargs = {"eps_low": 0.2, "eps_high": 0.28}  # clip-higher
+    c.loss_kwargs = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 10.0}  # clip-higher; verl recipe's dual clip
     c.aggregation = "token_mean"  # sum over all tokens / number of tokens
     c.dynamic_sampling = True  # drop all-right / all-wrong groups and sample more
     c.max_sampling_rounds = 3

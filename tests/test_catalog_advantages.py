@@ -266,6 +266,22 @@ def test_gdpo_with_one_reward_is_grpo_then_batch_normalization():
     close(run(ca.gdpo, r[:, None], g, num_groups=NUM_GROUPS, valid=v), expected, atol=1e-5)
 
 
+def test_gdpo_token_whitening_weights_rows_by_their_length():
+    # One reward, groups [1, 0] and [0, 1]: group step S = s [1, -1, -1, 1], s = .5 / (std + eps).
+    # Rows (TRL): mean 0, unbiased std s sqrt(4/3) -> +-0.86603. Tokens (verl), lengths [1, 3, 1, 1]:
+    # mean -s/3, deviations s [4/3, -2/3, -2/3, 4/3], variance s^2 (16/9 + 3 * 4/9 + 4/9 + 16/9) / 5
+    # = 16 s^2 / 15 -> A = [sqrt(15)/3, -sqrt(15)/6, -sqrt(15)/6, sqrt(15)/3] (s cancels).
+    rewards = jnp.array([[1.0], [0.0], [0.0], [1.0]])
+    group_ids = jnp.array([0, 0, 1, 1], jnp.int32)
+    rows = ca.gdpo(rewards, group_ids, num_groups=2)
+    s = 0.5 / (np.sqrt(0.5) + 1e-4)
+    a = s / (s * np.sqrt(4 / 3) + 1e-4)  # 0.86592: the eps 1e-4 of both steps shows in the 4th digit
+    np.testing.assert_allclose(rows, [a, -a, -a, a], atol=1e-6)
+    tokens = ca.gdpo(rewards, group_ids, num_groups=2, whiten="tokens", lengths=jnp.array([1.0, 3.0, 1.0, 1.0]))
+    r15 = np.sqrt(15.0)
+    np.testing.assert_allclose(tokens, [r15 / 3, -r15 / 6, -r15 / 6, r15 / 3], atol=1e-5)
+
+
 def test_gdpo_rejects_bad_weights():
     with pytest.raises(ValueError, match=r"reward_weights must have shape \[K\]=\[2\]"):
         run(ca.gdpo, jnp.zeros((4, 2)), i32(0, 0, 1, 1), num_groups=2, reward_weights=f32(1, 1, 1))

@@ -193,6 +193,7 @@ ADVANTAGE_INPUTS = {
         lambda r, gid, v, rng: {"step_returns": _row_floats(rng, v, -1e3, 1e3),
                                 "anchor_ids": rng.integers(0, 3, r.shape).astype(np.int32)},
     ),
+    "gpg": NO_EXTRAS,
     "grpo": NO_EXTRAS,
     "grpo_batch_std": NO_EXTRAS,
     "hapo": (lambda n, g: {}, lambda r, gid, v, rng: {"lengths": np.round(_row_floats(rng, v, 0, 50))}),
@@ -200,8 +201,13 @@ ADVANTAGE_INPUTS = {
     "mc_grpo": NO_EXTRAS,
     "ngrpo": NO_EXTRAS,
     "opmd": NO_EXTRAS,
-    "reinforce_pp": NO_EXTRAS,
-    "reinforce_pp_baseline": NO_EXTRAS,
+    "opo": (lambda n, g: {}, lambda r, gid, v, rng: {"lengths": np.round(_row_floats(rng, v, 0, 50))}),
+    "pass_at_k": NO_EXTRAS,
+    "reinforce_pp": (lambda n, g: {}, lambda r, gid, v, rng: {"lengths": np.round(_row_floats(rng, v, 0, 50))}),
+    "reinforce_pp_baseline": (
+        lambda n, g: {}, lambda r, gid, v, rng: {"lengths": np.round(_row_floats(rng, v, 0, 50))}
+    ),
+    "remax": (lambda n, g: {}, lambda r, gid, v, rng: {"baseline_rewards": _row_floats(rng, v, -1e3, 1e3)}),
     "riskpo": (lambda n, g: {"num_bundles": 2}, lambda r, gid, v, rng: {"bundle_ids": (gid % 2).astype(np.int32)}),
     "rloo": NO_EXTRAS,
     "seed_grpo": (
@@ -222,19 +228,25 @@ LOSS_INPUTS = {
         lambda shape: {}, lambda mask, rng: {"prefix_mask": (rng.random(mask.shape) < 0.5).astype(np.float32)}
     ),
     "degrpo": NO_EXTRAS,
+    "clip_cov": (lambda shape: {"clip_cov_ratio": 0.2, "clip_cov_lb": -1e30, "clip_cov_ub": 1e30}, lambda mask, rng: {}),
     "disco": (
         lambda shape: {"num_groups": 2},
         lambda mask, rng: {"rewards": rng.integers(0, 2, mask.shape[0]).astype(np.float32),
                            "group_ids": (np.arange(mask.shape[0]) % 2).astype(np.int32)},
     ),
+    "dppo_kl": NO_EXTRAS,
+    "dppo_tv": NO_EXTRAS,
+    "dro": NO_EXTRAS,
     "experimental/aepo_entropy": NO_EXTRAS,
     "experimental/dhpo": (lambda shape: {}, lambda mask, rng: {"token_entropy": _token_floats(rng, mask, 0, 5)}),
     "experimental/etr_clip": (
         lambda shape: {}, lambda mask, rng: {"group_variance": rng.uniform(0, 0.25, mask.shape[0]).astype(np.float32)}
     ),
+    "gmpo": NO_EXTRAS,
     "gspo": NO_EXTRAS,
     "gspo_token": NO_EXTRAS,
     "hapo_clip": (lambda shape: {}, lambda mask, rng: {"entropy": _token_floats(rng, mask, 0, 5)}),
+    "kl_cov": (lambda shape: {"kl_cov_ratio": 0.2}, lambda mask, rng: {}),
     "opmd": NO_EXTRAS,
     "ppo_clip": NO_EXTRAS,
     "rec": NO_EXTRAS,

@@ -73,6 +73,43 @@ def test_reinforce_pp_golden_ignores_groups():
     np.testing.assert_allclose(run("reinforce_pp", [1.0, 0.0, 1.0, 1.0], [0, 1, 2, 3], 4), expected, atol=1e-6)
 
 
+def test_reinforce_pp_baseline_single_row_group_keeps_its_raw_reward():
+    # Groups [1, 0] and [1] (one row). As verl, the single row keeps r = 1 (group mean taken as 0),
+    # so x = [.5, -.5, 1]: mean 1/3, deviations [1/6, -5/6, 2/3], unbiased var (1/36 + 25/36 + 16/36) / 2
+    # = 7/12, std 0.76376 -> [0.21822, -1.09109, 0.87287]. Centering the single row to 0 instead gave
+    # x = [.5, -.5, 0] -> [1, -1, 0]: every row's advantage differed from verl's.
+    got = run("reinforce_pp_baseline", [1.0, 0.0, 1.0], [0, 0, 1], 2, whiten="rows")
+    std = np.sqrt(7 / 12)
+    np.testing.assert_allclose(got, [(1 / 6) / std, (-5 / 6) / std, (2 / 3) / std], atol=1e-5)
+    np.testing.assert_allclose(got, [0.21822, -1.09109, 0.87287], atol=1e-5)
+
+
+def test_reinforce_pp_whitens_over_tokens_by_default():
+    # r = [1, 0] with lengths [1, 3] tokens: over tokens the mean is (1 + 0) / 4 = .25 and the unbiased
+    # variance (.75^2 + 3 * .25^2) / 3 = .25, so A = [.75, -.25] / .5 = [1.5, -.5]. Over rows: mean .5,
+    # variance .5 -> [.7071, -.7071]. Equal lengths give the row result up to (L - 1) vs (N - 1).
+    r, g, lengths = [1.0, 0.0], [0, 0], jnp.array([1.0, 3.0])
+    np.testing.assert_allclose(run("reinforce_pp", r, g, 1, lengths=lengths), [1.5, -0.5], atol=1e-6)
+    np.testing.assert_allclose(run("reinforce_pp", r, g, 1, lengths=lengths, whiten="tokens"), [1.5, -0.5], atol=1e-6)
+    np.testing.assert_allclose(run("reinforce_pp", r, g, 1, lengths=lengths, whiten="rows"), [0.70711, -0.70711],
+                               atol=1e-5)
+    # Without lengths every row counts as one token: row whitening.
+    np.testing.assert_allclose(run("reinforce_pp", r, g, 1), [0.70711, -0.70711], atol=1e-5)
+
+
+def test_reinforce_pp_baseline_token_whitening_hand_case():
+    # x = [.5, -.5, 1] (as above) with lengths [1, 3, 2]: L = 6, mean (.5 - 1.5 + 2) / 6 = 1/6, deviations
+    # [1/3, -2/3, 5/6], unbiased token variance (1/9 + 3 * 4/9 + 2 * 25/36) / 5 = 17/30 -> std 0.75277.
+    got = run("reinforce_pp_baseline", [1.0, 0.0, 1.0], [0, 0, 1], 2, lengths=jnp.array([1.0, 3.0, 2.0]))
+    std = np.sqrt(17 / 30)
+    np.testing.assert_allclose(got, [(1 / 3) / std, (-2 / 3) / std, (5 / 6) / std], atol=1e-5)
+    # An invalid row's length is ignored; a bad whiten mode names the valid ones.
+    with pytest.raises(ValueError, match="whiten must be one of tokens, rows, got 'batch'"):
+        run("reinforce_pp", [1.0, 0.0], [0, 0], 1, whiten="batch")
+    with pytest.raises(ValueError, match=r"lengths must have shape \[N\]=\[2\]"):
+        run("reinforce_pp", [1.0, 0.0], [0, 0], 1, lengths=jnp.ones(3))
+
+
 def test_uneven_interleaved_groups():
     # Group 0 = rows 0, 2, 4 with r = [3, 0, 0]; group 1 = rows 1, 3 with r = [1, 0].
     r, g = [3.0, 1.0, 0.0, 0.0, 0.0], [0, 1, 0, 1, 0]

@@ -24,7 +24,9 @@ LOSS = jnp.array([[2.0, 7, 7, 7], [5, 5, 5, 7], [7, 7, 7, 7]])  # the 7s are mas
 
 
 def test_mode_names():
-    assert AGGREGATION_MODES == ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+    assert AGGREGATION_MODES == (
+        "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum"
+    )
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,7 @@ def test_mode_names():
         ("seq_mean_token_sum_norm", {}, (2 + 15) / (2 * 4)),  # Dr. GRPO: / (N * L_max), L_max = T
         ("seq_mean_token_sum_norm", dict(max_len=10), (2 + 15) / (2 * 10)),
         ("seq_mean_token_sum_norm", dict(max_len=np.int64(10)), (2 + 15) / (2 * 10)),  # e.g. from a numpy config
+        ("token_sum", {}, 2 + 3 * 5),  # verl's token-sum: the plain sum over every token of every row
     ],
 )
 def test_golden_values(mode, kw, expected):
@@ -62,6 +65,7 @@ def test_gradients_are_the_mode_weights():
         "seq_mean_token_mean": MASK / jnp.maximum(lengths, 1) / 2,
         "seq_mean_token_sum": MASK / 2,
         "seq_mean_token_sum_norm": MASK / (2 * 4),
+        "token_sum": MASK,
     }
     for mode, weights in expected.items():
         grad = jax.grad(lambda l: aggregate(l, MASK, mode)[0])(LOSS)
@@ -71,7 +75,8 @@ def test_gradients_are_the_mode_weights():
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 def test_empty_batch_gives_zero_not_nan(mode):
     loss, parts = aggregate(LOSS, jnp.zeros_like(MASK), mode)
-    assert float(loss) == 0.0 and float(parts.value) == 0.0 and float(parts.denominator) == 0.0
+    assert float(loss) == 0.0 and float(parts.value) == 0.0
+    assert float(parts.denominator) == (1.0 if mode == "token_sum" else 0.0)  # token_sum's is the constant 1
     grad = jax.grad(lambda l: aggregate(l, jnp.zeros_like(MASK), mode)[0])(LOSS)
     np.testing.assert_array_equal(grad, 0.0)
 
@@ -87,7 +92,7 @@ def test_bool_mask_and_denominator_helper():
     for mode in AGGREGATION_MODES:
         np.testing.assert_array_equal(aggregate(LOSS, MASK > 0, mode)[0], aggregate(LOSS, MASK, mode)[0])
         np.testing.assert_array_equal(aggregation_denominator(MASK, mode), aggregation_parts(LOSS, MASK, mode).denominator)
-    np.testing.assert_allclose([aggregation_denominator(MASK, m) for m in AGGREGATION_MODES], [4, 2, 2, 8])
+    np.testing.assert_allclose([aggregation_denominator(MASK, m) for m in AGGREGATION_MODES], [4, 2, 2, 8, 1])
 
 
 # ---------------------------------------------------------------- micro-batch invariance
@@ -140,6 +145,12 @@ def test_micro_batches_give_the_full_batch_loss_and_gradient(mode):
         np.testing.assert_allclose(grad, full_grad, rtol=1e-6, atol=1e-6, err_msg=f"{k} micro-batches")
         # The LossParts of the micro-batches add up to the full batch's.
         np.testing.assert_allclose(parts.total, full_parts.total, rtol=1e-6, atol=1e-6)
+        if mode == "token_sum":
+            # A constant denominator (1 per batch, as Dr. GRPO's L_max is per sequence): the totals add up,
+            # and the full batch's denominator is the same 1, which every micro-batch was divided by.
+            np.testing.assert_array_equal(full_parts.denominator, 1.0)
+            np.testing.assert_allclose(parts.total / full_parts.denominator, full_loss, rtol=1e-6, atol=1e-6)
+            continue
         np.testing.assert_array_equal(parts.denominator, full_parts.denominator)
         np.testing.assert_allclose(parts.value, full_loss, rtol=1e-6, atol=1e-6)
 
@@ -176,6 +187,7 @@ def test_properties_on_random_losses(batch):
         "seq_mean_token_mean": (masked.sum(1) / np.maximum(lengths, 1)).sum() / max(n_seq, 1),
         "seq_mean_token_sum": masked.sum() / max(n_seq, 1),
         "seq_mean_token_sum_norm": masked.sum() / max(n_seq * SHAPE[1], 1),
+        "token_sum": masked.sum(),
     }
     for mode, (value, grad) in out.items():
         assert np.isfinite(value) and np.all(np.isfinite(grad)), mode
@@ -212,9 +224,9 @@ def test_jit_and_vmap_over_a_batch_of_batches(mode):
 
 
 def test_bad_inputs():
-    valid = "valid modes: token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm"
-    with pytest.raises(ValueError, match=f"unknown aggregation mode 'token_sum'; {valid}"):
-        aggregate(LOSS, MASK, "token_sum")
+    valid = "valid modes: token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, token_sum"
+    with pytest.raises(ValueError, match=f"unknown aggregation mode 'token-sum'; {valid}"):
+        aggregate(LOSS, MASK, "token-sum")
     with pytest.raises(ValueError, match=f"unknown aggregation mode 'mean'; {valid}"):
         aggregation_denominator(MASK, "mean")
     with pytest.raises(ValueError, match=r"mask has shape \(3, 3\) but per_token_loss has shape \(3, 4\)"):

@@ -21,7 +21,7 @@ LOG2 = np.log(2.0)
 
 
 def test_kinds_are_the_documented_ones():
-    assert KL_KINDS == ("k1", "k2", "k3", "k1+", "k3+", "k3_unbiased") == jaxgrpo.KL_KINDS
+    assert KL_KINDS == ("k1", "k2", "k3", "abs", "k1+", "k3+", "abs+", "k3_unbiased") == jaxgrpo.KL_KINDS
     assert sorted(i.name for i in jaxgrpo.list_kernels("kl")) == sorted(KL_KINDS)
 
 
@@ -33,6 +33,8 @@ def test_kinds_are_the_documented_ones():
         ("k3", 0.5 + LOG2 - 1.0),  # pi_ref/pi - log(pi_ref/pi) - 1 = 0.1931
         ("k1+", LOG2),
         ("k3+", 0.5 + LOG2 - 1.0),
+        ("abs", LOG2),  # |log pi - log pi_ref| = log 2
+        ("abs+", LOG2),
     ],
 )
 def test_golden_values(kind, value):
@@ -91,8 +93,10 @@ def test_gradients_match_the_math():
     np.testing.assert_allclose(grad_of("k2", logp, ref), delta, atol=1e-5)
     # d/dlogp [pi_ref/pi - log(pi_ref/pi) - 1] = 1 - pi_ref/pi.
     np.testing.assert_allclose(grad_of("k3", logp, ref), 1 - np.exp(-delta), rtol=1e-5, atol=1e-5)
-    # Straight-through: the value of k1 / k3, the gradient of k2.
-    for kind in ("k1+", "k3+"):
+    # |x|' = sign(log pi - log pi_ref).
+    np.testing.assert_allclose(grad_of("abs", logp, ref), np.sign(delta), atol=1e-6)
+    # Straight-through: the value of k1 / k3 / abs, the gradient of k2.
+    for kind in ("k1+", "k3+", "abs+"):
         np.testing.assert_allclose(grad_of(kind, logp, ref), delta, atol=1e-5)
     # (pi/pi_old) k3 at pi_old = pi: its gradient is log pi - log pi_ref, the KL's per-sample gradient.
     np.testing.assert_allclose(
@@ -105,6 +109,33 @@ def test_straight_through_values_equal_the_plain_estimators():
     logp, ref = jnp.asarray(rng.normal(size=(2, 3, 5)) - 2.0, jnp.float32)
     np.testing.assert_allclose(kl_penalty(logp, ref, "k1+"), kl_penalty(logp, ref, "k1"), atol=1e-6)
     np.testing.assert_allclose(kl_penalty(logp, ref, "k3+"), kl_penalty(logp, ref, "k3"), atol=1e-6)
+    np.testing.assert_allclose(kl_penalty(logp, ref, "abs+"), kl_penalty(logp, ref, "abs"), atol=1e-6)
+
+
+def _finite_difference_of_k2(logp, ref, h=1e-2):
+    """d/dlogp of k2 = (logp - ref)^2 / 2 by central differences, in float64 (exact for a quadratic)."""
+    logp, ref = np.asarray(logp, np.float64), np.asarray(ref, np.float64)
+    k2 = lambda lp: 0.5 * (lp - ref) ** 2
+    return (k2(logp + h) - k2(logp - h)) / (2 * h)
+
+
+@pytest.mark.parametrize("kind", ["k1+", "k3+", "abs+"])
+def test_clamped_straight_through_keeps_the_gradient_of_k2_above_the_clamp(kind):
+    # x = log pi_ref - log pi = [3, 0.5, -2.5, 19]: k3 = e^x - x - 1 = [16.09, 0.149, 1.582, 1.8e8],
+    # so with clamp=10 tokens 0 and 3 are above the clamp. Their value is clamped (10), yet the
+    # gradient is k2's, log pi - log pi_ref = [-3, -0.5, 2.5, -19], at every token. Before the fix
+    # the clamp came after the straight-through step and gave those tokens a zero gradient.
+    logp = jnp.array([[-4.0, -1.5, -0.5, -20.0]])
+    ref = jnp.array([[-1.0, -1.0, -3.0, -1.0]])
+    expected_grad = _finite_difference_of_k2(logp, ref)
+    np.testing.assert_allclose(expected_grad, [[-3.0, -0.5, 2.5, -19.0]], atol=1e-9)
+    np.testing.assert_allclose(grad_of(kind, logp, ref, clamp=10.0), expected_grad, atol=1e-5)
+    plain = {"k1+": "k1", "k3+": "k3", "abs+": "abs"}[kind]
+    np.testing.assert_allclose(kl_penalty(logp, ref, kind, clamp=10.0), kl_penalty(logp, ref, plain, clamp=10.0),
+                               rtol=1e-6)
+    if kind == "k3+":
+        np.testing.assert_allclose(kl_penalty(logp, ref, kind, clamp=10.0),
+                                   [[10.0, np.exp(0.5) - 1.5, np.exp(-2.5) + 1.5, 10.0]], rtol=1e-5)
 
 
 # ---------------------------------------------------------------- properties
@@ -134,7 +165,7 @@ def test_properties_on_random_log_probs(kind, batch):
     (_, kl), grad = jitted_value_and_grad(kind)(logp, ref, old)
     kl = np.asarray(kl)
     assert np.all(np.isfinite(kl)) and np.all(np.isfinite(grad))
-    if kind in ("k2", "k3", "k3+", "k3_unbiased"):
+    if kind in ("k2", "k3", "k3+", "abs", "abs+", "k3_unbiased"):
         assert np.all(kl >= -1e-6)  # k3+ is k2 + sg(k3 - k2): exact up to rounding
 
 
@@ -168,7 +199,7 @@ def test_jit_and_vmap_over_a_batch_of_batches(kind):
 
 def test_bad_inputs():
     lp = jnp.zeros((2, 3))
-    with pytest.raises(ValueError, match=r"unknown KL kind 'k4'; valid kinds: k1, k2, k3, k1\+, k3\+, k3_unbiased"):
+    with pytest.raises(ValueError, match=r"unknown KL kind 'k4'; valid kinds: k1, k2, k3, abs, k1\+, k3\+, abs\+, k3_unbiased"):
         kl_penalty(lp, lp, "k4")
     with pytest.raises(ValueError, match="kind='k3_unbiased' needs old_logp"):
         kl_penalty(lp, lp, "k3_unbiased")
@@ -180,7 +211,7 @@ def test_bad_inputs():
         kl_penalty(jnp.zeros(3), jnp.zeros(3), "k1")
     with pytest.raises(TypeError, match="ref_logp must be a floating-point array, got dtype int32"):
         kl_penalty(lp, jnp.zeros((2, 3), jnp.int32), "k1")
-    with pytest.raises(KeyError, match=r"no kl kernel named 'k5'; valid names: k1, k1\+, k2, k3, k3\+, k3_unbiased"):
+    with pytest.raises(KeyError, match=r"no kl kernel named 'k5'; valid names: abs, abs\+, k1, k1\+, k2, k3, k3\+, k3_unbiased"):
         jaxgrpo.get("kl", "k5")
 
 

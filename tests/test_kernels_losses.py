@@ -120,6 +120,27 @@ def test_gspo_golden_is_clipped_to_one_plus_eps_high(name):
     np.testing.assert_array_equal(grad, 0.0)  # A > 0 and clipped: no gradient
 
 
+@pytest.mark.parametrize("name", ("gspo", "gspo_token"))
+def test_gspo_bounds_the_sequence_log_ratio_at_ten(name):
+    # Token log-ratios [15, 15] (logp -1, old -16), A = -1: the sequence log-ratio is 15. The clip does
+    # not bound s from above when A < 0, so the loss was max(e^15, 1.0004) = 3.27e6 (up to e^20 = 4.85e8).
+    # With verl's bound M = 10 every token carries e^10 = 22026.47 and no gradient.
+    fn = jaxgrpo.get_loss(name)
+    logp, old, mask = jnp.full((1, 2), -1.0), jnp.full((1, 2), -16.0), jnp.ones((1, 2))
+    (total, (loss, _)), grad = jitted_value_and_grad_of_sum(fn)(logp, old, jnp.array([-1.0]), mask)
+    np.testing.assert_allclose(loss, [[np.exp(10.0), np.exp(10.0)]], rtol=1e-5)
+    np.testing.assert_array_equal(grad, [[0.0, 0.0]])
+    (_, (loose, _)), _ = jitted_value_and_grad_of_sum(fn, (("max_seq_log_ratio", 20.0),))(
+        logp, old, jnp.array([-1.0]), mask)
+    np.testing.assert_allclose(loose, [[np.exp(15.0), np.exp(15.0)]], rtol=1e-5)
+    # Below the bound nothing changes: log-ratios [.5, .5], A = -1 -> s = e^.5 = 1.6487 on each token.
+    # The summed loss 2 s has gradient 2 s / 2 = s per token (GSPO: d log s / d logp_t = 1/2; GSPO-token:
+    # token t's own ratio, d s_t / d logp_t = s).
+    (_, (below, _)), grad = jitted_value_and_grad_of_sum(fn)(old + 0.5, old, jnp.array([-1.0]), mask)
+    np.testing.assert_allclose(below, [[np.exp(0.5), np.exp(0.5)]], rtol=1e-6)
+    np.testing.assert_allclose(grad, [[np.exp(0.5), np.exp(0.5)]], rtol=1e-5)
+
+
 def test_gspo_ratio_ignores_masked_tokens():
     old = jnp.full((1, 4), -1.0)
     logp = old + jnp.array([[0.1, -0.1, 7.0, 0.3]])

@@ -9,7 +9,7 @@ sequence_losses, token_masks) and the documented reconstructions (experimental).
 """
 
 from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages import dr_grpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo
+from jaxgrpo.kernels.advantages import dr_grpo, gpg, grpo, opo, pass_at_k, reinforce_pp, reinforce_pp_baseline, remax, rloo
 from jaxgrpo.kernels.aggregation import (
     AGGREGATION_MODES,
     LossParts,
@@ -20,7 +20,20 @@ from jaxgrpo.kernels.aggregation import (
 from jaxgrpo.kernels.correction import importance_correction
 from jaxgrpo.kernels.entropy import entropy_from_logits
 from jaxgrpo.kernels.kl import KL_KINDS, kl_penalty
-from jaxgrpo.kernels.losses import clipped_value_loss, cispo, gspo, gspo_token, ppo_clip, reinforce
+from jaxgrpo.kernels.losses import (
+    cispo,
+    clip_cov,
+    clipped_value_loss,
+    dppo_kl,
+    dppo_tv,
+    dro,
+    gmpo,
+    gspo,
+    gspo_token,
+    kl_cov,
+    ppo_clip,
+    reinforce,
+)
 from jaxgrpo.kernels.registry import (
     KINDS,
     KernelInfo,
@@ -34,7 +47,7 @@ from jaxgrpo.kernels.registry import (
     register_loss,
 )
 from jaxgrpo.kernels.shaping import dynamic_sampling_filter, overlong_penalty
-from jaxgrpo.kernels.token import discounted_returns, gae, masked_whiten, reinforce_pp_returns
+from jaxgrpo.kernels.token import discounted_returns, gae, masked_whiten, optimal_token_baseline, reinforce_pp_returns
 
 # The method catalog: importing registers the kernels.
 from jaxgrpo.kernels import catalog_advantages, catalog_losses, credit, experimental, group_rewards, selection  # noqa: E402,F401

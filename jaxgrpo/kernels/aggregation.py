@@ -6,10 +6,14 @@ Each mode is a ratio `total / denominator` of two sums over sequences::
     seq_mean_token_mean      sum_i [sum_t l m / sum_t m] / N_seq   (GRPO)
     seq_mean_token_sum       sum_{i,t} l m / N_seq
     seq_mean_token_sum_norm  sum_{i,t} l m / (N_seq * max_len)     (Dr. GRPO)
+    token_sum                sum_{i,t} l m / 1                     (verl's token-sum)
 
 `N_seq` counts sequences with at least one unmasked token. Because both the
 numerator and the denominator are sums over sequences, the parts of
-micro-batches (or devices) add up to the parts of the full batch. For gradient
+micro-batches (or devices) add up to the parts of the full batch; `token_sum`
+has the constant denominator 1 (no normalization at all), so its totals add up
+while its denominator stays 1 for the full batch, which is what
+`aggregation_denominator` gives and `aggregate` divides each micro-batch by. For gradient
 accumulation, compute the full batch's denominator first
 (`aggregation_denominator`) and pass it to `aggregate` for each micro-batch:
 the micro-batch losses, and their gradients, then sum to the full-batch ones.
@@ -31,7 +35,7 @@ from jaxgrpo.kernels.validation import check_token_inputs
 
 Array = jax.Array
 
-AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "token_sum")
 
 
 class LossParts(NamedTuple):
@@ -68,6 +72,8 @@ def aggregation_denominator(mask, mode: str = "token_mean", *, max_len: int | No
         raise ValueError(f"mask must have shape [N, T], got shape {mask.shape}")
     if mode == "token_mean":
         return mask.sum()
+    if mode == "token_sum":
+        return jnp.ones((), jnp.float32)  # a plain sum: the same constant for a micro-batch and the full batch
     num_seqs = (mask.sum(-1) > 0).astype(jnp.float32).sum()
     if mode == "seq_mean_token_sum_norm":
         length = mask.shape[-1] if max_len is None else max_len

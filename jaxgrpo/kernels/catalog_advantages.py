@@ -34,6 +34,7 @@ import numpy as np
 from jax.scipy.special import betaln, xlogy
 
 from jaxgrpo.kernels import segments
+from jaxgrpo.kernels.advantages import WHITEN_MODES, checked_lengths, whitened
 from jaxgrpo.kernels.losses import log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import get_advantage, register, register_advantage, register_loss
 from jaxgrpo.kernels.segments import masked_mean
@@ -281,23 +282,36 @@ def gdpo(
     reward_weights=None,
     std_ddof: int = 1,
     eps: float = 1e-4,
+    whiten: str = "rows",
+    lengths=None,
 ) -> Array:
     """Group reward-decoupled normalization (GDPO) of K rewards per rollout.
 
     A^k_i = (r^k_i - mean^k_g) / (std^k_g + eps) for each reward k inside the
-    group; S_i = sum_k w_k A^k_i; A_i = (S_i - mean_batch S) / (std_batch S + eps)
-    over the valid rows of the batch. GRPO instead normalizes the weighted sum,
-    which merges distinct reward combinations into one advantage. With K = 1 this
-    is GRPO followed by batch normalization.
+    group; S_i = sum_k w_k A^k_i; then S is normalized over the batch. GRPO
+    instead normalizes the weighted sum, which merges distinct reward
+    combinations into one advantage. With K = 1 this is GRPO followed by batch
+    normalization.
+
+    The batch step differs between the two reference implementations:
+    `whiten="rows"` (default, TRL, the paper's release) gives
+    A_i = (S_i - mean S) / (std S + eps) over the valid rows, each row weighing 1;
+    `whiten="tokens"` (verl) gives verl's `masked_whiten` over the completion
+    tokens, A_i = (S_i - mean) / sqrt(var + 1e-8) with each row weighted by its
+    length (`lengths`) and the unbiased variance over the batch's tokens. They
+    agree only when every row has one token.
 
     Args:
       rewards: f32[N, K], one column per reward function.
       reward_weights: f32[K], default all ones.
       std_ddof: 1 (unbiased, `torch.std`) for group and batch std.
-      eps: 1e-4 as TRL's normalization.
+      eps: 1e-4 as TRL's normalization (verl's group step uses 1e-6).
+      whiten: "rows" (TRL) or "tokens" (verl).
+      lengths: f32[N] completion tokens per row, for `whiten="tokens"` (the
+        trainer passes them); without them every row counts as one token.
 
     Paper: "GDPO: Group reward-Decoupled Normalization Policy Optimization for
-    Multi-reward RL Optimization" (2026); checked against TRL.
+    Multi-reward RL Optimization" (2026); checked against TRL, and verl for the token whitening.
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(
         rewards, group_ids, num_groups, valid, reward_shape="[N, K]"
@@ -310,6 +324,11 @@ def gdpo(
     n = _group_count(group_ids, num_groups, valid)
     per_reward = jnp.where((valid & (n > 1))[:, None], per_reward, 0.0)
     summed = per_reward @ weights
+    if whiten not in WHITEN_MODES:
+        raise ValueError(f"whiten must be one of {', '.join(WHITEN_MODES)}, got {whiten!r}")
+    if whiten == "tokens":
+        lengths = checked_lengths(lengths, rewards.shape[0], valid)
+        return jax.lax.stop_gradient(whitened(summed, valid, mode="tokens", lengths=lengths, eps=1e-8))
     return jax.lax.stop_gradient(segments.masked_standardize(summed, valid, ddof=std_ddof, eps=eps))
 
 

@@ -107,3 +107,80 @@ def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) ->
     zeros = jnp.zeros(values.shape[0], values.dtype)
     advantages = _reverse_scan(step, (zeros, zeros), token_rewards, values, mask)
     return advantages, (advantages + values) * mask
+
+
+@register("token_advantage", "optimal_token_baseline", paper="The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL (2026)")
+def optimal_token_baseline(
+    token_rewards,
+    mask,
+    group_ids,
+    old_logp,
+    sum_pi_squared,
+    *,
+    num_groups: int,
+    valid=None,
+    is_weights=None,
+    handle_zero_tail: bool = False,
+    eps: float = 1e-8,
+) -> tuple[Array, Array]:
+    """Optimal token baseline (OTB): a baseline per position t, weighted by the path's cumulative gradient norm.
+
+    G_{i,t} = sum_{s >= t} r_{i,s} (returns), w_{i,t} = 1 - 2 pi_old(y_t) + sum_v pi_old(v)^2
+    (the squared norm of the logit gradient of log pi(y_t)), W_{i,t} = sum_{s <= t} w_{i,s};
+    per group and position, B_t = sum_i G_{i,t} W_{i,t} m_{i,t} / (sum_i W_{i,t} m_{i,t} + eps),
+    over the group's valid rows, and A_{i,t} = (G_{i,t} - B_t) m_{i,t}. A group with
+    one valid row gets B = 0 (A = G). With truncated importance weights rho_t
+    (`is_weights`), w is scaled by rho_t^2. With `handle_zero_tail`, the one
+    longest row of a group (when a single row is the longest) gets B = 0 past
+    the second-longest row's length, where the baseline would be its own return.
+
+    Args:
+      token_rewards: f32[N, T] rewards (an outcome reward sits on the last token).
+      mask: f32[N, T] completion mask.
+      group_ids: i32[N] prompt of each row, in [0, num_groups).
+      old_logp: f32[N, T] log pi_old(y_t) of the sampling policy.
+      sum_pi_squared: f32[N, T] sum over the vocabulary of pi_old(v)^2 at each
+        position (the sampler must record it: the trainer does not compute it).
+      valid: optional bool[N]; invalid rows get 0 and stay out of the baselines.
+      is_weights: optional f32[N, T] rollout importance weights.
+      handle_zero_tail: False as verl.
+      eps: 1e-8 as verl.
+
+    Returns:
+      (advantages, returns), both f32[N, T], 0 at masked-out tokens.
+
+    Paper: Li et al., "The Optimal Token Baseline: Variance Reduction for
+    Long-Horizon LLM-RL" (2026); verl's `optimal_token_baseline`.
+    """
+    mask = jnp.asarray(mask)
+    check_token_inputs(token_rewards=token_rewards, mask=mask.astype(jnp.float32), old_logp=old_logp,
+                       sum_pi_squared=sum_pi_squared, is_weights=is_weights)
+    group_ids = jnp.asarray(group_ids)
+    n = token_rewards.shape[0]
+    if group_ids.shape != (n,) or not jnp.issubdtype(group_ids.dtype, jnp.integer):
+        raise ValueError(f"group_ids must be integers of shape [N]=[{n}], got {group_ids.dtype}{tuple(group_ids.shape)}")
+    valid = jnp.ones((n,), bool) if valid is None else jnp.asarray(valid).astype(bool)
+    on = (mask != 0) & valid[:, None]
+    token_rewards, old_logp, sum_pi_squared = segments.fill_masked(on, token_rewards, old_logp, sum_pi_squared)
+    m = on.astype(token_rewards.dtype)
+    returns = jnp.flip(jnp.cumsum(jnp.flip(token_rewards * m, -1), -1), -1)
+    w = 1.0 - 2.0 * jnp.exp(jnp.minimum(old_logp, 0.0)) + sum_pi_squared
+    if is_weights is not None:
+        w = w * jnp.square(segments.fill_masked(on, is_weights))
+    cumulative = jnp.cumsum(w * m, -1)
+    per_group = lambda x: jax.ops.segment_sum(x, group_ids, num_segments=num_groups)
+    baseline = per_group(returns * cumulative * m) / (per_group(cumulative * m) + eps)
+    rows = per_group(valid.astype(token_rewards.dtype))
+    baseline = jnp.where(rows[:, None] > 1, baseline, 0.0)
+    baseline = jnp.take(baseline, group_ids, axis=0, mode="clip")
+    if handle_zero_tail:
+        length = jnp.where(valid, m.sum(-1), -1.0)
+        longest = jax.ops.segment_max(length, group_ids, num_segments=num_groups)
+        is_longest = valid & (length == jnp.take(longest, group_ids, mode="clip"))
+        count = jax.ops.segment_sum(is_longest.astype(jnp.int32), group_ids, num_segments=num_groups)
+        second = jax.ops.segment_max(jnp.where(is_longest, -1.0, length), group_ids, num_segments=num_groups)
+        tail = is_longest & (jnp.take(count, group_ids, mode="clip") == 1)
+        tail = tail[:, None] & (jnp.arange(m.shape[1])[None, :] >= jnp.take(second, group_ids, mode="clip")[:, None])
+        baseline = jnp.where(tail, 0.0, baseline)
+    advantages = (returns - baseline) * m
+    return jax.lax.stop_gradient(advantages), jax.lax.stop_gradient(returns * m)
