@@ -202,8 +202,9 @@ def cispo(logp, old_logp, advantages, mask, *, eps_low: float | None = None, eps
     Args:
       eps_low: lower clip; None (default) leaves the weight unbounded below, as
         MiniMax-M1 does.
-      eps_high: upper clip; 5.0 as recommended by ScaleRL (Khatri et al., 2025)
-        and TRL's CISPO, since MiniMax-M1 gives no number.
+      eps_high: upper clip; 5.0 as recommended by ScaleRL (Khatri et al., 2025),
+        since MiniMax-M1 gives no number. TRL's `epsilon_high=5.0` caps the
+        ratio itself at 5, which is `eps_high=4.0` here.
 
     Paper: MiniMax, "MiniMax-M1" (2025).
     """

@@ -97,7 +97,8 @@ PEERS: dict[str, Peer] = {
 
 _ONE_ROLLOUT = "A group of one rollout: {peer} gives {value}, jaxgrpo 0."
 _VERL_CLIP = dict(eps_low=0.2, eps_high=0.2)  # verl's actor clip_ratio default, low and high
-_VERL_NOT_AT_COMMIT = "Not in core_algos.py at the commit read."
+_VERL_NOT_AT_COMMIT = ("Not in core_algos.py at the commit read; the formula follows later versions of "
+                       "verl's core_algos.py.")
 
 _VERL = (
     # adv_estimator (ADV_ESTIMATOR_REGISTRY)
@@ -123,7 +124,8 @@ _VERL = (
     PeerRow("adv_estimator", "opo", "advantage", "opo"),
     PeerRow("adv_estimator", "grpo_passk", "advantage", "pass_at_k"),
     PeerRow("adv_estimator", "gpg", "advantage", "gpg"),
-    PeerRow("adv_estimator", "optimal_token_baseline", "advantage", "optimal_token_baseline"),
+    PeerRow("adv_estimator", "optimal_token_baseline", "token_advantage", "optimal_token_baseline",
+            note="Needs sum_pi_squared (the sum over the vocabulary of pi^2 per token) as an input."),
     PeerRow("adv_estimator", "tir_optimal_token_baseline", None, None,
             note="Missing: the multi-turn (tool-interleaved) form, which needs per-turn segments of a trajectory."),
     # policy_loss.loss_mode (POLICY_LOSS_REGISTRY)
@@ -146,7 +148,9 @@ _VERL = (
             note="Multiply by importance_correction(logp, rollout_logp, mask) weights when rollout_is is set."),
     PeerRow("policy_loss", "dppo_tv", "loss", "dppo_tv", note=_VERL_NOT_AT_COMMIT),
     PeerRow("policy_loss", "dppo_kl", "loss", "dppo_kl", note=_VERL_NOT_AT_COMMIT),
-    PeerRow("policy_loss", "dro", "loss", "dro", note=_VERL_NOT_AT_COMMIT),
+    PeerRow("policy_loss", "dro", "loss", "dro",
+            note="Not in core_algos.py at the commit read, nor in any verl source reached: the formula follows "
+                 "Tinker's DRO loss (beta = 0.1), unchecked against verl."),
     # kl_penalty / kl_loss_type
     PeerRow("kl_penalty", "kl / k1", "kl", "k1"),
     PeerRow("kl_penalty", "abs", "kl", "abs"),
@@ -165,6 +169,7 @@ _VERL = (
     PeerRow("loss_agg_mode", "seq-mean-token-mean", "aggregation", "seq_mean_token_mean"),
     PeerRow("loss_agg_mode", "seq-mean-token-sum-norm", "aggregation", "seq_mean_token_sum", dict(denominator="T"),
             note="sum of the token losses / loss_scale_factor (default T), not divided by the number of sequences."),
+    PeerRow("loss_agg_mode", "token-sum", "aggregation", "token_sum"),
 )
 
 _TRL_KEEPS_RATIO = ("TRL keeps the ratio where it is not masked: multiply these 0/1 weights by the ratio "
