@@ -24,12 +24,11 @@ from jaxgrpo.kernels.aggregation import AGGREGATION_MODES
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 
-# Kernels another branch adds for verl rows, whose parity with verl tests/test_peer_verl.py checks.
-# Until that branch is merged they are not registered here and their rows are skipped; once it is,
-# `test_every_mapped_kernel_is_registered` checks them, and the parity tests here leave them to that file.
-AWAITING_MERGE = {
+# The verl kernels whose parity with verl tests/test_peer_verl.py checks: the parity tests here leave them
+# to that file, and `test_every_mapped_kernel_is_registered` checks that they are registered.
+CHECKED_IN_TEST_PEER_VERL = {
     ("advantage", "opo"), ("advantage", "gpg"), ("advantage", "pass_at_k"), ("advantage", "remax"),
-    ("advantage", "optimal_token_baseline"), ("loss", "clip_cov"), ("loss", "kl_cov"), ("loss", "gmpo"),
+    ("token_advantage", "optimal_token_baseline"), ("aggregation", "token_sum"), ("loss", "clip_cov"), ("loss", "kl_cov"), ("loss", "gmpo"),
     ("loss", "dppo_tv"), ("loss", "dppo_kl"), ("loss", "dro"), ("kl", "abs"), ("kl", "abs+"),
 }
 
@@ -373,7 +372,7 @@ SPECIAL = {
 ROWS = [(peer, row) for peer in sorted(peers.COVERAGE) for row in peers.coverage(peer)]
 GENERIC = [
     (p, r) for p, r in ROWS
-    if peers.is_available(r) and (p, r.peer_name) not in SPECIAL and (r.kind, r.ours) not in AWAITING_MERGE
+    if peers.is_available(r) and (p, r.peer_name) not in SPECIAL and (r.kind, r.ours) not in CHECKED_IN_TEST_PEER_VERL
 ]
 
 
@@ -391,9 +390,7 @@ def test_every_mapped_kernel_is_registered(item):
     if row.ours is None:
         assert row.note.startswith("Missing"), f"{_id(item)}: a missing kernel's note says why"
         return
-    if not peers.is_available(row):
-        assert (row.kind, row.ours) in AWAITING_MERGE, f"{_id(item)}: {row.kind} {row.ours!r} is not registered"
-        pytest.skip(f"{row.kind} {row.ours} is added by another branch; this row passes once it is merged")
+    assert peers.is_available(row), f"{_id(item)}: {row.kind} {row.ours!r} is not registered"
     if row.kind == "aggregation":
         assert row.ours in AGGREGATION_MODES
     elif row.kind == "function":
