@@ -1,4 +1,5 @@
-"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-compile`, `jaxgrpo-plot`, `jaxgrpo-kernels`."""
+"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-compile`, `jaxgrpo-plot`, `jaxgrpo-kernels`, `jaxgrpo-export`,
+`jaxgrpo-eval`, `jaxgrpo-study`."""
 
 from __future__ import annotations
 
@@ -161,6 +162,30 @@ def kernels_main(argv: list[str] | None = None) -> int:
     for k in jaxgrpo.list_kernels(args.kind):
         flag = " [experimental]" if k.experimental else ""
         print(f"{k.kind:16s} {k.name:32s} {k.paper}{flag}")
+    return 0
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-export",
+        description="Write a run's trained policy as a Hugging Face model directory (config.json, model.safetensors, "
+                    "tokenizer with its chat template) that transformers loads as it is.",
+    )
+    parser.add_argument("run_dir", help="a run directory of jaxgrpo-train (config.json and checkpoints/)")
+    parser.add_argument("--out", required=True, help="the directory to write")
+    parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    args = parser.parse_args(argv)
+    from jaxgrpo import export, runs
+    from jaxgrpo.models import UnsupportedConfigError, WeightFileError
+
+    try:
+        out, step = export.export_run(args.run_dir, args.out, step=args.step)
+    except (runs.RunReadError, export.ExportError, UnsupportedConfigError, WeightFileError, KeyError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"jaxgrpo-export: error: {message}", file=sys.stderr)
+        return 2
+    print(f"exported step {step} of {args.run_dir} to {out}: load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({out!r}) and AutoTokenizer.from_pretrained({out!r})")
     return 0
 
 
