@@ -276,5 +276,44 @@ def eval_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def study_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-study",
+        description="Run a study file's grid (configurations x seeds, one run directory per cell; resumable) and "
+                    "collate it: mean and 95%% t-interval over seeds per metric, plots and report.md.",
+    )
+    parser.add_argument("study", help="a study file defining study() -> jaxgrpo.study.Study")
+    parser.add_argument("--out", help="the study directory (default: runs/studies/<study name>)")
+    parser.add_argument("--workers", type=int, default=1, help="cells run at once, each in its own process (default 1)")
+    parser.add_argument("--collate-only", action="store_true", help="run nothing; report the cells finished so far")
+    parser.add_argument("--no-compilation-cache", action="store_true",
+                        help="do not share JAX's persistent compilation cache between the cells")
+    args = parser.parse_args(argv)
+    from jaxgrpo import study as studies
+
+    try:
+        if args.workers < 1:
+            raise studies.StudyError(f"--workers must be >= 1, got {args.workers}")
+        study, experiment = studies.load_study(args.study)
+        out = args.out or os.path.join("runs", "studies", study.name)
+        runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache)
+    except studies.StudyError as e:
+        print(f"jaxgrpo-study: error: {e}", file=sys.stderr)
+        return 2
+    print(f"[study] {study.name}: {len(runner.cells)} cells into {out}"
+          + (f", {args.workers} at a time" if args.workers > 1 else ""), flush=True)
+    complete = True if args.collate_only else runner.run(args.workers)
+    command = " ".join(["jaxgrpo-study", args.study] + (["--out", args.out] if args.out else [])
+                       + (["--workers", str(args.workers)] if args.workers > 1 else []))
+    path = studies.report(runner, args.study, command)
+    print(studies.table(studies.collate(runner)))
+    print(f"report: {path}")
+    if not complete:
+        print("jaxgrpo-study: error: some cells failed (their logs are named above); rerun to retry them",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(train_main())
