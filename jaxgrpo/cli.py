@@ -270,7 +270,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     print(f"{what} on {cfg.task.name}/{split}, {result.num_questions} questions, "
           f"{result.samples_per_question} samples each:")
     for name, interval in result.metrics.items():
-        how = "Wilson" if name == "greedy_accuracy" else "bootstrap over questions"
+        how = "bootstrap over questions" if name.startswith("pass@") else "Wilson"
         print(f"  {name:16s} {interval.format()}  (95% interval, {how})")
     print(f"completions: {out}")
     return 0

@@ -6,6 +6,8 @@ prompts, the same sampling settings and the same random key for a given step, so
 final checkpoint on its evaluation split reproduces the last line of its eval.jsonl. On top of that:
 
 * greedy accuracy gets a Wilson interval over questions (`intervals.wilson_interval`);
+* with the math tasks' format reward, the share of greedy answers that are well-formed ("The answer
+  is N.") and the share well-formed but wrong: what learning the format alone could not explain;
 * pass@k (unbiased estimator of Chen et al., 2021, from n = max(k) samples per question) gets a
   percentile-bootstrap interval over questions (`intervals.bootstrap_interval`).
 """
@@ -19,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxgrpo import intervals
+from jaxgrpo import intervals, rewards
 from jaxgrpo.config import Config
 
 
@@ -64,6 +66,14 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     greedy_correct = trainer.correct_flags(greedy, examples)
     n = max(ks)
     metrics = {"greedy_accuracy": intervals.wilson_interval(int(greedy_correct.sum()), len(examples))}
+    well_formed = None
+    if any(fn is rewards.format_reward for fn, _ in trainer.reward_fns):
+        # How much of the accuracy a model could gain by learning the answer format alone: the answers
+        # that state a final answer as asked but a wrong one.
+        well_formed = rewards.format_reward(greedy, examples) > 0
+        metrics["greedy_well_formed"] = intervals.wilson_interval(int(well_formed.sum()), len(examples))
+        format_only = well_formed & (greedy_correct == 0)
+        metrics["greedy_format_only"] = intervals.wilson_interval(int(format_only.sum()), len(examples))
     texts = _texts(trainer.tokenizer, trainer.generate(examples, n, key))
     sample_correct = trainer.correct_flags(texts, [e for e in examples for _ in range(n)]).reshape(len(examples), n)
     samples = [texts[i * n:(i + 1) * n] for i in range(len(examples))]
@@ -73,7 +83,9 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
         metrics[f"pass@{k}"] = intervals.bootstrap_interval(per_question, seed=trainer.cfg.seed)
     records = [
         {"index": i, "question": e.get("question"), "answer": e.get("answer"), "greedy": greedy[i],
-         "greedy_correct": bool(greedy_correct[i]), "samples": samples[i],
+         "greedy_correct": bool(greedy_correct[i]),
+         **({"greedy_well_formed": bool(well_formed[i])} if well_formed is not None else {}),
+         "samples": samples[i],
          "samples_correct": [bool(c) for c in sample_correct[i]]}
         for i, e in enumerate(examples)
     ]
