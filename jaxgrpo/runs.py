@@ -80,7 +80,7 @@ def choose_step(run_dir: str, step: int | None) -> int:
     return step
 
 
-def restore_trainer(run_dir: str, cfg: Config, step: int, trainer):
+def restore_trainer(run_dir: str, step: int, trainer):
     """Replaces `trainer`'s parameters by those of `run_dir`'s checkpoint of `step` (read-only); returns its metadata."""
     import jax
     import orbax.checkpoint as ocp
@@ -110,5 +110,5 @@ def build_trainer(cfg: Config, run_dir: str | None = None, step: int | None = No
 
     trainer = Trainer(cfg)
     if run_dir is not None:
-        restore_trainer(run_dir, cfg, step, trainer)
+        restore_trainer(run_dir, step, trainer)
     return trainer, step

@@ -27,13 +27,14 @@ def study():
         claim="RLOO's leave-one-out baseline learns the toy sum as GRPO's group normalization does",
         methods={{"grpo": {{}}, "rloo": {{"advantage": "rloo"}}}},
         seeds=[0, 1],
-        metrics=["eval/greedy_accuracy", "reward_mean"],
+        metrics=["eval/pass@1", "accuracy"],
         overrides={{{overrides}}},
     )
 """
-# As small as a toy run gets: 2 steps of 2 x 2 samples, an evaluation of 4 questions after each.
-TINY = ('"steps": 2, "warmup_sft_steps": 5, "prompts_per_step": 2, "group_size": 2, "task.num_eval_examples": 4, '
-        '"eval_every": 1, "eval_pass_k": 2, "checkpoint_every": 1')
+# As small as a toy run gets: the toy's warm-up, then 2 steps of 4 x 2 samples, an evaluation of 4 questions
+# after each.
+TINY = ('"steps": 2, "prompts_per_step": 4, "group_size": 2, "task.num_eval_examples": 4, "eval_every": 1, '
+        '"eval_pass_k": 2, "checkpoint_every": 1')
 
 
 def write_study(tmp_path, overrides=TINY) -> str:
@@ -98,7 +99,7 @@ def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
     with open(os.path.join(out, "results.json")) as f:
         results = json.load(f)
     for label in ("method=grpo", "method=rloo"):
-        entry = results["final"][f"{label}|eval/greedy_accuracy"]
+        entry = results["final"][f"{label}|eval/pass@1"]
         assert sorted(entry["seeds"]) == ["0", "1"]
         low, high = entry["ci95"]
         values = list(entry["seeds"].values())
@@ -111,5 +112,4 @@ def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
     report = open(os.path.join(out, "report.md")).read()
     assert "| method=grpo |" in report and "minus method=grpo" in report and "RLOO" in report
     plots = sorted(os.listdir(os.path.join(out, "plots")))
-    assert plots == ["eval_greedy_accuracy_curves.png", "eval_greedy_accuracy_final.png",
-                     "reward_mean_curves.png", "reward_mean_final.png"]
+    assert plots == ["accuracy_curves.png", "accuracy_final.png", "eval_pass_1_curves.png", "eval_pass_1_final.png"]
