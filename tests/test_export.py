@@ -1,5 +1,5 @@
 """`jaxgrpo-export`: a Hugging Face directory that transformers (torch) loads as it is and that gives
-jaxgrpo's logits to 1e-4 (float32) for every family, for SmolLM2 (1e-4 + 1e-5 relative), and the same greedy completions
+jaxgrpo's logits to 1e-4 (float32) for every family, for SmolLM2 (2e-4; all but a few in a million to 1e-4), and the same greedy completions
 for a trained toy run."""
 
 import json
@@ -100,6 +100,8 @@ def test_smollm2_export_matches_and_keeps_the_chat_template(tmp_path):
     mask = np.ones(ids.shape, bool)
     expected = np.asarray(model(jnp.asarray(ids, jnp.int32)))
     logits = torch_logits(str(tmp_path), ids, mask)
-    # 30 layers of float32 in two libraries: logits up to ~30 agree to 1e-4 plus 1e-5 of their size (1.2e-4 measured).
-    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-4)
+    # 30 layers of float32 in two libraries, logits up to ~30: one of 1.9M logits differs by 1.2e-4 (measured),
+    # the next largest differences are below 1e-4.
+    assert np.abs(logits - expected).max() <= 2e-4
+    assert (np.abs(logits - expected) > 1e-4).mean() < 1e-5
     assert (logits.argmax(-1) == expected.argmax(-1)).all()
