@@ -29,6 +29,7 @@ def study():
         seeds=[0, 1],
         metrics=["eval/pass@1", "accuracy"],
         overrides={{{overrides}}},
+        grid={{{grid}}},
     )
 """
 # As small as a toy run gets: the toy's warm-up, then 2 steps of 4 x 2 samples, an evaluation of 4 questions
@@ -37,9 +38,10 @@ TINY = ('"steps": 2, "prompts_per_step": 4, "group_size": 2, "task.num_eval_exam
         '"eval_pass_k": 2, "checkpoint_every": 1')
 
 
-def write_study(tmp_path, overrides=TINY) -> str:
+def write_study(tmp_path, overrides=TINY, grid="") -> str:
     path = tmp_path / "tiny_study.py"
-    path.write_text(STUDY_FILE.format(experiment=os.path.join(ROOT, "experiments", "toy_sum.py"), overrides=overrides))
+    path.write_text(STUDY_FILE.format(experiment=os.path.join(ROOT, "experiments", "toy_sum.py"), overrides=overrides,
+                                      grid=grid))
     return str(path)
 
 
@@ -57,12 +59,14 @@ def test_intervals_match_hand_computed_values():
 
 
 def test_bad_grid_key_is_refused_before_anything_runs(tmp_path, capsys):
-    path = write_study(tmp_path, overrides='"stepz": 2')
     out = tmp_path / "out"
-    assert cli.study_main([path, "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "key 'stepz' is not a config field" in err
-    assert not out.exists()
+    for overrides, grid in ((TINY, '"optimizer.lrr": [1e-3, 3e-3]'), ('"stepz": 2', "")):
+        path = write_study(tmp_path, overrides=overrides, grid=grid)
+        assert cli.study_main([path, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        wrong = "optimizer.lrr" if grid else "stepz"
+        assert len(err.splitlines()) == 1 and f"key '{wrong}' is not a config field" in err, err
+        assert not out.exists()
 
 
 def _runner_command(path, out, *extra):
