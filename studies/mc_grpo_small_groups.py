@@ -1,4 +1,5 @@
-"""MC-GRPO (headline numbers of the method catalog): "gap between G=2 and G=8 reduced to within 1%" (median-centred advantages).
+"""MC-GRPO (headline numbers of the method catalog):
+"gap between G=2 and G=8 reduced to within 1%" (median-centred advantages).
 
 GRPO and MC-GRPO at a small and a large group on the toy sum; MC-GRPO samples G + 1 so the median is a
 sample (left out of the loss). The claim holds here if MC-GRPO's G=2 minus G=8 gap in eval pass@1 is

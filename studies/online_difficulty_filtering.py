@@ -1,4 +1,5 @@
-"""Balanced online difficulty filtering (headline numbers of the method catalog): "+10% AIME and +4% average over plain GRPO; beats
+"""Balanced online difficulty filtering (headline numbers of the method catalog):
+"+10% AIME and +4% average over plain GRPO; beats
 GRPO's maximum reward within 60% of the training time".
 
 Plain GRPO against GRPO that drops all-right / all-wrong groups and samples more (`dynamic_sampling`, up to

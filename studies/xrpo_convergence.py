@@ -1,4 +1,5 @@
-"""XRPO (headline numbers of the method catalog): "up to +4% pass@1 and +6% cons@32 over GRPO/GSPO; up to 2.7x faster convergence".
+"""XRPO (headline numbers of the method catalog):
+"up to +4% pass@1 and +6% cons@32 over GRPO/GSPO; up to 2.7x faster convergence".
 
 Only XRPO's advantage sharpening is implemented (the rollout allocator needs the sampler): GRPO's advantage
 against XRPO's, on the toy sum. Convergence is read from the curves.
