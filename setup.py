@@ -67,6 +67,9 @@ setup(
             "jaxgrpo-compile=jaxgrpo.cli:compile_main",
             "jaxgrpo-plot=jaxgrpo.cli:plot_main",
             "jaxgrpo-kernels=jaxgrpo.cli:kernels_main",
+            "jaxgrpo-export=jaxgrpo.cli:export_main",
+            "jaxgrpo-eval=jaxgrpo.cli:eval_main",
+            "jaxgrpo-study=jaxgrpo.cli:study_main",
         ]
     },
 )

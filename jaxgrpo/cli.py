@@ -1,4 +1,5 @@
-"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-compile`, `jaxgrpo-plot`, `jaxgrpo-kernels`."""
+"""Command-line entry points: `jaxgrpo-train`, `jaxgrpo-compile`, `jaxgrpo-plot`, `jaxgrpo-kernels`, `jaxgrpo-export`,
+`jaxgrpo-eval`, `jaxgrpo-study`."""
 
 from __future__ import annotations
 
@@ -176,6 +177,156 @@ def kernels_main(argv: list[str] | None = None) -> int:
     for k in jaxgrpo.list_kernels(args.kind):
         flag = " [experimental]" if k.experimental else ""
         print(f"{k.kind:16s} {k.name:32s} {k.paper}{flag}")
+    return 0
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-export",
+        description="Write a run's trained policy as a Hugging Face model directory (config.json, model.safetensors, "
+                    "tokenizer with its chat template) that transformers loads as it is.",
+    )
+    parser.add_argument("run_dir", help="a run directory of jaxgrpo-train (config.json and checkpoints/)")
+    parser.add_argument("--out", required=True, help="the directory to write")
+    parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    args = parser.parse_args(argv)
+    from jaxgrpo import export, runs
+    from jaxgrpo.models import UnsupportedConfigError, WeightFileError
+
+    try:
+        out, step = export.export_run(args.run_dir, args.out, step=args.step)
+    except (runs.RunReadError, export.ExportError, UnsupportedConfigError, WeightFileError, KeyError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"jaxgrpo-export: error: {message}", file=sys.stderr)
+        return 2
+    print(f"exported step {step} of {args.run_dir} to {out}: load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({out!r}) and AutoTokenizer.from_pretrained({out!r})")
+    return 0
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-eval",
+        description="Greedy accuracy (Wilson 95%% interval) and pass@k (bootstrap 95%% interval over questions) of a "
+                    "run's checkpoint or of a base model on a task split; writes every completion to a JSONL file.",
+    )
+    parser.add_argument("target", help="a run directory (its newest checkpoint, or --step), or a model: a registered "
+                                        "name, a Hugging Face directory, a .gguf file or a built-in (toy-tiny)")
+    parser.add_argument("--task", help="a registered task, e.g. arithmetic, gsm8k (default: the run's task)")
+    parser.add_argument("--split", help="the split to evaluate (default: the run's evaluation split, else test)")
+    parser.add_argument("--num", type=int, help="the first N questions of the split (default: the run's "
+                                                  "num_eval_examples, else 200)")
+    parser.add_argument("--k", type=int, nargs="+", help="pass@k for each k, from max(k) samples per question "
+                                                         "(default: 1 and the run's eval_pass_k)")
+    parser.add_argument("--step", type=int, help="the run's checkpoint to evaluate (default: the newest)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override config fields, e.g. sampling.max_new_tokens=64 task.kwargs={'digits':2}")
+    parser.add_argument("--out", help="the completions' JSONL (default: RUN_DIR/eval_<split>_step<N>.jsonl, "
+                                      "else eval_<split>.jsonl here); the summary goes beside it as .summary.json")
+    args = parser.parse_args(argv)
+
+    from jaxgrpo import policy_eval, runs
+    from jaxgrpo.config import Config, apply_overrides, validate
+    from jaxgrpo.models import UnsupportedConfigError, WeightFileError
+
+    def fail(message) -> int:
+        print(f"jaxgrpo-eval: error: {message}", file=sys.stderr)
+        return 2
+
+    # Everything is checked here, in one line each, before a model is built.
+    try:
+        run_dir = args.target if runs.is_run_dir(args.target) else None
+        if run_dir is not None:
+            cfg = runs.read_config(run_dir)
+            step = runs.choose_step(run_dir, args.step)
+        else:
+            if os.path.isdir(args.target) and os.path.isdir(os.path.join(args.target, runs.CHECKPOINTS)):
+                raise runs.RunReadError(f"{args.target} holds checkpoints but no config.json; it is not a complete run "
+                                        "directory")
+            if args.step is not None:
+                raise runs.RunReadError("--step needs a run directory; a model is evaluated as it is")
+            cfg, step = Config(), 0
+            cfg.model = args.target
+            cfg.task.num_eval_examples = 200
+            from jaxgrpo.trainer import MODEL_BUILDERS
+
+            if cfg.model not in MODEL_BUILDERS:
+                from jaxgrpo.models import load_config
+
+                load_config(cfg.model)  # a missing or unsupported model fails here, not after a long build
+        if args.task and args.task != cfg.task.name:
+            cfg.task.name, cfg.task.kwargs = args.task, {}
+        apply_overrides(cfg, args.set)
+        if args.split:
+            cfg.task.eval_split = args.split
+        if args.num is not None:
+            if args.num < 1:
+                raise ValueError(f"--num must be >= 1, got {args.num}")
+            cfg.task.num_eval_examples = args.num
+        ks = args.k or sorted({1, cfg.eval_pass_k})
+        if min(ks) < 1:
+            raise ValueError(f"--k values must be >= 1, got {ks}")
+        validate(cfg)
+        policy_eval.check_split(cfg, cfg.task.eval_split)
+    except (runs.RunReadError, policy_eval.EvalSetupError, UnsupportedConfigError, WeightFileError, KeyError,
+            ValueError, TypeError) as e:
+        return fail(e.args[0] if isinstance(e, KeyError) and e.args else e)
+
+    trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
+    result = policy_eval.evaluate_policy(trainer, trainer.eval_examples, ks, step=step)
+    split = cfg.task.eval_split
+    out = args.out or (os.path.join(run_dir, f"eval_{split}_step{step}.jsonl") if run_dir else f"eval_{split}.jsonl")
+    policy_eval.write_jsonl(out, result.records)
+    summary = {"target": args.target, "step": step if run_dir else None, "task": cfg.task.name, "split": split,
+               **result.summary()}
+    with open(os.path.splitext(out)[0] + ".summary.json", "w") as f:
+        json.dump(summary, f, indent=2)
+    what = f"{run_dir} step {step}" if run_dir else cfg.model
+    print(f"{what} on {cfg.task.name}/{split}, {result.num_questions} questions, "
+          f"{result.samples_per_question} samples each:")
+    for name, interval in result.metrics.items():
+        how = "bootstrap over questions" if name.startswith("pass@") else "Wilson"
+        print(f"  {name:16s} {interval.format()}  (95% interval, {how})")
+    print(f"completions: {out}")
+    return 0
+
+
+def study_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxgrpo-study",
+        description="Run a study file's grid (configurations x seeds, one run directory per cell; resumable) and "
+                    "collate it: mean and 95%% t-interval over seeds per metric, plots and report.md.",
+    )
+    parser.add_argument("study", help="a study file defining study() -> jaxgrpo.study.Study")
+    parser.add_argument("--out", help="the study directory (default: runs/studies/<study name>)")
+    parser.add_argument("--workers", type=int, default=1, help="cells run at once, each in its own process (default 1)")
+    parser.add_argument("--collate-only", action="store_true", help="run nothing; report the cells finished so far")
+    parser.add_argument("--no-compilation-cache", action="store_true",
+                        help="do not share JAX's persistent compilation cache between the cells")
+    args = parser.parse_args(argv)
+    from jaxgrpo import study as studies
+
+    try:
+        if args.workers < 1:
+            raise studies.StudyError(f"--workers must be >= 1, got {args.workers}")
+        study, experiment = studies.load_study(args.study)
+        out = args.out or os.path.join("runs", "studies", study.name)
+        runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache)
+    except studies.StudyError as e:
+        print(f"jaxgrpo-study: error: {e}", file=sys.stderr)
+        return 2
+    print(f"[study] {study.name}: {len(runner.cells)} cells into {out}"
+          + (f", {args.workers} at a time" if args.workers > 1 else ""), flush=True)
+    complete = True if args.collate_only else runner.run(args.workers)
+    command = " ".join(["jaxgrpo-study", args.study] + (["--out", args.out] if args.out else [])
+                       + (["--workers", str(args.workers)] if args.workers > 1 else []))
+    path = studies.report(runner, args.study, command)
+    print(studies.table(studies.collate(runner)))
+    print(f"report: {path}")
+    if not complete:
+        print("jaxgrpo-study: error: some cells failed (their logs are named above); rerun to retry them",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -61,6 +61,20 @@ class CharTokenizer:
     def batch_decode(self, batch, skip_special_tokens: bool = True) -> list[str]:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
 
+    #: `apply_chat_template` below, as the Jinja template of the exported Hugging Face tokenizer.
+    CHAT_TEMPLATE = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}="
+
+    def to_hf_tokenizer(self):
+        """The same tokenizer as a transformers `PreTrainedTokenizerFast` (for `jaxgrpo.export`): one token per
+        character (a BPE vocabulary without merges), the same ids, special tokens and chat template."""
+        from tokenizers import Tokenizer, decoders, models
+        from transformers import PreTrainedTokenizerFast
+
+        backend = Tokenizer(models.BPE(vocab=self.get_vocab(), merges=[]))
+        backend.decoder = decoders.Fuse()  # characters join without spaces
+        return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
+                                       eos_token=self.eos_token, chat_template=self.CHAT_TEMPLATE)
+
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False, **_):
         """The user turns' text followed by '=' (the toy 'chat template')."""
         text = "".join(m["content"] for m in messages if m["role"] == "user") + "="

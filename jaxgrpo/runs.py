@@ -1,0 +1,114 @@
+"""Reading a finished (or running) run directory back: its config, its checkpoints, its trained policy.
+
+`jaxgrpo-eval` and `jaxgrpo-export` start here. A run directory holds `config.json` (the resolved
+`Config`) and `checkpoints/<step>/` (orbax: the trainer's checkpoint state and JSON metadata). The
+policy is rebuilt the way the trainer built it (`Trainer(cfg)`) and its parameters are replaced by a
+checkpoint's, read without writing anything into the run directory (a run may still be writing it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from typing import Any
+
+from jaxgrpo.config import Config
+
+CONFIG_FILE = "config.json"
+CHECKPOINTS = "checkpoints"
+
+
+class RunReadError(ValueError):
+    """A run directory cannot be read back; the message (one line) names what is missing and what to do."""
+
+
+def config_from_dict(values: dict, cfg: Any = None) -> Config:
+    """The `Config` that `to_dict` wrote as `values` (config.json); keys it does not know are an error."""
+    cfg = Config() if cfg is None else cfg
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    for name, value in values.items():
+        if name not in fields:
+            raise RunReadError(f"config.json has a field {name!r} that this version of jaxgrpo does not know; "
+                               "read it with the jaxgrpo version that wrote it")
+        current = getattr(cfg, name)
+        if dataclasses.is_dataclass(current):
+            config_from_dict(value, current)
+        else:
+            if typing.get_type_hints(type(cfg))[name] is float and isinstance(value, int):
+                value = float(value)
+            setattr(cfg, name, value)
+    return cfg
+
+
+def is_run_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, CONFIG_FILE))
+
+
+def read_config(run_dir: str) -> Config:
+    """The config a run directory was trained with."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    if not os.path.isdir(run_dir):
+        raise RunReadError(f"run directory {run_dir} does not exist")
+    if not os.path.isfile(path):
+        raise RunReadError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE} (train into it with jaxgrpo-train first)")
+    with open(path) as f:
+        return config_from_dict(json.load(f))
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """The steps of the complete checkpoints of a run directory, ascending (orbax's temporary ones left out)."""
+    directory = os.path.join(run_dir, CHECKPOINTS)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory)
+                  if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def choose_step(run_dir: str, step: int | None) -> int:
+    """`step`, or the newest checkpoint's, after checking that it exists."""
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise RunReadError(f"run directory {run_dir} has no checkpoints in {os.path.join(run_dir, CHECKPOINTS)}; "
+                           "train with checkpoint_every > 0, or pass a model name or directory instead")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise RunReadError(f"run directory {run_dir} has no checkpoint of step {step}; its checkpoints are of "
+                           f"steps {', '.join(map(str, steps))}")
+    return step
+
+
+def restore_trainer(run_dir: str, step: int, trainer):
+    """Replaces `trainer`'s parameters by those of `run_dir`'s checkpoint of `step` (read-only); returns its metadata."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    directory = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+        create=False, read_only=True, enable_async_checkpointing=False, cleanup_tmp_directories=False))
+    try:
+        like = trainer.checkpoint_state()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                 meta=ocp.args.JsonRestore()))
+    except Exception as error:  # orbax and tensorstore raise many kinds for an unreadable checkpoint
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise RunReadError(f"checkpoint of step {step} in {directory} does not restore ({type(error).__name__}: "
+                           f"{first}); pass --step with another of its steps") from error
+    finally:
+        manager.close()
+    trainer.state = restored["state"]["train"]
+    return dict(restored["meta"])
+
+
+def build_trainer(cfg: Config, run_dir: str | None = None, step: int | None = None):
+    """A `Trainer` for `cfg` whose policy is the checkpoint of `step` in `run_dir` (None: the config's model as
+    built, untrained); returns (trainer, step or None)."""
+    from jaxgrpo.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    if run_dir is not None:
+        restore_trainer(run_dir, step, trainer)
+    return trainer, step

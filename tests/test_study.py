@@ -1,0 +1,119 @@
+"""`jaxgrpo-study`: a 2 configurations x 2 seeds study of the toy model end to end (table, intervals, plots,
+report), killed mid-grid and resumed without running a finished cell again; a bad grid key is refused
+before anything runs; and the interval arithmetic against hand-computed values."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxgrpo import cli, intervals, study
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+STUDY_FILE = """
+from jaxgrpo.study import Study
+
+
+def study():
+    return Study(
+        name="tiny",
+        experiment={experiment!r},
+        claim="RLOO's leave-one-out baseline learns the toy sum as GRPO's group normalization does",
+        methods={{"grpo": {{}}, "rloo": {{"advantage": "rloo"}}}},
+        seeds=[0, 1],
+        metrics=["eval/pass@1", "accuracy"],
+        overrides={{{overrides}}},
+        grid={{{grid}}},
+    )
+"""
+# As small as a toy run gets: the toy's warm-up, then 2 steps of 4 x 2 samples, an evaluation of 4 questions
+# after each.
+TINY = ('"steps": 2, "prompts_per_step": 4, "group_size": 2, "task.num_eval_examples": 4, "eval_every": 1, '
+        '"eval_pass_k": 2, "checkpoint_every": 1')
+
+
+def write_study(tmp_path, overrides=TINY, grid="") -> str:
+    path = tmp_path / "tiny_study.py"
+    path.write_text(STUDY_FILE.format(experiment=os.path.join(ROOT, "experiments", "toy_sum.py"), overrides=overrides,
+                                      grid=grid))
+    return str(path)
+
+
+def test_intervals_match_hand_computed_values():
+    # Wilson, 8 of 10: center (0.8 + 1.92/10) / 1.384 = 0.7168, half 1.96 sqrt(0.016 + 0.00096) / 1.384 = 0.1844
+    interval = intervals.wilson_interval(8, 10)
+    assert (interval.low, interval.high) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert intervals.wilson_interval(0, 5).low == 0.0 and intervals.wilson_interval(0, 5).high > 0
+    # t-interval of 1, 2, 3: mean 2, s = 1, t(2) = 4.303 -> 2 +- 4.303 / sqrt(3)
+    t = intervals.t_interval([1.0, 2.0, 3.0])
+    assert (t.value, t.low, t.high) == pytest.approx((2.0, 2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)))
+    assert math.isnan(intervals.t_interval([5.0]).low)
+    b = intervals.bootstrap_interval([0.0, 1.0] * 50)
+    assert b.low < 0.5 < b.high and b.high - b.low == pytest.approx(2 * 1.96 * 0.05, abs=0.03)
+
+
+def test_bad_grid_key_is_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    for overrides, grid in ((TINY, '"optimizer.lrr": [1e-3, 3e-3]'), ('"stepz": 2', "")):
+        path = write_study(tmp_path, overrides=overrides, grid=grid)
+        assert cli.study_main([path, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        wrong = "optimizer.lrr" if grid else "stepz"
+        assert len(err.splitlines()) == 1 and f"key '{wrong}' is not a config field" in err, err
+        assert not out.exists()
+
+
+def _runner_command(path, out, *extra):
+    return [sys.executable, "-m", "jaxgrpo.study", path, "--out", out, *extra]
+
+
+def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
+    path, out = write_study(tmp_path), str(tmp_path / "study")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("XLA_FLAGS", None)  # the cells run as the command line runs them: one CPU device
+    first = subprocess.Popen(_runner_command(path, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    done = os.path.join(out, "done")
+    deadline = time.time() + 300
+    while not (os.path.isdir(done) and os.listdir(done)):  # kill it once the first cell has finished
+        assert first.poll() is None and time.time() < deadline, first.stdout.read().decode()
+        time.sleep(0.5)
+    time.sleep(3)  # into the second cell
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    finished = sorted(os.listdir(done))
+    assert len(finished) == 1
+    marker = os.path.join(done, finished[0])
+    stamp = os.stat(marker).st_mtime_ns
+    metrics_file = os.path.join(out, "cells", finished[0][:-len(".json")], "metrics.jsonl")
+    metrics_stamp = os.stat(metrics_file).st_mtime_ns
+
+    second = subprocess.run(_runner_command(path, out, "--workers", "2"), env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"{finished[0][:-len('.json')]}: finished before, not run again" in second.stdout
+    assert os.stat(marker).st_mtime_ns == stamp and os.stat(metrics_file).st_mtime_ns == metrics_stamp
+    assert len(os.listdir(done)) == 4
+
+    with open(os.path.join(out, "results.json")) as f:
+        results = json.load(f)
+    for label in ("method=grpo", "method=rloo"):
+        entry = results["final"][f"{label}|eval/pass@1"]
+        assert sorted(entry["seeds"]) == ["0", "1"]
+        low, high = entry["ci95"]
+        values = list(entry["seeds"].values())
+        assert entry["mean"] == pytest.approx(sum(values) / 2)
+        assert low <= entry["mean"] <= high
+        # two seeds: mean +- 12.706 |a - b| / 2
+        assert high - entry["mean"] == pytest.approx(12.706 * abs(values[0] - values[1]) / 2, abs=1e-9)
+        with open(os.path.join(out, "cells", f"{label},seed=0", "metrics.jsonl")) as f:
+            assert [json.loads(line)["step"] for line in f] == [1, 2]
+    report = open(os.path.join(out, "report.md")).read()
+    assert "| method=grpo |" in report and "minus method=grpo" in report and "RLOO" in report
+    plots = sorted(os.listdir(os.path.join(out, "plots")))
+    assert plots == ["accuracy_curves.png", "accuracy_final.png", "eval_pass_1_curves.png", "eval_pass_1_final.png"]
