@@ -61,7 +61,7 @@ if __name__ == "__main__":
 
     jax.config.update("jax_default_matmul_precision", "highest")
     from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.train import Trainer
 
     names = sys.argv[1:] or experiment_names()
     recorded = json.load(open(RECORD)) if os.path.exists(RECORD) else {}
