@@ -49,12 +49,12 @@ def test_a_stage_refuses_what_it_cannot_run_in_one_line(overrides, needle):
 
 
 def strata_task():
-    """The toy task whose examples carry a stratum (their first operand's parity)."""
+    """The toy task whose examples carry a stratum (the parity of their first operand)."""
     from jaxgrpo.toy import ToySumTask
 
     class StrataTask(ToySumTask):
         def load(self, split, **kwargs):
-            return [{**e, "strata_id": int(e["a"]) % 2} for e in super().load(split, **kwargs)]
+            return [{**e, "strata_id": int(e["question"][0]) % 2} for e in super().load(split, **kwargs)]
 
     return StrataTask()
 
@@ -86,7 +86,7 @@ RUNS = {
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_stages_run_two_steps_from_an_experiment(name, tmp_path):
     cfg, reward_fns = tiny(tmp_path, *RUNS[name])
-    task = strata_task() if "strata" in name else None
+    task = strata_task() if name.startswith("task ids") else None
     trainer = Trainer(cfg, reward_fns=reward_fns, task=task)
     before = jax.tree.map(np.asarray, trainer.state.params)
     history = trainer.run(progress=False)
