@@ -201,11 +201,14 @@ class Trainer:
                                          jax.tree.map(lambda x: x.sharding, state),
                                          objective=step_lib.likelihood_objective(cfg))
         stream = PromptStream(self.train_examples, cfg.seed + 12345)
+        rows = NamedSharding(self.mesh, P(None, BATCH_AXES))
         losses = []
         for _ in range(steps):
             examples = stream.take(batch_size)
             answers = [warmup_lib.reference_completion(self.task, self.tokenizer, e) for e in examples]
             batch = warmup_lib.supervised_batch([self.prompt_ids(e) for e in examples], answers, self.pad_id)
+            # Every process holds the whole batch: each lays its devices' rows out as a global array.
+            batch = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, rows, lambda i, x=x: x[i]), batch)
             with jax.set_mesh(self.mesh):
                 state, metrics = update(state, batch)
             losses.append(float(metrics["loss"]))
