@@ -178,16 +178,16 @@ def loss_parity(jax_trainer, jax_params, trl, rollout, *, perturbation: float = 
     """jaxgrpo's GRPO loss vs TRL's `compute_loss` on the same batch and weights.
 
     Args:
-      jax_trainer: a `jaxgrpo.trainer.Trainer` (its config gives loss, aggregation and advantage).
+      jax_trainer: a `jaxgrpo.train.Trainer` (its config gives loss, aggregation and advantage).
       jax_params: the jaxgrpo parameters to evaluate (the same weights as TRL's model).
       trl: a `GRPOTrainer` whose model holds the same weights.
-      rollout: a `jaxgrpo.trainer.Rollout` (completions, sampler log-probs, rewards).
+      rollout: a `jaxgrpo.train.Rollout` (completions, sampler log-probs, rewards).
       perturbation: std of the noise added to the sampler's log-probs to make the old log-probs, so
         that ratios leave the clip range and the clipped branch is compared too.
     """
     import torch
 
-    from jaxgrpo.trainer import make_loss_fn
+    from jaxgrpo.train.step import make_loss_fn
     from trl.trainer.utils import nanstd
 
     cfg = jax_trainer.cfg
@@ -198,14 +198,14 @@ def loss_parity(jax_trainer, jax_params, trl, rollout, *, perturbation: float = 
     rollout = rollout._replace(sampler_logp=old_logp)
 
     # Advantages: jaxgrpo's registered estimator and TRL's formula on the same rewards.
-    advantages = jax_trainer.advantages(rollout)
+    batch = jax_trainer.train_batch(rollout)
+    advantages = batch.advantages[:, 0]  # per row, broadcast over its tokens
     rewards = torch.tensor(rollout.rewards)
     mean = rewards.view(-1, g).mean(1).repeat_interleave(g)
     std = nanstd(rewards.view(-1, g), dim=1).repeat_interleave(g)
     trl_advantages = ((rewards - mean) / (std + ADVANTAGE_EPS)).numpy()
 
     # jaxgrpo: the trainer's own loss function on the trainer's batch layout.
-    batch = jax_trainer.train_batch(rollout)
     loss_fn = jax.jit(make_loss_fn(cfg, jax_trainer.graphdef, jax_trainer.rest))
     denominator = kernels.aggregation_denominator(batch.completion_mask, cfg.aggregation)
     ours, metrics = loss_fn(jax_params, jax.tree.map(jnp.asarray, batch), denominator)
@@ -268,7 +268,7 @@ def main(args) -> None:
     import torch
     from transformers import TrainerCallback
 
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.train import Trainer
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

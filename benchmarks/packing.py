@@ -39,7 +39,8 @@ def main() -> None:
 
     from jaxgrpo.models import packing
     from jaxgrpo.rewards import correctness_reward
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.train import Trainer
+    from jaxgrpo.train.loop import group_lengths
 
     cfg = jaxgrpo_config(8, 4, args.max_new_tokens, args.seed, args.micro_batch)
     trainer = Trainer(cfg, reward_fns=[(correctness_reward, 1.0)])
@@ -48,8 +49,8 @@ def main() -> None:
     def timed_update(batch, packed: bool, compiled: set) -> tuple[float, float]:
         cfg.packing = packed
         program = None if not packed else packing.plan_rows(
-            np.arange(cfg.batch_size), trainer.group_lengths(batch), cfg.group_size, args.micro_batch,
-            attention_scale=trainer._attention_scale)[1][:2]
+            np.arange(cfg.batch_size), group_lengths(cfg, batch), cfg.group_size, args.micro_batch,
+            attention_scale=trainer.attention_scale)[1][:2]
         runs = 1 if program in compiled else 2  # the first run of a program compiles it
         compiled.add(program)
         for _ in range(runs):
@@ -66,9 +67,9 @@ def main() -> None:
         rollout, _ = trainer.rollout(jax.random.key(args.seed + i))
         batch = trainer.train_batch(rollout)
         width = batch.tokens.shape[1]
-        lengths = trainer.group_lengths(batch)
+        lengths = group_lengths(cfg, batch)
         _, plan = packing.plan_rows(np.arange(cfg.batch_size), lengths, cfg.group_size, args.micro_batch,
-                                    attention_scale=trainer._attention_scale)
+                                    attention_scale=trainer.attention_scale)
         micro_batches = cfg.batch_size // args.micro_batch
         order = (True, False) if i % 2 == 0 else (False, True)
         result = {mode: timed_update(batch, mode, compiled) for mode in order}

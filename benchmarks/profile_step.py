@@ -57,7 +57,7 @@ def decode_breakdown(model, tokenizer, steps: int, calls: int):
 
 def train_breakdown(model, batch: int, prompt: int, completion: int, calls: int):
     from jaxgrpo import profiling
-    from jaxgrpo.trainer import Policy, completion_outputs
+    from jaxgrpo.train import Policy, completion_outputs
 
     graphdef, params, rest = nnx.split(Policy(model), nnx.Param, ...)
     length = prompt + completion

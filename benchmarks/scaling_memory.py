@@ -4,7 +4,7 @@
 
 Nothing is executed and no weights are needed: the policy is built with `nnx.eval_shape`, its parameters
 and AdamW state become abstract arrays laid out by `jaxgrpo.models.partitioning` (the trainer's own
-rules), and the trainer's own jitted update (`jaxgrpo.trainer.make_update_fn`: ppo_clip loss, chunked
+rules), and the trainer's own jitted update (`jaxgrpo.train.step.make_update_fn`: ppo_clip loss, chunked
 log-probs, gradient, AdamW) is lowered and compiled for each mesh. Reported per device:
 
 * parameters and optimizer state: the bytes of each array's shard (`sharding.shard_shape`);
@@ -40,7 +40,7 @@ from jax.sharding import NamedSharding
 from jaxgrpo.config import Config
 from jaxgrpo.models import Decoder, DecoderConfig
 from jaxgrpo.models.partitioning import DEFAULT_RULES, logical_to_mesh_spec
-from jaxgrpo.trainer import Policy, TrainBatch, TrainState, make_optimizer, make_update_fn
+from jaxgrpo.train import Policy, TrainBatch, TrainState, make_optimizer, make_update_fn
 
 #: Shapes only. 135m is SmolLM2-135M; 1b is Llama 3.2 1B (hidden 2048, 16 layers, 32/8 heads, 128k vocabulary).
 MODELS = {

@@ -2,7 +2,7 @@
 
     python benchmarks/train_throughput.py [--shapes 8x128 16x256] [--repeats 5] [--out benchmarks/results/train_throughput.json]
 
-What is timed is the gradient the trainer's update computes: `jaxgrpo.trainer.completion_outputs`
+What is timed is the gradient the trainer's update computes: `jaxgrpo.train.step.completion_outputs`
 (the decoder, then chunked log-probs and entropies of every next token) under `jax.value_and_grad`,
 jitted, on B x T tokens, after one compile, with the layers rematerialized in the backward pass as the
 trainer does by default (`--no-remat` stores their activations instead; the recomputed forward is not
@@ -105,7 +105,7 @@ def compiled_cost(fn, *args) -> dict:
 def step_functions(model):
     """(train_grad, forward, layers_grad, head_grad) as functions of (params, tokens...) for `model`."""
     from jaxgrpo.models.logprobs import token_logprobs_and_entropy
-    from jaxgrpo.trainer import Policy, completion_outputs
+    from jaxgrpo.train import Policy, completion_outputs
 
     graphdef, params, rest = nnx.split(Policy(model), nnx.Param, ...)
 

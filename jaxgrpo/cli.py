@@ -68,7 +68,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from jaxgrpo.config import Config
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
-    from jaxgrpo.trainer import NoLearningSignal, Trainer
+    from jaxgrpo.train.loop import NoLearningSignal, Trainer
 
     try:  # a used or locked run directory is refused before the model is built (`Trainer.run` checks again)
         RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,

@@ -9,8 +9,8 @@ shows the collectives. Programs compiled here, each at the experiment's shapes:
 * `prefill` and `decode`: the sampler's two programs (`sampler.generate`) for one step's prompts, at the
   prompt and completion buckets of `sampling.max_prompt_len` and `sampling.max_new_tokens`: the
   prompts run once into a shared cache, then a `while` loop samples one token per row per iteration;
-* `forward`: the reference / old-policy log-prob forward (`Trainer._reference_outputs`) over a batch;
-* `update`: one optimizer step of `trainer.make_update_fn` over a minibatch of micro-batches (packed
+* `forward`: the reference / old-policy log-prob forward (`jaxgrpo.train.step.make_forward_fn`) over a batch;
+* `update`: one optimizer step of `jaxgrpo.train.step.make_update_fn` over a minibatch of micro-batches (packed
   groups at their worst case, one group per row, when `packing` is on).
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
@@ -95,10 +95,10 @@ def topology_devices(topology: str) -> tuple[Chip, list]:
 def decoder_config(cfg: Config):
     """The policy's architecture for `cfg.model`, without weights: a code-built model's own, else the
     checkpoint's config (`models.load_config`)."""
-    from jaxgrpo import models, trainer
+    from jaxgrpo import models, train
 
-    if cfg.model in trainer.MODEL_BUILDERS:
-        model = nnx.eval_shape(lambda: trainer.MODEL_BUILDERS[cfg.model](dtype=getattr(jnp, cfg.dtype), remat=cfg.remat)[0])
+    if cfg.model in train.MODEL_BUILDERS:
+        model = nnx.eval_shape(lambda: train.MODEL_BUILDERS[cfg.model](dtype=getattr(jnp, cfg.dtype), remat=cfg.remat)[0])
         return model.config
     return models.load_config(cfg.model)
 
@@ -116,11 +116,11 @@ class Abstract(NamedTuple):
 
 def abstract_train_state(cfg: Config, mesh) -> Abstract:
     """The policy and its optimizer state as the trainer lays them out on `mesh`, from shapes alone."""
-    from jaxgrpo import trainer
+    from jaxgrpo import train
     from jaxgrpo.models import Decoder, partitioning
 
     config, dtype = decoder_config(cfg), getattr(jnp, cfg.dtype)
-    policy = nnx.eval_shape(lambda: trainer.Policy(
+    policy = nnx.eval_shape(lambda: train.Policy(
         Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat, rngs=nnx.Rngs(0)), value_head=cfg.value_head))
     graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
     leaves, treedef = jax.tree.flatten(params)
@@ -129,13 +129,13 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
         jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=partitioning.variable_sharding(variable, mesh))
         for leaf, variable in zip(leaves, variables)])
     replicated = NamedSharding(mesh, P())
-    optimizer = trainer.make_optimizer(cfg.optimizer)
+    optimizer = train.make_optimizer(cfg.optimizer)
     # The optimizer's moments live where their parameters do (as `optimizer.init` on placed parameters gives).
     opt_state = optax.tree_map_params(
         optimizer, lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p.sharding),
         jax.eval_shape(optimizer.init, params), params,
         transform_non_params=lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated))
-    state = trainer.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
+    state = train.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
     return Abstract(graphdef, rest, optimizer, state, sum(math.prod(leaf.shape) for leaf in leaves))
 
 
@@ -153,14 +153,14 @@ def _sharded(shape, dtype, sharding):
 
 def lower_update(cfg: Config, mesh, abstract: Abstract):
     """The lowered update program at `cfg`'s shapes, and its trained tokens per call."""
-    from jaxgrpo import trainer
+    from jaxgrpo import train
     from jaxgrpo.models import packing
 
     num_micro, micro, length, completion = _batch_shapes(cfg)
-    rows = NamedSharding(mesh, P(None, trainer.BATCH_AXES))
+    rows = NamedSharding(mesh, P(None, train.BATCH_AXES))
     tokens = lambda dtype: _sharded((num_micro, micro, length), dtype, rows)  # noqa: E731
     per_token = [_sharded((num_micro, micro, completion), jnp.float32, rows) for _ in range(6)]
-    batch = trainer.TrainBatch(tokens(jnp.int32), tokens(jnp.bool_), tokens(jnp.int32), *per_token)
+    batch = train.TrainBatch(tokens(jnp.int32), tokens(jnp.bool_), tokens(jnp.int32), *per_token)
     packed_shape, layout = None, ()
     if cfg.packing:
         # The worst case: no two groups share a row, each group a prompt and G full completions.
@@ -169,7 +169,7 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
         replicated = NamedSharding(mesh, P())
         layout = ((_sharded((num_micro, groups), jnp.int32, replicated),) * 2,)
     state_sharding = jax.tree.map(lambda x: x.sharding, abstract.state)
-    update = trainer.make_update_fn(cfg, abstract.graphdef, abstract.rest, abstract.optimizer, mesh, state_sharding,
+    update = train.make_update_fn(cfg, abstract.graphdef, abstract.rest, abstract.optimizer, mesh, state_sharding,
                                     packed_shape)
     with jax.set_mesh(mesh):
         lowered = update.lower(abstract.state, batch, *layout)
@@ -178,14 +178,14 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
 
 def lower_forward(cfg: Config, mesh, abstract: Abstract):
     """The lowered reference / old-policy log-prob forward over one step's batch, and its tokens per call."""
-    from jaxgrpo import trainer
+    from jaxgrpo import train
 
     _, _, length, completion = _batch_shapes(cfg)
-    rows = NamedSharding(mesh, P(trainer.BATCH_AXES))
+    rows = NamedSharding(mesh, P(train.BATCH_AXES))
 
     def forward(params, tokens, attention, positions):
         policy = nnx.merge(abstract.graphdef, params, abstract.rest)
-        logp, _, values = trainer.completion_outputs(policy, tokens, attention, positions, completion,
+        logp, _, values = train.completion_outputs(policy, tokens, attention, positions, completion,
                                                      cfg.sampling.temperature, with_values=cfg.value_head)
         return logp, (values if values is not None else jnp.zeros_like(logp))
 
@@ -341,13 +341,13 @@ def _program_report(name: str, compiled, seconds: float, chip: Chip, chips: int,
 
 def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS) -> Report:
     """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read."""
-    from jaxgrpo import trainer
+    from jaxgrpo import train
 
     unknown = [p for p in programs if p not in PROGRAMS]
     if unknown:
         raise ValueError(f"unknown program(s) {', '.join(unknown)}; valid: {', '.join(PROGRAMS)}")
     chip, devices = topology_devices(topology)
-    mesh = trainer.make_mesh(cfg, devices)
+    mesh = train.make_mesh(cfg, devices)
     validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
     abstract = abstract_train_state(cfg, mesh)
     n, chips, reports = abstract.num_params, len(devices), []

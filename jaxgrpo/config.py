@@ -24,7 +24,6 @@ import ast
 import dataclasses
 import difflib
 import importlib.util
-import inspect
 import math
 import numbers
 import os
@@ -33,7 +32,7 @@ import types
 import typing
 from typing import Any
 
-#: Parameter dtypes a policy can be built in (`jaxgrpo.trainer.build_model`).
+#: Parameter dtypes a policy can be built in (`jaxgrpo.train.state.build_model`).
 DTYPES = ("float32", "bfloat16")
 
 
@@ -116,9 +115,20 @@ class Config(_Fields):
     #: The reward (by function name) that decides "correct", for accuracy and dynamic sampling.
     correctness_reward: str = "correctness_reward"
 
-    # The method: kernels by registry name, with their keyword arguments.
+    # The method: kernels by registry name, with their keyword arguments, one per stage of the step
+    # (jaxgrpo.train.stages): reward shaping -> advantage -> token credit -> row weights -> loss.
+    #: A registered "reward" kernel whose output replaces the rewards before the advantage, or None.
+    reward_shaping: str | None = None
+    reward_shaping_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "advantage" (per row) or "token_advantage" (per token) kernel.
     advantage: str = "grpo"
     advantage_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "credit" kernel: per-token weights of the advantages (or new advantages), or None.
+    token_credit: str | None = None
+    token_credit_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "selection" kernel weighting each row's (or group's) advantages, or None.
+    row_weights: str | None = None
+    row_weights_kwargs: dict = dataclasses.field(default_factory=dict)
     #: A registered "mask" kernel removing rows from the loss (e.g. MC-GRPO's pivot), or None.
     loss_mask: str | None = None
     loss: str = "ppo_clip"
@@ -439,15 +449,6 @@ def _check_ranges(cfg: Config) -> None:
             raise ValueError(message)
 
 
-# What the trainer passes the kernels itself, so these are no `loss_kwargs` / `advantage_kwargs` keys: a loss gets
-# (logp, old_logp, advantages, mask) by position (`trainer.make_loss_fn`); an advantage estimator gets (rewards,
-# group_ids) by position, then `num_groups`, `valid` and, when it accepts them, the batch's `reward_weights`,
-# `lengths` and `seq_logp` (`Trainer.advantages`).
-LOSS_POSITIONAL_ARGS = 4
-ADVANTAGE_POSITIONAL_ARGS = 2
-TRAINER_ADVANTAGE_KWARGS = ("num_groups", "valid", "reward_weights", "lengths", "seq_logp")
-
-
 def _registered(kind: str, name: Any, field: str):
     """The kernel of `kind` registered under `name`, else an error listing the registered names."""
     from jaxgrpo import kernels
@@ -458,33 +459,12 @@ def _registered(kind: str, name: Any, field: str):
     return kernels.get(kind, name)
 
 
-def _check_kwargs(kernel, kwargs: dict, field: str, what: str, positional: int, supplied: tuple = ()) -> None:
-    """`kwargs` are keyword arguments of `kernel`, and with what the trainer supplies they cover the required ones."""
-    signature = list(inspect.signature(kernel).parameters.values())
-    parameters = [p for p in signature[positional:] if p.name not in supplied]
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return  # it takes any keyword
-    keywords = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    for key in kwargs:
-        if key not in keywords:
-            problem = "is passed by the trainer itself" if key in {p.name for p in signature} else "is not an argument"
-            raise ValueError(f"{field} key {key!r} {problem} of {what}; valid keys: {', '.join(keywords) or '(none)'}")
-    missing = [p.name for p in parameters if p.default is p.empty and p.name in keywords and p.name not in kwargs]
-    if missing:
-        raise ValueError(f"{what} needs {', '.join(missing)}, which the trainer does not pass; set them in {field} "
-                         "or pick another kernel")
-
-
 def _check_kernels(cfg: Config) -> None:
     """The kernels the method names are registered, and their keyword arguments are theirs."""
     from jaxgrpo import kernels
+    from jaxgrpo.train import stages
 
-    loss = _registered("loss", cfg.loss, "loss")
-    _check_kwargs(loss, cfg.loss_kwargs, "loss_kwargs", f"loss {cfg.loss!r}", LOSS_POSITIONAL_ARGS)
-    if not cfg.value_head:  # with a value head, GAE replaces the advantage estimator
-        advantage = _registered("advantage", cfg.advantage, "advantage")
-        _check_kwargs(advantage, cfg.advantage_kwargs, "advantage_kwargs", f"advantage {cfg.advantage!r}",
-                      ADVANTAGE_POSITIONAL_ARGS, TRAINER_ADVANTAGE_KWARGS)
+    stages.check_config(cfg)  # every stage: a kernel of its kind, keyword arguments that are its hyper-parameters
     if cfg.loss_mask is not None:
         _registered("mask", cfg.loss_mask, "loss_mask")
     if cfg.aggregation not in kernels.AGGREGATION_MODES:

@@ -29,7 +29,7 @@ Shapes are bucketed (prompt length and completion length to powers of two >= 16)
 compiles a bounded number of times; `compilation_counts()` reports how many.
 
 Multi-host (`process_local=True`): each process passes only its own block of the batch's prompts
-(`process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
+(`jaxgrpo.train.distributed.process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
 padded prompts (small host arrays) are gathered so every process holds the whole batch's, and every
 process runs the same program on the global batch; the returned rows are global arrays, this
 process's block on its own devices (`process_sharding`, `jax.make_array_from_process_local_data`).
@@ -51,6 +51,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo.models import partitioning
+from jaxgrpo.train.distributed import global_rows
 
 logger = logging.getLogger(__name__)
 
@@ -285,58 +286,6 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0) -> 
     return tokens, mask
 
 
-def process_block(num_rows: int) -> slice:
-    """This process's contiguous block of `num_rows` rows split evenly over the processes, in process order.
-
-    All rows in a single-process run; block p of P is rows [p * num_rows / P, (p + 1) * num_rows / P).
-    """
-    count, index = jax.process_count(), jax.process_index()
-    if num_rows % count:
-        raise ValueError(f"{num_rows} rows cannot be split evenly over {count} processes")
-    size = num_rows // count
-    return slice(index * size, (index + 1) * size)
-
-
-def process_sharding(mesh: jax.sharding.Mesh, num_rows: int) -> NamedSharding:
-    """A sharding of [num_rows, ...] arrays over the mesh's batch axes under which each process's
-    devices hold exactly its `process_block` of the rows (the other dims replicated).
-
-    Tries the rows over (`data`, `fsdp`), then over each axis alone, then replicated (which only a
-    single process satisfies); the first that divides `num_rows` and keeps every process's rows in
-    its own block wins.
-    """
-    batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
-    candidates = [batch_axes, *((a,) for a in batch_axes if len(batch_axes) > 1), ()]
-    size = num_rows // jax.process_count()
-    for axes in candidates:
-        if num_rows % math.prod(mesh.shape[a] for a in axes):
-            continue
-        sharding = NamedSharding(mesh, PartitionSpec(axes or None))
-        rows = sharding.devices_indices_map((num_rows,)).items()
-        if all(device.process_index * size <= (index[0].start or 0) and (index[0].stop or num_rows) <= (device.process_index + 1) * size
-               for device, index in rows):
-            return sharding
-    raise ValueError(
-        f"no split of {num_rows} rows over the mesh's batch axes {batch_axes} (shape {dict(mesh.shape)}) gives each of the "
-        f"{jax.process_count()} processes its own block of rows; the data/fsdp axes must separate the hosts"
-    )
-
-
-def global_rows(local: np.ndarray, mesh: jax.sharding.Mesh) -> jax.Array:
-    """The global array [process_count * n, ...] whose `process_block` on this process is `local` [n, ...]."""
-    rows = local.shape[0] * jax.process_count()
-    return jax.make_array_from_process_local_data(process_sharding(mesh, rows), local, (rows,) + local.shape[1:])
-
-
-def local_rows(x: jax.Array, mesh: jax.sharding.Mesh) -> np.ndarray:
-    """Numpy copy of this process's `process_block` of a global array's rows (resharded first if needed)."""
-    if x.is_fully_addressable:
-        return np.asarray(x)[process_block(x.shape[0])]
-    x = jax.device_put(x, process_sharding(mesh, x.shape[0]))
-    shards = {shard.index[0].start or 0: shard.data for shard in x.addressable_shards}  # replicas share a start
-    return np.concatenate([np.asarray(shards[start]) for start in sorted(shards)])
-
-
 def _check_prompts(prompts, vocab_size: int, context_window: int | None) -> list[list[int]]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) and not isinstance(prompts, np.ndarray):
         raise TypeError(f"prompts must be a list of token id lists, got {type(prompts).__name__}")
@@ -365,7 +314,7 @@ def _check_prompts(prompts, vocab_size: int, context_window: int | None) -> list
 # The jitted prefill and decode
 
 
-class Rollout(NamedTuple):
+class Generation(NamedTuple):
     """What `generate` returns; rows are prompt-major (row `b * G + g` is sample g of prompt b).
 
     Attributes:
@@ -627,7 +576,7 @@ def generate(
     context_window: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     process_local: bool = False,
-) -> Rollout:
+) -> Generation:
     """Sample `num_samples` completions for each prompt with a KV cache.
 
     Args:
@@ -652,8 +601,8 @@ def generate(
         the others pass theirs. No effect in a single process.
 
     Returns:
-      A `Rollout` with B*G rows (with `process_local`, global arrays of all processes' rows,
-      this process's block on its own devices; `local_rows` copies it to the host).
+      A `Generation` with B*G rows (with `process_local`, global arrays of all processes' rows,
+      this process's block on its own devices; `jaxgrpo.train.distributed.local_rows` copies it to the host).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, greedy=greedy)
     if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
@@ -688,7 +637,7 @@ def generate(
     layout = _layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
     tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
     if distributed:
-        # The Rollout's prompt rows: this process's block of the global [B*G, P] arrays, on its own devices.
+        # The generation's prompt rows: this process's block of the global [B*G, P] arrays, on its own devices.
         row_tokens, row_mask = (global_rows(np.repeat(x, num_samples, axis=0), mesh) for x in (tokens, mask))
         # The sampler's inputs: every process's prompts (small host arrays), as a single process has them,
         # so every process runs the program (and gets the numbers) of one process with the same devices.
@@ -702,7 +651,7 @@ def generate(
 
     n = max_new_tokens
     completion_mask = jnp.arange(n) < final.lengths[:, None]
-    return Rollout(
+    return Generation(
         prompt_tokens=row_tokens,
         prompt_mask=row_mask,
         completion_tokens=final.tokens[:, :n],

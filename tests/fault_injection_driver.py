@@ -34,7 +34,7 @@ import jaxgrpo.cli
 import jaxgrpo.metrics
 import jaxgrpo.sampler
 import jaxgrpo.toy  # noqa: F401
-import jaxgrpo.trainer
+import jaxgrpo.train.loop
 
 matplotlib.use("Agg")  # as jaxgrpo.metrics.plot_run sets it
 import matplotlib.pyplot  # noqa: E402,F401
@@ -86,7 +86,7 @@ def _child(argv: list[str], kill: dict | None) -> int:
         if site == "sample":
             _kill_inside(jaxgrpo.sampler, "generate", call, point * SPAN_S[site])
         elif site == "update":
-            _kill_inside(jaxgrpo.trainer.Trainer, "update", call, point * SPAN_S[site])
+            _kill_inside(jaxgrpo.train.loop.Trainer, "update", call, point * SPAN_S[site])
         elif site == "save":
             _kill_inside(jaxgrpo.checkpoint.Checkpointer, "save", call, point * SPAN_S[site])
         elif site == "metrics":

@@ -10,7 +10,7 @@ import pytest
 
 from jaxgrpo import cli
 from jaxgrpo import compile as aot
-from jaxgrpo import trainer
+from jaxgrpo import train
 from jaxgrpo.config import apply_overrides, load_experiment
 
 TOY = "experiments/toy_sum.py"
@@ -52,14 +52,14 @@ def test_toy_programs_fit_a_v5e_8_without_host_transfers(one_host_report):
 def test_fsdp_splits_parameters_and_optimizer_state_over_the_chips():
     cfg = _toy("mesh.data=1", "mesh.fsdp=-1")
     chip, devices = aot.topology_devices("v5e:2x4")
-    abstract = aot.abstract_train_state(cfg, trainer.make_mesh(cfg, devices))
+    abstract = aot.abstract_train_state(cfg, train.make_mesh(cfg, devices))
     whole = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract.state))
     per_chip = aot.per_chip_bytes(abstract.state)
     # Every matrix divides by 8; only norm scales and scalars (a few hundred bytes) may be replicated.
     assert whole / 8 <= per_chip <= whole / 8 * 1.05
     # Tensor parallelism over 2 chips and FSDP over 4 split it 8 ways too.
     cfg = _toy("mesh.data=1", "mesh.fsdp=4", "mesh.model=2")
-    split = aot.per_chip_bytes(aot.abstract_train_state(cfg, trainer.make_mesh(cfg, devices)).state)
+    split = aot.per_chip_bytes(aot.abstract_train_state(cfg, train.make_mesh(cfg, devices)).state)
     assert whole / 8 <= split <= whole / 8 * 1.05
 
 

@@ -192,7 +192,12 @@ def test_kernel_kwargs_are_checked_against_the_signature(override, needle):
 
 
 def test_kernel_arguments_the_trainer_cannot_supply_are_named():
-    assert "loss 'hapo_clip' needs entropy, which the trainer does not pass" in _rejected("loss=hapo_clip")
+    assert ("loss 'critique_grpo' needs prefix_mask (tokens of an off-policy refinement prefix), which only "
+            "critique-guided refinements (Critique-GRPO) provides") in _rejected("loss=critique_grpo")
+    assert "advantage 'gigpo' needs step_returns" in _rejected("advantage=gigpo")
+    assert "needs budget; set token_credit_kwargs" not in _rejected("advantage=gigpo")
+    # hapo_clip reads the policy's entropy, which the update computes: nothing is missing.
+    validate(apply_overrides(Config(), ["loss=hapo_clip"]))
     # hapo's `lengths` comes from the batch: nothing is missing.
     validate(apply_overrides(Config(), ["advantage=hapo", "loss_kwargs={'eps_high': 0.28}", "advantage_kwargs.eps=1e-5"]))
 
@@ -281,13 +286,13 @@ CLI_CASES = {
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_rejects_mistakes_in_one_line_before_building_anything(case, tmp_path, monkeypatch, capsys):
-    import jaxgrpo.trainer
+    import jaxgrpo.train.loop
     from jaxgrpo.cli import train_main
 
     def no_trainer(*args, **kwargs):
         raise AssertionError("the Trainer was built for a config that should have been rejected")
 
-    monkeypatch.setattr(jaxgrpo.trainer, "Trainer", no_trainer)
+    monkeypatch.setattr(jaxgrpo.train.loop, "Trainer", no_trainer)
     monkeypatch.chdir(tmp_path)
     given, needle = CLI_CASES[case]
     if isinstance(given, str):  # a line of the experiment file, after `c = Config()`

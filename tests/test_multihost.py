@@ -42,7 +42,7 @@ _WORKER = textwrap.dedent(
 
     from jaxgrpo import rewards
     from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.train import Trainer
 
     scored_rows = []  # how many completions this process scored, per call
     score = rewards.score

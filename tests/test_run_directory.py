@@ -19,13 +19,13 @@ import orbax.checkpoint as ocp
 import pytest
 
 import jaxgrpo.rewards
-import jaxgrpo.trainer
+import jaxgrpo.train.loop
 from jaxgrpo.checkpoint import CheckpointError, Checkpointer
 from jaxgrpo.cli import plot_main, train_main
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
 from jaxgrpo.metrics import MetricsWriter, read_jsonl
 from jaxgrpo.rundir import RunDirectory, RunDirectoryError
-from jaxgrpo.trainer import NoLearningSignal, Trainer
+from jaxgrpo.train import NoLearningSignal, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -93,7 +93,7 @@ def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, 
                                                 r"delete it and start over, or another --run-dir"):
         trainer.run(progress=False)
     with monkeypatch.context() as patch:  # the CLI refuses before it builds the model
-        patch.setattr(jaxgrpo.trainer, "Trainer", lambda *a, **k: pytest.fail("the Trainer was built"))
+        patch.setattr(jaxgrpo.train.loop, "Trainer", lambda *a, **k: pytest.fail("the Trainer was built"))
         assert train_main([TOY, "--run-dir", run_dir, "--set", *SMALL]) == 1
     assert "already holds a run" in one_error_line(capsys)
     assert steps_of(run_dir) == [1, 2] and open(os.path.join(run_dir, "config.json")).read() == config_before

@@ -1,5 +1,6 @@
 """The GRPO loop end to end on the offline toy task: learning, exact resume, every experiment file."""
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,9 @@ import pytest
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import packing
-from jaxgrpo.trainer import Trainer
+from jaxgrpo.train import Trainer
+from jaxgrpo.train.loop import group_lengths
+from tests import experiment_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -105,14 +108,14 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
     rollout = rollout._replace(kept=rollout.kept & (rollout.group_ids != 1))  # a group that does not train
     batch = trainer.train_batch(rollout)
     # The prompt once and the completions unpadded: fewer slots than the padded rows.
-    rows, plan = packing.plan_rows(np.arange(cfg.batch_size), trainer.group_lengths(batch), cfg.group_size, 16)
+    rows, plan = packing.plan_rows(np.arange(cfg.batch_size), group_lengths(cfg, batch), cfg.group_size, 16)
     assert plan.rows * plan.length * (cfg.batch_size // 16) < batch.tokens.size
     start = jax.tree.map(np.array, trainer.state)
     packed_metrics = trainer.update(batch)
     packed = params_of(trainer)
     trainer.state = jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)
     cfg.packing = False
-    assert trainer.group_lengths(batch) is None
+    assert group_lengths(cfg, batch) is None
     padded_metrics = trainer.update(batch)
     # Adam divides by the gradient's scale, so rounding in a near-zero gradient can move a weight by ~1e-5.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), packed, params_of(trainer))
@@ -130,7 +133,7 @@ _RESUME_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys
     from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.train import Trainer
 
     run_dir, kill_after, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "resume"
     cfg = load_experiment({toy!r})
@@ -179,33 +182,17 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, _final_params(straight), _final_params(killed))
 
 
-SMOKE = sorted(f for f in os.listdir(EXPERIMENTS) if f.endswith(".py") and f not in ("toy_sum.py",))
-
-
-def first_char_parity(completions, examples):
-    """1 when the completion's first character has an odd code point: an untrained model's samples
-    split about evenly, so nearly every group carries signal (the toy task's own reward, a 1-in-45
-    guess for a random model, can leave a whole step without any)."""
-    return np.array([float(bool(c) and ord(c[0]) % 2 == 1) for c in completions], np.float32)
+RECORDED = json.load(open(experiment_metrics.RECORD))
+SMOKE = sorted(RECORDED)  # the experiment files that existed when the metrics were recorded
 
 
 @pytest.mark.parametrize("name", SMOKE)
-def test_every_experiment_runs_two_steps(name, tmp_path):
-    """Each experiment file, on the tiny model and the toy task: finite metrics, parameters change."""
-    cfg = load_experiment(os.path.join(EXPERIMENTS, name))
-    overrides = ["model=toy-tiny", "task.name=toy_sum", "task.kwargs={}", "task.num_eval_examples=0",
-                 "steps=2", "warmup_sft_steps=0", "sampling.max_new_tokens=3", "checkpoint_every=0",
-                 f"run_dir={tmp_path / 'run'}"]
-    reward_fns = None
-    if cfg.rewards:  # experiments with their own rewards (GDPO) keep them; correctness from the first
-        overrides.append(f"correctness_reward={next(iter(cfg.rewards))}")
-    else:
-        reward_fns = [(first_char_parity, 1.0)]
-        overrides.append("correctness_reward=first_char_parity")
-    if cfg.group_size > 1:
-        overrides += ["prompts_per_step=8", f"group_size={5 if cfg.loss_mask else 4}"]
-    if cfg.overlong_cache_len:
-        overrides.append("overlong_cache_len=2")
+def test_every_experiment_runs_two_steps_and_reproduces_its_recorded_metrics(name, tmp_path):
+    """Each experiment file, on the tiny model and the toy task: finite metrics, parameters change, and
+    every metric equals (within float noise) what the trainer computed before it was split into
+    jaxgrpo/train/ (tests/data/experiment_metrics.json)."""
+    cfg = load_experiment(os.path.join(EXPERIMENTS, name + ".py"))
+    overrides, reward_fns = experiment_metrics.tiny_overrides(cfg, tmp_path / "run")
     apply_overrides(cfg, overrides)
     trainer = Trainer(cfg, reward_fns=reward_fns)
     before = params_of(trainer)
@@ -216,6 +203,11 @@ def test_every_experiment_runs_two_steps(name, tmp_path):
             assert np.isfinite(record[key]), (key, record)
     changed = jax.tree.map(lambda a, b: not np.allclose(a, b), before, params_of(trainer))
     assert any(jax.tree.leaves(changed)), "no parameter changed"
+    recorded = RECORDED[name]
+    for step, (got, want) in enumerate(zip(map(experiment_metrics.comparable, history), recorded), 1):
+        assert sorted(got) == sorted(want), (step, set(got) ^ set(want))
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=f"{name} step {step} {key}")
 
 
 def always_wrong(completions, examples):

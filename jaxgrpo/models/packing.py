@@ -225,7 +225,7 @@ def unpack(values: jax.Array, packed: PackedGroups) -> jax.Array:
 def packed_completion_outputs(decoder, packed: PackedGroups, *, temperature: float = 1.0, value_head=None):
     """(log-probs, entropies, values or None) [B, C] of the completion tokens, from one packed forward.
 
-    Equal to scoring the padded rows (`trainer.completion_outputs`) on every token a row packed.
+    Equal to scoring the padded rows (`jaxgrpo.train.step.completion_outputs`) on every token a row packed.
     """
     hidden, _ = decoder.hidden_states(packed.tokens, packed.positions, segment_ids=packed.segment_ids,
                                       branch_ids=packed.branch_ids)

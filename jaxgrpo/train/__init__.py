@@ -1,0 +1,32 @@
+"""Training: the state a checkpoint holds, the pure jitted update, rollouts, multi-host helpers, the loop.
+
+* `state`: `TrainState`, the policy, the optimizer, the mesh, checkpoints.
+* `step`: the pure update `(TrainState, TrainBatch) -> (TrainState, metrics)` and its loss.
+* `rollout`: sampling, scoring and dynamic sampling of a step's groups (`Rollout`).
+* `batch`: a scored rollout to the update's `TrainBatch` (advantages, reference log-probs, GAE).
+* `warmup`, `evaluation`: supervised warm-up batches; held-out accuracy and pass@k.
+* `distributed`: every multi-host helper.
+* `loop`: `Trainer`, which runs a `Config`.
+
+Submodules load on first use (`jaxgrpo.sampler` imports `distributed` without the rest).
+"""
+
+import importlib
+
+_EXPORTS = {
+    "Trainer": "loop", "NoLearningSignal": "loop",
+    "TrainState": "state", "Policy": "state", "ValueHead": "state", "make_optimizer": "state",
+    "build_model": "state", "make_mesh": "state", "register_model_builder": "state", "MODEL_BUILDERS": "state",
+    "TrainBatch": "step", "Objective": "step", "make_update_fn": "step", "make_loss_fn": "step",
+    "completion_outputs": "step",
+    "BATCH_AXES": "distributed",
+    "Rollout": "rollout", "RowStats": "rollout", "PromptStream": "rollout",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"jaxgrpo.train.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'jaxgrpo.train' has no attribute {name!r}")

@@ -1,0 +1,102 @@
+"""From a scored rollout to the update's `TrainBatch`: the host stages, the rows that train, reference log-probs, GAE.
+
+The host stages (reward shaping, advantage, token credit, row weights: `jaxgrpo.train.stages`) run on
+the whole batch's fields (`BatchInputs`, gathered from every host), so every host computes the same
+advantages and keeps its own rows'.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrpo import kernels
+from jaxgrpo.config import Config
+from jaxgrpo.train import inputs as inputs_lib, stages
+from jaxgrpo.train.distributed import gather_rows, process_block
+from jaxgrpo.train.rollout import Rollout, RowStats, row_stats
+from jaxgrpo.train.step import TrainBatch
+
+#: Task-provided per-row ids: the field, and the key of the task's examples that holds it.
+TASK_IDS = {"strata_ids": "strata_id", "bundle_ids": "bundle_id"}
+
+
+def batch_inputs(cfg: Config, rollout: Rollout, stats: RowStats, reward_weights: np.ndarray,
+                 tokens: dict[str, np.ndarray]) -> inputs_lib.BatchInputs:
+    """The whole batch's fields from this host's rollout, the whole batch's `RowStats` and this host's
+    token fields `tokens` (gathered here: only the ones the host stages read are passed)."""
+    local = {name: np.array([e[key] for e in rollout.examples], np.int32)
+             for name, key in TASK_IDS.items() if rollout.examples and all(key in e for e in rollout.examples)}
+    whole = gather_rows({**local, **tokens}) if local or tokens else {}
+    return inputs_lib.BatchInputs(
+        rewards=stats.rewards, reward_columns=np.stack(list(stats.per_reward.values()), axis=-1),
+        reward_weights=np.asarray(reward_weights, np.float32), correct=stats.correct, group_ids=stats.group_ids,
+        num_groups=cfg.prompts_per_step, valid=stats.trains, lengths=stats.lengths.astype(np.float32),
+        seq_logp=stats.seq_logp, mask=whole.get("mask"), sampler_logp=whole.get("sampler_logp"),
+        trainer_logp=whole.get("trainer_logp"), values=whole.get("values"),
+        task_ids={name: whole[name] for name in local},
+    )
+
+
+def gae_advantages(cfg: Config, rollout: Rollout, mask: np.ndarray, valid: np.ndarray, old_logp, ref_logp, old_values):
+    """PPO's (advantages, returns) f32[n, C]: GAE over the value head, whitened over the whole batch's tokens.
+
+    The reward sits on each row's last completion token, minus the KL to the reference per token with a KL term.
+    """
+    token_rewards = np.zeros_like(mask)
+    last = np.maximum(mask.sum(-1).astype(np.int32) - 1, 0)
+    token_rewards[np.arange(len(last)), last] = rollout.rewards * valid
+    if cfg.kl_coef:
+        token_rewards = token_rewards - cfg.kl_coef * (old_logp - ref_logp) * mask
+    adv, returns = kernels.gae(jnp.asarray(token_rewards), jnp.asarray(old_values), jnp.asarray(mask),
+                               gamma=cfg.gae_gamma, lam=cfg.gae_lambda)
+    whole = gather_rows({"adv": np.asarray(adv), "mask": mask})  # the per-token advantages of every host
+    advantages = np.asarray(kernels.masked_whiten(jnp.asarray(whole["adv"]), jnp.asarray(whole["mask"])))
+    return advantages[process_block(len(advantages))], np.asarray(returns)
+
+
+def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forward: Callable,
+                stats: RowStats | None = None) -> TrainBatch:
+    """The arrays the jitted update consumes for this host's rows of `rollout`.
+
+    `forward(tokens, attention, positions, completion_len, which)` -> f32[n, C] for `which` in ("reference",
+    "values", "policy"): the reference policy's log-probs, the value head's values, the current policy's
+    log-probs. `stats`: the whole batch's `gather_rows(row_stats(rollout))`, if the caller already has it.
+    """
+    if stats is None:
+        stats = gather_rows(row_stats(rollout))
+    tokens = np.concatenate([rollout.prompt_tokens, rollout.completion_tokens], axis=1).astype(np.int32)
+    attention = np.concatenate([rollout.prompt_mask, rollout.completion_mask > 0], axis=1)
+    positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
+    valid = rollout.trains
+    if cfg.loss_mask:
+        keep = kernels.get("mask", cfg.loss_mask)(
+            jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
+            valid=jnp.asarray(stats.trains))
+        valid = valid & np.asarray(keep)[process_block(len(stats.rewards))]
+    mask = rollout.completion_mask * valid[:, None]
+    old_logp = rollout.sampler_logp
+    zeros = np.zeros_like(mask)
+    ref_logp, returns, old_values = zeros, zeros, zeros
+    score = lambda which: forward(tokens, attention, positions, mask.shape[1], which)  # noqa: E731
+    if cfg.kl_coef:
+        ref_logp = score("reference")
+    if cfg.value_head:
+        old_values = score("values")
+        token_advantages, returns = gae_advantages(cfg, rollout, mask, valid, old_logp, ref_logp, old_values)
+    else:
+        read = stages.token_fields_read(cfg) | ({"mask"} if "token_rewards" in stages.token_fields_read(cfg) else set())
+        local_tokens = {"mask": mask, "sampler_logp": old_logp, "trainer_logp": score("policy") if "trainer_logp" in read else None}
+        inputs = batch_inputs(cfg, rollout, stats, reward_weights, {k: v for k, v in local_tokens.items() if k in read})
+        token_advantages = stages.token_advantages(cfg, inputs, mask.shape[1])[process_block(len(stats.rewards))]
+    row_fields = {}
+    loss_reads = set(sum(inputs_lib.fields_read(kernels.get_loss(cfg.loss), cfg.loss_kwargs), []))
+    for name in inputs_lib.LOSS_ROW_FIELDS:
+        if name in loss_reads:
+            row_fields[name] = {"rewards": rollout.rewards.astype(np.float32), "group_ids": rollout.group_ids,
+                                "valid": valid}[name]
+    return TrainBatch(tokens, attention, positions, mask.astype(np.float32), old_logp.astype(np.float32),
+                      np.asarray(token_advantages, np.float32), np.asarray(ref_logp, np.float32),
+                      np.asarray(returns, np.float32), np.asarray(old_values, np.float32), row_fields)

@@ -1,0 +1,54 @@
+"""Held-out evaluation during training: greedy accuracy, and pass@1 / pass@k of sampled completions."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jaxgrpo.config import Config
+from jaxgrpo.evaluate import pass_at_k
+from jaxgrpo.train.distributed import gather_rows, process_block
+from jaxgrpo.train.rollout import decode, score
+
+
+def correct_flags(cfg: Config, tokenizer, reward_fns: list, texts: list[str], examples: list[dict]) -> np.ndarray:
+    """Correctness (the `correctness_reward`) f32[N] of N completions; every host holds all N of them.
+
+    In a multi-host run each host scores its `process_block` of the rows and the flags are gathered.
+    The evaluation's sizes are user-chosen (`num_eval_examples`, times `eval_pass_k`), so when N does
+    not divide by the process count no error is raised: every host scores all N rows itself. Every
+    host already holds all N texts (`evaluate` samples the whole evaluation set everywhere), host-side
+    scoring is cheap next to that sampling, and the result is the same either way (rewards are per row).
+    """
+    n, count = len(texts), jax.process_count()
+    shared = count > 1 and n >= count and n % count == 0
+    rows = process_block(n) if shared else slice(None)
+    texts, examples = texts[rows], examples[rows]
+    lengths = np.array([len(tokenizer.encode(t)) for t in texts], np.int32)
+    correct = score(cfg, reward_fns, texts, examples, lengths).per_reward[cfg.correctness_reward].astype(np.float32)
+    return gather_rows(correct) if shared else correct
+
+
+def evaluate(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examples: list[dict], step: int) -> dict:
+    """Greedy accuracy, and pass@1 / pass@k of `cfg.eval_pass_k` samples, on the held-out `examples`.
+
+    `generate(examples, num_samples, key, greedy=...)` samples a `sampler.Generation`.
+    """
+    if not examples:
+        return {}
+    examples = list(examples)
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
+    greedy_texts = decode(tokenizer, generate(examples, 1, key, greedy=True))
+    metrics = {"greedy_accuracy": float(correct_flags(cfg, tokenizer, reward_fns, greedy_texts, examples).mean())}
+    k = cfg.eval_pass_k
+    if k > 1:
+        texts = decode(tokenizer, generate(examples, k, key))
+        rows = [e for e in examples for _ in range(k)]
+        correct = correct_flags(cfg, tokenizer, reward_fns, texts, rows).reshape(len(examples), k)
+        num_correct = correct.sum(-1).astype(int)
+        samples = np.full(len(examples), k)
+        metrics["pass@1"] = float(np.mean(pass_at_k(samples, num_correct, 1)))
+        metrics[f"pass@{k}"] = float(np.mean(pass_at_k(samples, num_correct, k)))
+    return metrics

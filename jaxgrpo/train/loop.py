@@ -1,0 +1,381 @@
+"""The GRPO loop: sample -> reward -> advantage -> loss -> update, step after step.
+
+One training step:
+
+1. sample `group_size` completions for each of `prompts_per_step` prompts with the current policy
+   and score them with the task's reward functions, resampling groups without signal under DAPO
+   dynamic sampling (`rollout.collect`);
+2. compute advantages with the registered estimator (`cfg.advantage`), or GAE with a value head
+   (`batch.train_batch`);
+3. for `num_epochs` x `num_minibatches`, call the jitted update (`step.make_update_fn`). With
+   `cfg.packing` (the default) each micro-batch is scored as packed prompt groups
+   (`jaxgrpo.models.packing`): a prompt once, its completions without padding, rows that do not
+   train left out; the log-probs are the same.
+
+Multi-host (one process per host, `jax.distributed.initialize()` called first, as `jaxgrpo.cli`
+does): the mesh spans every host's devices and every process runs this same loop, on identically
+built models laid out on the global mesh.
+
+* Every host reads only its own share of the step's prompts: process p of P takes the contiguous
+  block p of the `prompts_per_step` positions of the deterministic `PromptStream`
+  (`distributed.process_block`; prompts_per_step must divide by P, so groups never straddle hosts),
+  and all advance the stream to the same position.
+* Sampling is one global SPMD program; each host's rows of the result are on its own devices and
+  it copies back only those (`distributed.local_rows`). Each host decodes and scores its own rows;
+  the small per-row numbers (`RowStats`) are gathered, so every host computes the same advantages
+  and metrics from the whole batch and keeps its rows' advantages.
+* The update's inputs are global arrays built from each host's rows; the minibatches are gathered
+  from them on device, so a shuffle moves rows between hosts exactly as a single process would.
+* Dynamic sampling: a round's width is the largest number of groups any host still needs (a
+  cross-process max), so all hosts run the same rounds and programs.
+* Checkpoints are written and restored by every process (orbax writes each host's shards);
+  metrics, plots and progress bars come from process 0 only, and so do the run directory's lock
+  and checks (`jaxgrpo.rundir`), whose verdict every process gets.
+
+The result equals a single-process run on the same number of devices (`tests/test_multihost.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxgrpo import sampler
+from jaxgrpo.config import Config, validate
+from jaxgrpo.models import packing
+from jaxgrpo.models.partitioning import shard_model
+from jaxgrpo.train import batch as batch_lib
+from jaxgrpo.train import evaluation, stages, rollout as rollout_lib, state as state_lib, step as step_lib, warmup as warmup_lib
+from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows
+from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
+from jaxgrpo.train.state import Policy, TrainState
+from jaxgrpo.train.step import TrainBatch
+
+Array = jax.Array
+logger = logging.getLogger(__name__)
+
+
+class NoLearningSignal(RuntimeError):
+    """Consecutive steps trained no row (`Config.max_steps_without_signal`); the message says what to check."""
+
+
+class Trainer:
+    """Runs a `Config`: builds the policy, task, rewards, mesh and jitted update, then loops.
+
+    Everything can also be passed in (a model and tokenizer, a task, reward functions) so tests and
+    notebooks run without downloads. The state that changes is `self.state` (a `TrainState`, what
+    the update donates) with `ref_params` and the prompt stream's position: what a checkpoint holds.
+    """
+
+    def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
+        from jaxgrpo import data
+
+        validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
+        self.cfg = cfg
+        self.mesh = mesh or state_lib.make_mesh(cfg)
+        if cfg.prompts_per_step % jax.process_count():
+            raise ValueError(
+                f"prompts_per_step={cfg.prompts_per_step} is not divisible by the {jax.process_count()} processes; "
+                "each host reads an equal block of whole prompt groups"
+            )
+        if model is None:
+            model, tokenizer = state_lib.build_model(cfg)
+        if tokenizer is None:
+            raise ValueError(f"model {cfg.model!r} has no tokenizer; the trainer needs one to render prompts")
+        self.tokenizer = tokenizer
+        if task is None:
+            import jaxgrpo.toy  # noqa: F401  (registers the offline toy_sum task)
+
+            task = data.get_task(cfg.task.name, **cfg.task.kwargs)
+        self.task = task
+        self.reward_fns = reward_fns or rollout_lib.resolve_rewards(cfg, self.task)
+        self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
+        self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
+
+        self.attention_scale = packing.attention_scale(model.config)  # for packed row layouts
+        shard_model(model, self.mesh)  # FSDP / tensor-parallel layout from the model's logical axes
+        self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head), nnx.Param, ...)
+        self.optimizer = state_lib.make_optimizer(cfg.optimizer)
+        self.state = state_lib.init_state(params, self.optimizer, self.mesh)
+        self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
+        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.kl_coef else None
+        self._updates: dict = {}  # packed shape -> jitted update (compiled on first use)
+        self._forward = step_lib.make_forward_fn(cfg, self.graphdef, self.rest)
+        self._take_rows = jax.jit(lambda batch, rows: jax.tree.map(lambda x: x[rows], batch),
+                                  out_shardings=NamedSharding(self.mesh, P(None, BATCH_AXES)))
+
+        self.train_examples = self.task.load(cfg.task.train_split, data_dir=cfg.task.data_dir)
+        stages.check_fields(cfg, self.train_examples)  # every field a stage's kernel reads, before compiling
+        self.prompts = PromptStream(self.train_examples, cfg.seed)
+        self.eval_examples = (
+            self.task.load(cfg.task.eval_split, data_dir=cfg.task.data_dir, num_examples=cfg.task.num_eval_examples)
+            if cfg.task.num_eval_examples
+            else []
+        )
+        self._prompt_cache: dict[str, list[int]] = {}
+
+    @property
+    def policy(self) -> Policy:
+        return nnx.merge(self.graphdef, self.state.params, self.rest)
+
+    def prompt_ids(self, example: dict) -> list[int]:
+        """The token ids of an example's rendered prompt (cached by text)."""
+        from jaxgrpo.data import render_prompt
+
+        text = render_prompt(self.tokenizer, self.task.messages(example))
+        if text not in self._prompt_cache:
+            self._prompt_cache[text] = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._prompt_cache[text]
+
+    def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
+                 prompt_ids: np.ndarray | None = None, process_local: bool = False):
+        """`sampler.generate` on the examples' prompts; `process_local`: they are this host's block of the batch."""
+        s = self.cfg.sampling
+        return sampler.generate(
+            self.policy.decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
+            process_local=process_local, num_samples=num_samples, key=key, temperature=s.temperature, top_k=s.top_k,
+            top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=s.max_new_tokens,
+            stop_tokens=self.stop_tokens, pad_id=self.pad_id,
+        )
+
+    def rollout(self, key: Array) -> tuple[Rollout, dict]:
+        """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`)."""
+        return rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer, self.reward_fns,
+                                   self.mesh)
+
+    def train_batch(self, rollout: Rollout, stats: RowStats | None = None) -> TrainBatch:
+        """The update's arrays for this host's rows (`batch.train_batch`)."""
+
+        def forward(tokens, attention, positions, completion_len, which: str):
+            params = self.ref_params if which == "reference" else self.state.params
+            outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
+            return local_rows(outputs[1 if which == "values" else 0], self.mesh)
+
+        weights = np.array([w for _, w in self.reward_fns], np.float32)
+        return batch_lib.train_batch(self.cfg, rollout, weights, forward, stats)
+
+    def update(self, batch: TrainBatch) -> dict:
+        """num_epochs x num_minibatches jitted updates over the batch (this host's rows); returns the mean metrics.
+
+        Minibatches are shuffled over the whole batch by whole groups (packing scores a group at once):
+        they are gathered on device from the global batch, so rows move between hosts as needed.
+        """
+        cfg = self.cfg
+        whole = global_batch(batch, self.mesh)
+        lengths = group_lengths(cfg, batch)
+        history = []
+        for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(self.state.step), lengths,
+                                                      self.attention_scale):
+            if packed_shape not in self._updates:
+                if packed_shape is not None:
+                    logger.info("compiling the update for micro-batches of %d packed rows x %d slots", *packed_shape)
+                self._updates[packed_shape] = step_lib.make_update_fn(
+                    cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding, packed_shape)
+            with jax.set_mesh(self.mesh):
+                minibatch = self._take_rows(whole, rows)
+                self.state, metrics = self._updates[packed_shape](self.state, minibatch, *layout)
+            history.append(metrics)
+        metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
+        return metrics
+
+    def warmup(self, steps: int, *, lr: float | None = None, batch_size: int | None = None) -> list[float]:
+        """Supervised warm-up on reference completions (teacher forcing); returns the losses.
+
+        The update's likelihood objective with its own Adam; the RL optimizer state is left untouched.
+        """
+        cfg = self.cfg
+        batch_size = batch_size or cfg.batch_size
+        optimizer = optax.adam(lr or cfg.warmup_sft_lr, eps=cfg.optimizer.eps)
+        state = state_lib.init_state(self.state.params, optimizer, self.mesh)
+        update = step_lib.make_update_fn(cfg, self.graphdef, self.rest, optimizer, self.mesh,
+                                         jax.tree.map(lambda x: x.sharding, state),
+                                         objective=step_lib.likelihood_objective(cfg))
+        stream = PromptStream(self.train_examples, cfg.seed + 12345)
+        rows = NamedSharding(self.mesh, P(None, BATCH_AXES))
+        losses = []
+        for _ in range(steps):
+            examples = stream.take(batch_size)
+            answers = [warmup_lib.reference_completion(self.task, self.tokenizer, e) for e in examples]
+            batch = warmup_lib.supervised_batch([self.prompt_ids(e) for e in examples], answers, self.pad_id)
+            # Every process holds the whole batch: each lays its devices' rows out as a global array.
+            batch = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, rows, lambda i, x=x: x[i]), batch)
+            with jax.set_mesh(self.mesh):
+                state, metrics = update(state, batch)
+            losses.append(float(metrics["loss"]))
+        self.state = self.state._replace(params=state.params)
+        if self.ref_params is not None:  # the KL anchor is the warmed-up policy
+            self.ref_params = jax.tree.map(jnp.copy, state.params)
+        return losses
+
+    def evaluate(self, step: int) -> dict:
+        """Greedy accuracy, and pass@1 / pass@k of `eval_pass_k` samples, on the held-out examples."""
+        return evaluation.evaluate(self.cfg, self.generate, self.tokenizer, self.reward_fns, self.eval_examples, step)
+
+    def train_step(self, step: int, key: Array) -> dict:
+        """One GRPO step: rollout, advantages, updates. Returns the step's metrics."""
+        t_start = time.perf_counter()
+        rollout, metrics = self.rollout(jax.random.fold_in(key, step))
+        stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
+        batch = self.train_batch(rollout, stats)
+        t0 = time.perf_counter()
+        metrics.update(self.update(batch))
+        metrics["time_train"] = time.perf_counter() - t0
+        metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), time_step=time.perf_counter() - t_start)
+        return metrics
+
+    def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+            on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+        """Trains for `cfg.steps` steps into `cfg.run_dir`; returns the records of the steps it ran.
+
+        A run directory that already holds a run is refused unless `resume` (continue from its newest
+        checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
+        `overwrite` (delete it and start over); a directory another run holds is refused
+        (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal` after
+        `cfg.max_steps_without_signal` consecutive steps in which no row trains.
+
+        `on_step(step, record)` is called after each step's metrics, evaluation
+        and checkpoint are written (e.g. for live plots in a notebook).
+        """
+        from jaxgrpo.checkpoint import Checkpointer
+        from jaxgrpo.config import to_dict
+        from jaxgrpo.metrics import EVAL_FILE, MetricsWriter
+        from jaxgrpo.rundir import RunDirectory
+
+        cfg = self.cfg
+        config = to_dict(cfg)
+        with RunDirectory.open(cfg.run_dir, config, resume=resume, overwrite=overwrite,
+                               defaults=to_dict(Config())) as run_directory:
+            writer = MetricsWriter(cfg.run_dir)
+            checkpointer = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), keep=cfg.keep_checkpoints)
+            try:
+                start, key = self._start(checkpointer, writer, resume)
+                run_directory.write_config(config)  # the run can start: this is now the config of its checkpoints
+                if start == 0 and cfg.warmup_sft_steps:
+                    losses = self.warmup(cfg.warmup_sft_steps)
+                    if writer.enabled:  # process 0 speaks for a multi-host run
+                        print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+                evaluating = bool(self.eval_examples and cfg.eval_every)
+                if start == 0 and evaluating:
+                    writer.write(0, self.evaluate(0), file=EVAL_FILE, prefix="eval/")
+                history = []
+                without_signal = 0  # consecutive steps in which no row trained
+                bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
+                for step in bar:
+                    record = writer.write(step + 1, self.train_step(step, key))
+                    history.append(record)
+                    if hasattr(bar, "set_postfix"):
+                        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
+                                        s_per_step=f"{record['time_step']:.1f}")
+                    done = step + 1
+                    without_signal = without_signal + 1 if record["frac_trained_rows"] == 0 else 0
+                    if without_signal:
+                        check_signal(cfg, done, without_signal, warn=writer.enabled)
+                    if evaluating and (done % cfg.eval_every == 0 or done == cfg.steps):
+                        writer.write(done, self.evaluate(done), file=EVAL_FILE, prefix="eval/")
+                    if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                        state_lib.save(checkpointer, done, self.state, self.ref_params, self.prompts.position, key)
+                    if on_step is not None:
+                        on_step(done, record)
+                return history
+            finally:
+                checkpointer.close()
+                writer.close()
+
+    def _start(self, checkpointer, writer, resume: bool) -> tuple[int, Array]:
+        """(first step, RNG key): step 0 and the seed's key, or where the newest checkpoint left off under `resume`."""
+        key = jax.random.key(self.cfg.seed)
+        restored = state_lib.restore(checkpointer, self.state, self.ref_params) if resume else None
+        if restored is not None:
+            self.state, self.ref_params = restored.state, restored.ref_params
+            self.prompts.position = restored.data_position
+        elif resume and writer.enabled:
+            print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
+        if resume:  # records after the checkpoint (all of them from step 0) are written again
+            writer.truncate_after(restored.step if restored is not None else -1)
+        return (restored.step, restored.key) if restored is not None else (0, key)
+
+
+def group_lengths(cfg: Config, batch: TrainBatch) -> np.ndarray | None:
+    """Packed slots of every group of the whole batch (`packing.group_lengths`; None without `cfg.packing`)."""
+    if not cfg.packing:
+        return None
+    local = packing.group_lengths(np.asarray(batch.attention_mask), np.asarray(batch.completion_mask),
+                                  batch.completion_mask.shape[-1], cfg.group_size)
+    return gather_rows(local.astype(np.int32))
+
+
+def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | None, attention_scale):
+    """The rows i32[micro_batches, micro], packed shape and packing layout of each of a step's minibatches.
+
+    Epoch after the first (and every epoch with several minibatches) shuffles whole groups, each group's
+    rows in order, with a generator seeded by (seed, step). The packed shape is None without packing.
+    """
+    minibatch = num_rows // cfg.num_minibatches
+    micro = cfg.micro_batch_size or minibatch
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    for epoch in range(cfg.num_epochs):
+        order = np.arange(num_rows)
+        if epoch or cfg.num_minibatches > 1:
+            g = cfg.group_size
+            order = (rng.permutation(num_rows // g)[:, None] * g + np.arange(g)).ravel()
+        for m in range(cfg.num_minibatches):
+            rows = order[m * minibatch : (m + 1) * minibatch]
+            packed_shape, layout = None, ()
+            if lengths is not None:
+                rows, plan = packing.plan_rows(rows, lengths, cfg.group_size, micro, attention_scale=attention_scale)
+                packed_shape, layout = (plan.rows, plan.length), ((plan.group_rows, plan.group_offsets),)
+            yield rows.reshape(minibatch // micro, micro), packed_shape, layout
+
+
+def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:
+    """A step's metrics of what was sampled: rewards, accuracy, lengths, rows that trained, throughput."""
+    valid = stats.valid
+    trained_tokens = float(stats.prompt_lengths.sum() + stats.lengths.sum()) * num_epochs
+    mean = lambda x: float(x[valid].mean()) if valid.any() else float("nan")  # noqa: E731
+    return dict(
+        reward_mean=mean(stats.rewards),
+        reward_std=float(stats.rewards[valid].std()) if valid.any() else float("nan"),
+        accuracy=mean(stats.correct),
+        completion_length=float(stats.lengths.mean()),
+        frac_truncated=float(1.0 - stats.finished.mean()),
+        num_invalid_rewards=float((~valid).sum()),
+        frac_trained_rows=float(stats.trains.mean()),
+        sample_tokens_per_s=timings["sampled_tokens"] / max(timings["time_sample"], 1e-9),
+        train_tokens_per_s=trained_tokens / max(timings["time_train"], 1e-9),
+        **{f"reward/{k}": mean(v) for k, v in stats.per_reward.items()},
+        **group_stats(stats.correct, stats.group_ids, valid),
+    )
+
+
+def check_signal(cfg: Config, step: int, count: int, *, warn: bool) -> None:
+    """Warns of a step in which no row trained; raises `NoLearningSignal` at `max_steps_without_signal` in a row."""
+    limit = cfg.max_steps_without_signal
+    if limit and count >= limit:
+        raise NoLearningSignal(
+            f"steps {step - count + 1}-{step} trained no row ({count} in a row, max_steps_without_signal={limit}): "
+            "every reward was invalid (NaN: check the reward functions and that the task's examples have "
+            "answers) or dynamic sampling found no group with differing rewards; fix that, or set "
+            "max_steps_without_signal=0 to train on regardless"
+        )
+    if warn:
+        logger.warning("step %d trained no row (frac_trained_rows=0: every reward invalid or every group "
+                       "filtered out); %d such step(s) in a row%s", step, count,
+                       f", the run stops at {limit}" if limit else "")
+
+
+def _progress(iterable, *, enabled: bool, initial: int, total: int):
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, initial=initial, total=total, desc="train", dynamic_ncols=True)

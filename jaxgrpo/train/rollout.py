@@ -1,0 +1,252 @@
+"""Collecting a step's batch: sample completions, score them, and (DAPO) resample groups without signal.
+
+Everything here is host side (numpy and Python reward functions) around the jitted sampler. In a
+multi-host run each process samples and scores its own block of the step's prompt groups
+(`jaxgrpo.train.distributed`); group ids are global.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from jaxgrpo import kernels, sampler
+from jaxgrpo.config import Config
+from jaxgrpo.train.distributed import across_processes, local_rows, process_block, to_host
+
+
+class Rollout(NamedTuple):
+    """One step's sampled, scored batch of N = groups x group_size sequences (numpy, host side)."""
+
+    prompt_tokens: np.ndarray  # i32[N, P] left padded
+    prompt_mask: np.ndarray  # bool[N, P]
+    completion_tokens: np.ndarray  # i32[N, C]
+    completion_mask: np.ndarray  # f32[N, C]
+    sampler_logp: np.ndarray  # f32[N, C]
+    finished: np.ndarray  # bool[N] stopped on a stop token (not by length)
+    rewards: np.ndarray  # f32[N]
+    per_reward: dict  # name -> f32[N]
+    correct: np.ndarray  # f32[N]
+    valid: np.ndarray  # bool[N] the reward functions scored the row
+    kept: np.ndarray  # bool[N] the row trains: its group carries signal under dynamic sampling (else all True)
+    group_ids: np.ndarray  # i32[N]
+    texts: list  # N completion strings
+    examples: list  # N examples (one per row)
+
+    @property
+    def trains(self) -> np.ndarray:
+        """bool[N]: scored rows of kept groups, the rows advantages and the loss see."""
+        return self.valid & self.kept
+
+
+class RowStats(NamedTuple):
+    """The per-row numbers of a rollout that whole-batch computations need (advantages, metrics)."""
+
+    rewards: np.ndarray  # f32[N]
+    per_reward: dict  # name -> f32[N]
+    correct: np.ndarray  # f32[N]
+    valid: np.ndarray  # bool[N] scored rows
+    kept: np.ndarray  # bool[N] rows that train (see `Rollout.kept`)
+    group_ids: np.ndarray  # i32[N]
+    finished: np.ndarray  # bool[N]
+    lengths: np.ndarray  # f32[N] completion tokens
+    prompt_lengths: np.ndarray  # i32[N] prompt tokens
+    seq_logp: np.ndarray  # f32[N] mean sampler log-prob per completion token
+
+    @property
+    def trains(self) -> np.ndarray:
+        """bool[N]: scored rows of kept groups (see `Rollout.trains`)."""
+        return self.valid & self.kept
+
+
+def row_stats(r: Rollout) -> RowStats:
+    """The `RowStats` of a rollout's rows."""
+    lengths = r.completion_mask.sum(-1)
+    return RowStats(r.rewards, r.per_reward, r.correct, r.valid, r.kept, r.group_ids, r.finished, lengths,
+                    r.prompt_mask.sum(-1).astype(np.int32), (r.sampler_logp * r.completion_mask).sum(-1) / np.maximum(lengths, 1))
+
+
+def group_stats(correct: np.ndarray, group_ids: np.ndarray, valid: np.ndarray) -> dict[str, float]:
+    """Fractions of groups that are all correct / all wrong, over groups with a valid row."""
+    all_correct, all_wrong, groups = 0, 0, 0
+    for g in np.unique(group_ids):
+        rows = (group_ids == g) & valid
+        if rows.any():
+            groups += 1
+            all_correct += bool(correct[rows].min() >= 1.0)
+            all_wrong += bool(correct[rows].max() <= 0.0)
+    groups = max(groups, 1)
+    return {"frac_all_correct": all_correct / groups, "frac_all_wrong": all_wrong / groups}
+
+
+class PromptStream:
+    """Deterministic prompts by position in a shuffled, repeated grain dataset.
+
+    The position (examples consumed so far) is all the state there is, so a
+    resumed run continues exactly: grain's `MapDataset` is random access, with
+    a fresh permutation each epoch derived from the seed.
+    """
+
+    def __init__(self, examples: Sequence[dict], seed: int):
+        import grain
+
+        if not len(examples):
+            raise ValueError("the training split has no examples")
+        self.examples = examples
+        self._dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat()
+        self.position = 0
+
+    def take(self, count: int, block: slice = slice(None)) -> list[dict]:
+        """The next `count` examples, or only those at positions `block` of them (one process's share).
+
+        The position advances by `count` either way, so every process stays at the same position.
+        """
+        batch = [self._dataset[self.position + i] for i in range(count)[block]]
+        self.position += count
+        return batch
+
+
+def resolve_rewards(cfg: Config, task) -> list:
+    """[(reward_fn, weight)] from `cfg.rewards` (names of `jaxgrpo.rewards` functions), or the task's defaults."""
+    from jaxgrpo import rewards as reward_lib
+
+    if not cfg.rewards:
+        return list(task.default_rewards())
+    pairs = []
+    for name, weight in cfg.rewards.items():
+        fn = getattr(reward_lib, name, None) or getattr(reward_lib, name + "_reward", None)
+        if not callable(fn):
+            valid = sorted(n for n in reward_lib.__all__ if callable(getattr(reward_lib, n)) and n.endswith(("_reward", "_penalty")))
+            raise KeyError(f"unknown reward {name!r} in config.rewards; valid names: {', '.join(valid)}")
+        pairs.append((fn, float(weight)))
+    return pairs
+
+
+def score(cfg: Config, reward_fns: list, texts: list[str], examples: list[dict], lengths: np.ndarray):
+    """The rewards of N completions (texts, their examples, i32[N] token lengths), on this host."""
+    from jaxgrpo import rewards as reward_lib
+
+    result = reward_lib.score(reward_fns, texts, examples, completion_lengths=lengths)
+    if cfg.correctness_reward not in result.per_reward:
+        raise KeyError(
+            f"correctness_reward={cfg.correctness_reward!r} is not among the rewards "
+            f"{sorted(result.per_reward)}; set it to the reward that decides correctness"
+        )
+    return result
+
+
+def decode(tokenizer, out) -> list[str]:
+    """The completion texts of a `sampler.Generation` (every process's rows, on every process)."""
+    tokens, mask = to_host((out.completion_tokens, out.completion_mask))
+    lengths = mask.sum(-1).astype(int)
+    return tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
+
+
+def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callable, tokenizer, reward_fns: list,
+            mesh) -> tuple[Rollout, dict]:
+    """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
+
+    `generate(examples, num_samples, key, prompt_ids=..., process_local=True)` samples a `sampler.Generation`.
+    Returns this host's rows (group ids are global) and the step's timings. Under dynamic sampling,
+    zero-signal groups are resampled: each round reads `need * processes` new prompts, `need` the most
+    groups any host still lacks, so every host runs the same rounds with the same shapes.
+    """
+    g = cfg.group_size
+    local_groups = cfg.prompts_per_step // jax.process_count()
+    kept: list[Rollout] = []
+    rejected: list[Rollout] = []
+    rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
+    while True:
+        need = int(across_processes(local_groups - sum(len(r.rewards) for r in kept) // g).max())
+        if need <= 0 or rounds >= (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+            break
+        block = process_block(need * jax.process_count())
+        examples = prompts.take(need * jax.process_count(), block)
+        t0 = time.perf_counter()
+        out = generate(examples, g, jax.random.fold_in(key, rounds),
+                       prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
+        out = jax.tree.map(lambda x: local_rows(x, mesh), out)
+        tokens = out.completion_tokens
+        mask = out.completion_mask.astype(np.float32)
+        timings["time_sample"] += time.perf_counter() - t0
+        sampled_tokens += int(mask.sum())
+        t0 = time.perf_counter()
+        row_examples = [e for e in examples for _ in range(g)]
+        lengths = mask.sum(-1).astype(np.int32)
+        texts = tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
+        result = score(cfg, reward_fns, texts, row_examples, lengths)
+        shaped = result.rewards
+        if cfg.overlong_cache_len:
+            shaped = shaped + np.asarray(kernels.overlong_penalty(
+                lengths, max_len=cfg.sampling.max_new_tokens, cache_len=cfg.overlong_cache_len)) * result.valid
+        timings["time_reward"] += time.perf_counter() - t0
+        correct = result.per_reward[cfg.correctness_reward].astype(np.float32)
+        group_ids = np.repeat(np.arange(need), g).astype(np.int32)
+        rollout = Rollout(
+            # The untruncated policy log-probs: what the trainer computes for the same tokens.
+            out.prompt_tokens, out.prompt_mask.astype(bool), tokens, mask,
+            out.policy_logprobs.astype(np.float32), out.finish_reason == sampler.FINISH_STOP,
+            shaped.astype(np.float32), result.per_reward, correct, result.valid, np.ones(len(correct), bool),
+            group_ids, texts, row_examples,
+        )
+        if cfg.dynamic_sampling:
+            keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=result.valid))
+            keep_groups = np.unique(group_ids[keep])
+            rollout = rollout._replace(kept=np.isin(group_ids, keep_groups))
+            kept.append(select_groups(rollout, keep_groups))
+            rejected.append(select_groups(rollout, np.setdiff1d(np.arange(need), keep_groups)))
+        else:
+            kept.append(rollout)
+        rounds += 1
+    # Rejected groups fill the batch after the kept ones (static shapes) without training: they
+    # still count in the step's reward metrics, which describe what the policy sampled.
+    batch = concat_rollouts(kept + rejected, local_groups, g)
+    batch = batch._replace(group_ids=batch.group_ids + process_block(cfg.prompts_per_step).start)
+    timings.update(sampling_rounds=rounds, sampled_tokens=int(across_processes(sampled_tokens).sum()))
+    return batch, timings
+
+
+def select_groups(r: Rollout, groups: np.ndarray) -> Rollout:
+    """The rows of `r` whose group id is among `groups`."""
+    rows = np.flatnonzero(np.isin(r.group_ids, groups))
+    return Rollout(
+        *(x[rows] for x in r[:6]), r.rewards[rows], {k: v[rows] for k, v in r.per_reward.items()},
+        r.correct[rows], r.valid[rows], r.kept[rows], r.group_ids[rows],
+        [r.texts[i] for i in rows], [r.examples[i] for i in rows],
+    )
+
+
+def concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> Rollout:
+    """Concatenates rollouts (padding prompts to one length) and keeps the first `num_groups` groups."""
+    parts = [p for p in parts if len(p.rewards)]
+    width = max(p.prompt_tokens.shape[1] for p in parts)
+    cwidth = max(p.completion_tokens.shape[1] for p in parts)
+
+    def left_pad(x, w):
+        return np.pad(x, ((0, 0), (w - x.shape[1], 0)))
+
+    def right_pad(x, w):
+        return np.pad(x, ((0, 0), (0, w - x.shape[1])))
+
+    n = num_groups * group_size
+    cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
+    group_ids = np.repeat(np.arange(sum(len(p.rewards) for p in parts) // group_size), group_size)[:n]
+    return Rollout(
+        cat([left_pad(p.prompt_tokens, width) for p in parts]),
+        cat([left_pad(p.prompt_mask, width) for p in parts]),
+        cat([right_pad(p.completion_tokens, cwidth) for p in parts]),
+        cat([right_pad(p.completion_mask, cwidth) for p in parts]),
+        cat([right_pad(p.sampler_logp, cwidth) for p in parts]),
+        cat([p.finished for p in parts]),
+        cat([p.rewards for p in parts]),
+        {k: cat([p.per_reward[k] for p in parts]) for k in parts[0].per_reward},
+        cat([p.correct for p in parts]),
+        cat([p.valid for p in parts]),
+        cat([p.kept for p in parts]),
+        group_ids.astype(np.int32),
+        sum((p.texts for p in parts), [])[:n],
+        sum((p.examples for p in parts), [])[:n],
+    )

@@ -1,0 +1,153 @@
+"""The step's stages, each a kind of registered kernel the experiment picks by name with keyword arguments.
+
+    reward shaping -> advantage -> token credit -> row weights -> policy loss (+ KL, entropy, value) -> aggregation
+
+| stage (config field) | kernel kinds | what its output does |
+|---|---|---|
+| `reward_shaping` | reward | f32[N] replaces the rewards the advantage stage reads |
+| `advantage` | advantage, token_advantage | f32[N] (broadcast over tokens) or f32[N, T]: the advantages |
+| `token_credit` | credit | f32[N, T]: new advantages if the kernel reads `advantages`, else weights multiplying them |
+| `row_weights` | selection | f32[N] or f32[num_groups] (per group): weights multiplying each row's advantages |
+| `loss` | loss | the per-token policy loss; fields beyond (logp, old_logp, advantages, mask) by name |
+| `loss_mask` | mask | bool[N]: rows the loss sees |
+
+Each kernel reads the fields its signature names (`jaxgrpo.train.inputs`). `check_config` refuses a
+stage given a kernel of the wrong kind and unknown keyword arguments (from the config alone);
+`check_fields` refuses a kernel reading a field the run cannot provide (with the task's examples).
+Both run before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxgrpo import kernels
+from jaxgrpo.config import Config
+from jaxgrpo.train import inputs as inputs_lib
+
+
+class Stage(NamedTuple):
+    field: str  # the config field naming the kernel (its keyword arguments: field + "_kwargs")
+    kinds: tuple[str, ...]
+
+
+STAGES = (
+    Stage("reward_shaping", ("reward",)),
+    Stage("advantage", ("advantage", "token_advantage")),
+    Stage("token_credit", ("credit",)),
+    Stage("row_weights", ("selection",)),
+    Stage("loss", ("loss",)),
+)
+
+#: Stages computed on the host before the update (the loss runs inside it).
+HOST_STAGES = ("reward_shaping", "advantage", "token_credit", "row_weights")
+#: The fields a policy loss may read besides (logp, old_logp, advantages, mask) (`step.make_loss_fn`).
+LOSS_FIELDS = ("entropy", "num_groups", *inputs_lib.LOSS_ROW_FIELDS)
+
+
+def kernel_of(cfg: Config, stage: Stage):
+    """The kernel a stage names (None when the stage is off), refusing a name of another kind."""
+    name = getattr(cfg, stage.field)
+    if name is None or (stage.field == "advantage" and cfg.value_head):  # a value head: GAE is the advantage
+        return None
+    for kind in stage.kinds:
+        if name in {k.name for k in kernels.list_kernels(kind)}:
+            return kernels.get(kind, name)
+    elsewhere = [k.kind for k in kernels.list_kernels() if k.name == name]
+    valid = ", ".join(k.name for kind in stage.kinds for k in kernels.list_kernels(kind))
+    if elsewhere:
+        article = "an" if elsewhere[0][0] in "aeiou" else "a"
+        raise ValueError(f"{stage.field}={name!r} is {article} {elsewhere[0]} kernel, but the {stage.field} stage takes "
+                         f"{' or '.join(stage.kinds)} kernels; move it to the stage of its kind or pick one of: {valid}")
+    raise ValueError(f"{stage.field}={name!r} is not a registered {stage.kinds[0]} kernel; valid names: {valid}")
+
+
+def check_config(cfg: Config) -> None:
+    """Each stage names a kernel of its kinds, and its keyword arguments are the kernel's hyper-parameters."""
+    for stage in STAGES:
+        kernel = kernel_of(cfg, stage)
+        if kernel is None:
+            continue
+        kwargs = getattr(cfg, stage.field + "_kwargs")
+        allowed = inputs_lib.hyperparameters(kernel)
+        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values()):
+            continue
+        for key in kwargs:
+            if key not in allowed:
+                why = "is passed by the trainer itself" if key in inputs_lib.FIELDS else "is not an argument"
+                raise ValueError(f"{stage.field}_kwargs key {key!r} {why} of {stage.field} {getattr(cfg, stage.field)!r}; "
+                                 f"valid keys: {', '.join(allowed) or '(none)'}")
+        missing = [p.name for p in inspect.signature(kernel).parameters.values()
+                   if p.name in allowed and p.default is p.empty and p.name not in kwargs]
+        never = [n for n in inputs_lib.fields_read(kernel, kwargs)[0] if inputs_lib.FIELDS[n].available is None]
+        if never:
+            raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs "
+                             f"{inputs_lib.unavailable(never[0], cfg, ())}; pick another kernel")
+        if missing:
+            raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {', '.join(missing)}; set "
+                             f"{stage.field}_kwargs={{{', '.join(repr(m) + ': ...' for m in missing)}}}")
+
+
+def check_fields(cfg: Config, examples) -> None:
+    """Every field a configured kernel reads is one the run provides (config and task examples)."""
+    for stage in STAGES:
+        kernel = kernel_of(cfg, stage)
+        if kernel is None:
+            continue
+        required, _ = inputs_lib.fields_read(kernel, getattr(cfg, stage.field + "_kwargs"))
+        if stage.field == "loss":
+            required = [n for n in required if n not in ("logp", "old_logp", "advantages", "mask")]
+            inside = [n for n in required if n not in LOSS_FIELDS and inputs_lib.FIELDS[n].available is not None]
+            if inside:
+                raise ValueError(f"loss {cfg.loss!r} reads {inside[0]}, which the update does not pass a loss "
+                                 f"(it passes {', '.join(LOSS_FIELDS)}); pick another loss")
+        for name in required:
+            if stage.field in HOST_STAGES and inputs_lib.FIELDS[name].shape == inputs_lib.LOSS:
+                if not (stage.field == "token_credit" and name == "advantages"):
+                    raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} reads {name}, which exists only "
+                                     "inside the update; pick a kernel of another stage")
+            why = inputs_lib.unavailable(name, cfg, examples)
+            if why:
+                raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {why}; pick another kernel "
+                                 f"or provide it")
+
+
+def token_fields_read(cfg: Config) -> set[str]:
+    """The token fields the host stages read (gathered from every host only when read)."""
+    names = set()
+    for stage in STAGES:
+        kernel = kernel_of(cfg, stage) if stage.field in HOST_STAGES else None
+        if kernel is not None:
+            required, optional = inputs_lib.fields_read(kernel, getattr(cfg, stage.field + "_kwargs"))
+            names.update(n for n in required + optional if inputs_lib.FIELDS[n].shape == inputs_lib.TOKEN)
+    return names
+
+
+def _first(output):
+    return np.asarray(output[0] if isinstance(output, tuple) else output)
+
+
+def token_advantages(cfg: Config, batch: inputs_lib.BatchInputs, num_tokens: int) -> np.ndarray:
+    """The host stages on the whole batch: f32[N, T] advantages (reward shaping, advantage, credit, row weights)."""
+    kernel = kernel_of(cfg, STAGES[0])
+    if kernel is not None:
+        shaped = _first(inputs_lib.call(kernel, batch, cfg.reward_shaping_kwargs)).astype(np.float32)
+        batch = batch._replace(rewards=np.where(batch.valid, shaped, batch.rewards).astype(np.float32))
+    kernel = kernel_of(cfg, STAGES[1])
+    values = _first(inputs_lib.call(kernel, batch, cfg.advantage_kwargs)).astype(np.float32)
+    advantages = values if values.ndim == 2 else np.broadcast_to(values[:, None], (len(values), num_tokens))
+    kernel = kernel_of(cfg, STAGES[2])
+    if kernel is not None:
+        credit = _first(inputs_lib.call(kernel, batch, cfg.token_credit_kwargs, advantages=advantages))
+        reads_advantages = "advantages" in inspect.signature(kernel).parameters
+        advantages = credit if reads_advantages else advantages * credit
+    kernel = kernel_of(cfg, STAGES[3])
+    if kernel is not None:
+        weights = _first(inputs_lib.call(kernel, batch, cfg.row_weights_kwargs)).astype(np.float32)
+        if weights.shape[0] != len(batch.group_ids):  # one weight per group
+            weights = weights[batch.group_ids]
+        advantages = advantages * weights.reshape(len(weights), *([1] * (advantages.ndim - 1)))
+    return np.asarray(advantages, np.float32)

@@ -1,0 +1,156 @@
+"""The train state, everything a checkpoint holds, and how it is built: policy, optimizer, mesh.
+
+`TrainState` is the pytree the jitted update donates and returns. A checkpoint holds it with the
+reference policy (when a KL term needs one); the step, the data position and the RNG key go in the
+checkpoint's metadata (`save` / `restore`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxgrpo.config import DTYPES, Config, OptimizerConfig
+
+Array = jax.Array
+logger = logging.getLogger(__name__)
+
+
+class ValueHead(nnx.Module):
+    """A scalar value per token from the policy's final hidden states (PPO critic)."""
+
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(jnp.zeros((hidden_size, 1), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((1,), jnp.float32))
+
+    def __call__(self, hidden: Array) -> Array:
+        return (hidden.astype(jnp.float32) @ self.kernel[...] + self.bias[...])[..., 0]
+
+
+class Policy(nnx.Module):
+    """The decoder being trained, with an optional value head."""
+
+    def __init__(self, decoder: nnx.Module, *, value_head: bool = False, rngs: nnx.Rngs | None = None):
+        self.decoder = decoder
+        self.value_head = ValueHead(decoder.config.hidden_size, rngs=rngs or nnx.Rngs(0)) if value_head else None
+
+
+class TrainState(NamedTuple):
+    """Everything that changes during training (a pytree; donated to the update)."""
+
+    params: Any
+    opt_state: Any
+    step: Array
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """AdamW with linear warm-up, after global-norm clipping."""
+    schedule = (
+        optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps > 0 else optax.constant_schedule(cfg.lr)
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
+    )
+
+
+def _toy_tiny(dtype, remat):
+    from jaxgrpo import toy
+
+    return toy.tiny_model(0, dtype=dtype, remat=remat)
+
+
+#: Models built by code rather than loaded from a checkpoint: name -> fn(dtype, remat) -> (model, tokenizer).
+MODEL_BUILDERS: dict[str, Callable[..., tuple]] = {"toy-tiny": _toy_tiny}
+
+
+def register_model_builder(name: str, builder: Callable[..., tuple]) -> None:
+    """Makes `Config.model = name` build its policy with `builder(dtype=..., remat=...)`."""
+    MODEL_BUILDERS[name] = builder
+
+
+def build_model(cfg: Config):
+    """(model, tokenizer) for `cfg.model`: a registered builder, else `jaxgrpo.models.load`."""
+    from jaxgrpo import models
+
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    dtype = getattr(jnp, cfg.dtype)
+    if cfg.model in MODEL_BUILDERS:
+        return MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.remat)
+    return models.load(cfg.model, dtype=dtype, remat=cfg.remat)
+
+
+def make_mesh(cfg: Config, devices: Sequence | None = None) -> jax.sharding.Mesh:
+    """A (data, fsdp, model) mesh over `devices` (default: all devices), with Auto axes."""
+    n = jax.device_count() if devices is None else len(devices)
+    shape = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model]
+    if shape.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {shape}")
+    fixed = math.prod(s for s in shape if s != -1)
+    if n % fixed:
+        raise ValueError(f"mesh (data, fsdp, model) = {tuple(shape)} does not divide the {n} devices; "
+                         f"choose sizes whose product divides {n}")
+    shape = [n // fixed if s == -1 else s for s in shape]
+    if math.prod(shape) != n:
+        raise ValueError(f"mesh (data, fsdp, model) = {tuple(shape)} uses {math.prod(shape)} devices but {n} are "
+                         "present; set one axis to -1 to take the rest")
+    return jax.make_mesh(tuple(shape), ("data", "fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                         devices=devices)
+
+
+def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:
+    """The state at step 0 for `params` laid out on `mesh`: every leaf on the mesh, scalars replicated,
+    so the jitted update sees one input type."""
+    from jaxgrpo.train.distributed import on_mesh
+
+    with jax.set_mesh(mesh):
+        opt_state = optimizer.init(params)
+    return on_mesh(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), mesh)
+
+
+def checkpoint_tree(state: TrainState, ref_params) -> dict:
+    """The arrays a checkpoint holds: the train state, and the reference policy when there is one."""
+    return {"train": state, **({"ref": ref_params} if ref_params is not None else {})}
+
+
+def save(checkpointer, step: int, state: TrainState, ref_params, data_position: int, key: Array) -> None:
+    """Saves the train state (and reference policy); the step, data position and RNG key go in the metadata."""
+    meta = {"step": step, "data_position": data_position,
+            "rng_key_data": np.asarray(jax.random.key_data(key)).tolist()}
+    checkpointer.save(step, checkpoint_tree(state, ref_params), meta)
+
+
+class Restored(NamedTuple):
+    """What `restore` reads back: the state, the reference policy, and where the run stood."""
+
+    step: int
+    state: TrainState
+    ref_params: Any
+    data_position: int
+    key: Array
+
+
+def restore(checkpointer, state: TrainState, ref_params) -> Restored | None:
+    """The newest checkpoint that restores into the structure of (`state`, `ref_params`), or None without one.
+
+    Damaged newer checkpoints are skipped with one warning naming them (`Checkpointer.restore_newest`).
+    """
+    found = checkpointer.restore_newest(checkpoint_tree(state, ref_params))
+    if found is None:
+        return None
+    step, restored, meta, skipped = found
+    if skipped and jax.process_index() == 0:
+        logger.warning("checkpoint(s) in %s did not restore and were moved to %s; resumed from step %d: %s",
+                       checkpointer.directory, checkpointer.damaged_directory, step,
+                       "; ".join(f"step {s}: {r}" for s, r in skipped))
+    key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32))
+    return Restored(int(meta["step"]), restored["train"], restored.get("ref") if ref_params is not None else None,
+                    int(meta["data_position"]), key)

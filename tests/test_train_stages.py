@@ -1,0 +1,121 @@
+"""The step's stages: kernels of every kind selected by name from an experiment, the fields they read,
+and the one-line errors for a wrong kind, unknown keyword arguments and fields the run cannot provide."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxgrpo import kernels
+from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
+from jaxgrpo.train import Trainer, inputs, stages
+from tests import experiment_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rejected(*overrides) -> str:
+    with pytest.raises(ValueError) as error:
+        validate(apply_overrides(Config(), list(overrides)))
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_fields_a_kernel_reads_come_from_its_signature():
+    assert inputs.fields_read(kernels.get_advantage("grpo")) == (["rewards", "group_ids", "num_groups"], ["valid"])
+    assert inputs.fields_read(kernels.get_advantage("stratified_grpo"), {"num_strata": 2})[0] == [
+        "rewards", "group_ids", "num_groups", "strata_ids"]
+    assert "entropy" in inputs.fields_read(kernels.get_loss("hapo_clip"))[0]
+    assert inputs.hyperparameters(kernels.get_loss("ppo_clip")) == ["eps_low", "eps_high", "clip_ratio_c"]
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["row_weights=grpo"], "row_weights='grpo' is an advantage kernel, but the row_weights stage takes "
+                           "selection kernels"),
+    (["reward_shaping=ppo_clip"], "reward_shaping='ppo_clip' is a loss kernel"),
+    (["token_credit=nope"], "token_credit='nope' is not a registered credit kernel; valid names: "),
+    (["row_weights=dgpo_question_weights", "row_weights_kwargs.temprature=1.0"],
+     "row_weights_kwargs key 'temprature' is not an argument of row_weights 'dgpo_question_weights'; valid keys: temperature"),
+    (["advantage=stratified_grpo"], "advantage 'stratified_grpo' needs num_strata; set advantage_kwargs={'num_strata': ...}"),
+    (["reward_shaping=pref_grpo_win_rate"], "reward_shaping 'pref_grpo_win_rate' needs wins (pairwise preference "
+                                            "outcomes), which only a pairwise preference judge"),
+    (["token_credit=tw_grpo_weights"], "token_credit 'tw_grpo_weights' needs token_logprobs (log-probs over the whole "
+                                       "vocabulary)"),
+])
+def test_a_stage_refuses_what_it_cannot_run_in_one_line(overrides, needle):
+    assert needle in _rejected(*overrides)
+
+
+def strata_task():
+    """The toy task whose examples carry a stratum (the parity of their first operand)."""
+    from jaxgrpo.toy import ToySumTask
+
+    class StrataTask(ToySumTask):
+        def load(self, split, **kwargs):
+            return [{**e, "strata_id": int(e["question"][0]) % 2} for e in super().load(split, **kwargs)]
+
+    return StrataTask()
+
+
+def tiny(tmp_path, *extra):
+    cfg = load_experiment(os.path.join(ROOT, "experiments", "grpo.py"))
+    overrides, reward_fns = experiment_metrics.tiny_overrides(cfg, tmp_path / "run")
+    apply_overrides(cfg, [*overrides, "loss_kwargs={}", *extra])
+    return cfg, reward_fns
+
+
+def test_a_field_the_task_does_not_provide_is_refused_before_the_first_step(tmp_path):
+    cfg, reward_fns = tiny(tmp_path, "advantage=stratified_grpo", "advantage_kwargs.num_strata=2")
+    with pytest.raises(ValueError, match="advantage 'stratified_grpo' needs strata_ids .*which the task: examples "
+                                         "with a 'strata_id' key provides and this run does not"):
+        Trainer(cfg, reward_fns=reward_fns)
+
+
+RUNS = {
+    "task ids (stratified_grpo)": ["advantage=stratified_grpo", "advantage_kwargs.num_strata=2"],
+    "loss reading rows (disco)": ["loss=disco"],
+    "loss reading entropy (hapo_clip), token credit, row weights": [
+        "loss=hapo_clip", "token_credit=importance_correction", "row_weights=dgpo_question_weights"],
+    "reward shaping, token advantage": ["reward_shaping=experimental/conciser_length_reward",
+                                       "advantage=discounted_returns"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_stages_run_two_steps_from_an_experiment(name, tmp_path):
+    cfg, reward_fns = tiny(tmp_path, *RUNS[name])
+    task = strata_task() if name.startswith("task ids") else None
+    trainer = Trainer(cfg, reward_fns=reward_fns, task=task)
+    before = jax.tree.map(np.asarray, trainer.state.params)
+    history = trainer.run(progress=False)
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in history)
+    changed = jax.tree.map(lambda a, b: not np.allclose(a, b), before, jax.tree.map(np.asarray, trainer.state.params))
+    assert any(jax.tree.leaves(changed)), "no parameter changed"
+
+
+def test_row_weights_per_group_reach_each_row_and_credit_multiplies_tokens():
+    """The host stages on a hand-made batch: dgpo weights per row, importance weights per token."""
+    n, t = 4, 3
+    batch = inputs.BatchInputs(
+        rewards=np.array([1, 0, 1, 1], np.float32), reward_columns=np.array([[1], [0], [1], [1]], np.float32),
+        reward_weights=np.ones(1, np.float32), correct=np.array([1, 0, 1, 1], np.float32),
+        group_ids=np.array([0, 0, 1, 1], np.int32), num_groups=2, valid=np.ones(n, bool),
+        lengths=np.full(n, t, np.float32), seq_logp=np.zeros(n, np.float32), mask=np.ones((n, t), np.float32),
+        sampler_logp=np.zeros((n, t), np.float32), trainer_logp=np.log(np.full((n, t), 1.5, np.float32)),
+        values=None, task_ids={})
+    cfg = apply_overrides(Config(), ["prompts_per_step=2", "group_size=2", "token_credit=importance_correction",
+                                     "token_credit_kwargs.threshold=1.2"])
+    advantages = stages.token_advantages(cfg, batch, t)
+    row = np.asarray(kernels.get_advantage("grpo")(batch.rewards, batch.group_ids, num_groups=2))
+    np.testing.assert_allclose(advantages, row[:, None] * 1.2 * np.ones((n, t)), rtol=1e-6)  # TIS truncates 1.5 at 1.2
+    cfg = apply_overrides(Config(), ["prompts_per_step=2", "group_size=2", "row_weights=mmr1_vas_weights"])
+    weights = np.asarray(kernels.get("selection", "mmr1_vas_weights")(np.array([0.5, 1.0], np.float32)))
+    np.testing.assert_allclose(stages.token_advantages(cfg, batch, t)[:, 0], row * weights[batch.group_ids], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", experiment_metrics.experiment_names())
+def test_every_experiment_file_loads_and_validates(name):
+    """Each experiment file builds a config whose every stage names a kernel of its kind with valid arguments."""
+    validate(load_experiment(os.path.join(ROOT, "experiments", name + ".py")))
