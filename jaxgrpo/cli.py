@@ -248,7 +248,7 @@ def eval_main(argv: list[str] | None = None) -> int:
             cfg, step = Config(), 0
             cfg.model = args.target
             cfg.task.num_eval_examples = 200
-            from jaxgrpo.trainer import MODEL_BUILDERS
+            from jaxgrpo.train.state import MODEL_BUILDERS
 
             if cfg.model not in MODEL_BUILDERS:
                 from jaxgrpo.models import load_config

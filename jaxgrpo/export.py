@@ -180,7 +180,7 @@ def export_run(run_dir: str, out_dir: str, *, step: int | None = None) -> tuple[
     """Exports the policy of `run_dir`'s checkpoint of `step` (default: the newest); returns (out_dir, step)."""
     from jaxgrpo import runs
     from jaxgrpo.models import load_config
-    from jaxgrpo.trainer import MODEL_BUILDERS
+    from jaxgrpo.train.state import MODEL_BUILDERS
 
     cfg = runs.read_config(run_dir)
     step = runs.choose_step(run_dir, step)

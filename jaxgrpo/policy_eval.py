@@ -57,13 +57,14 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     import jax
 
     from jaxgrpo.evaluate import pass_at_k
+    from jaxgrpo.train.evaluation import correct_flags
 
     examples = list(examples)
     if not examples:
         raise ValueError("no examples to evaluate; choose a split with examples and --num >= 1")
     key = jax.random.fold_in(jax.random.key(trainer.cfg.seed + 1), step)
     greedy = _texts(trainer.tokenizer, trainer.generate(examples, 1, key, greedy=True))
-    greedy_correct = trainer.correct_flags(greedy, examples)
+    greedy_correct = correct_flags(trainer.cfg, trainer.tokenizer, trainer.reward_fns, greedy, examples)
     n = max(ks)
     metrics = {"greedy_accuracy": intervals.wilson_interval(int(greedy_correct.sum()), len(examples))}
     well_formed = None
@@ -75,7 +76,8 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
         format_only = well_formed & (greedy_correct == 0)
         metrics["greedy_format_only"] = intervals.wilson_interval(int(format_only.sum()), len(examples))
     texts = _texts(trainer.tokenizer, trainer.generate(examples, n, key))
-    sample_correct = trainer.correct_flags(texts, [e for e in examples for _ in range(n)]).reshape(len(examples), n)
+    rows = [e for e in examples for _ in range(n)]
+    sample_correct = correct_flags(trainer.cfg, trainer.tokenizer, trainer.reward_fns, texts, rows).reshape(len(examples), n)
     samples = [texts[i * n:(i + 1) * n] for i in range(len(examples))]
     counts = sample_correct.sum(-1).astype(int)
     for k in sorted(set(ks)):

@@ -85,11 +85,13 @@ def restore_trainer(run_dir: str, step: int, trainer):
     import jax
     import orbax.checkpoint as ocp
 
+    from jaxgrpo.train.state import checkpoint_tree
+
     directory = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
         create=False, read_only=True, enable_async_checkpointing=False, cleanup_tmp_directories=False))
     try:
-        like = trainer.checkpoint_state()
+        like = checkpoint_tree(trainer.state, trainer.ref_params)
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                  meta=ocp.args.JsonRestore()))
@@ -106,7 +108,7 @@ def restore_trainer(run_dir: str, step: int, trainer):
 def build_trainer(cfg: Config, run_dir: str | None = None, step: int | None = None):
     """A `Trainer` for `cfg` whose policy is the checkpoint of `step` in `run_dir` (None: the config's model as
     built, untrained); returns (trainer, step or None)."""
-    from jaxgrpo.trainer import Trainer
+    from jaxgrpo.train.loop import Trainer
 
     trainer = Trainer(cfg)
     if run_dir is not None:

@@ -1,5 +1,5 @@
 """`policy_eval.evaluate_policy` on scripted completions: greedy accuracy, the format-only share and pass@k
-against hand-counted values, with a stand-in for the trainer (its generate, correct_flags, reward_fns)."""
+against hand-counted values, with a stand-in for the trainer (its generate, tokenizer, reward_fns)."""
 
 import types
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxgrpo import policy_eval, rewards
+from jaxgrpo.config import Config
 
 EXAMPLES = [{"question": f"What is {a}?", "answer": str(a)} for a in (3, 5, 7, 9)]
 GREEDY = ["The answer is 3.", "The answer is 4.", "The answer is 7.", "I do not know."]
@@ -21,11 +22,12 @@ class ScriptedTrainer:
     """Answers every prompt with the scripted completions; completion token i decodes to text i."""
 
     def __init__(self):
-        self.cfg = types.SimpleNamespace(seed=0)
+        self.cfg = Config()
         self.texts = []
         self.reward_fns = [(rewards.correctness_reward, 1.0), (rewards.format_reward, 0.1)]
         self.tokenizer = types.SimpleNamespace(
-            batch_decode=lambda rows, skip_special_tokens=True: [self.texts[int(r[0])] for r in rows])
+            batch_decode=lambda rows, skip_special_tokens=True: [self.texts[int(r[0])] for r in rows],
+            encode=lambda text: list(text))
 
     def generate(self, examples, num_samples, key, greedy=False):
         texts = GREEDY if greedy else [t for row in SAMPLES for t in row[:num_samples]]
@@ -33,9 +35,6 @@ class ScriptedTrainer:
         self.texts.extend(texts)
         return types.SimpleNamespace(completion_tokens=np.arange(start, start + len(texts))[:, None],
                                      completion_mask=np.ones((len(texts), 1), bool))
-
-    def correct_flags(self, texts, examples):
-        return rewards.correctness_reward(texts, examples).astype(np.float32)
 
 
 def test_figures_equal_hand_counts():

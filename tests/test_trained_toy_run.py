@@ -10,7 +10,7 @@ import pytest
 from jaxgrpo import cli
 from jaxgrpo.config import load_experiment
 from jaxgrpo.metrics import read_jsonl
-from jaxgrpo.trainer import Trainer
+from jaxgrpo.train.loop import Trainer
 
 EXPERIMENT = os.path.join(os.path.dirname(__file__), "..", "experiments", "toy_sum.py")
 
