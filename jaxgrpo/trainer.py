@@ -45,6 +45,7 @@ from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.models import packing
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import shard_model
+from jaxgrpo.optimizer_state import stored_as
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
@@ -98,14 +99,14 @@ class TrainBatch(NamedTuple):
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW with linear warm-up, after global-norm clipping."""
+    """AdamW with linear warm-up, after global-norm clipping, its moments stored in `cfg.state_dtype`."""
     schedule = (
         optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps > 0 else optax.constant_schedule(cfg.lr)
     )
-    return optax.chain(
+    return stored_as(cfg.state_dtype, optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
-    )
+    ))
 
 
 def completion_outputs(policy: Policy, tokens, attention_mask, positions, completion_len: int, temperature: float, *, with_values: bool):
