@@ -154,8 +154,9 @@ def test_bfloat16_optimizer_state_halves_the_moments_a_chip_holds():
     assert moments[1] == pytest.approx(moments[0] / 2, rel=0.01) and moments[0] == pytest.approx(2 * params, rel=0.01)
     compiled = [aot.compile_experiment(cfg, ONE_HOST, programs=("update",)).programs[0] for cfg in (f32, bf16)]
     assert compiled[1].fits and compiled[1].host_transfers == []
-    # The update's arguments (state and batch) shrink by the moments' half.
-    assert compiled[0].argument_bytes - compiled[1].argument_bytes == pytest.approx(moments[0] / 2, rel=0.05)
+    # The update's arguments (state and batch) shrink by at least the moments' half: more for the toy's tiny
+    # arrays, whose TPU layouts pad each shard to whole (8, 128) tiles.
+    assert compiled[0].argument_bytes - compiled[1].argument_bytes >= moments[0] / 2
 
 
 def test_fsdp_and_tensor_parallelism_split_the_state_over_the_chips():
