@@ -227,7 +227,7 @@ def render(directory: str = REPORTS) -> str:
         "* **The CPU forms reach no TPU program.** The decoder's bit-level reads behind optimization barriers,",
         "  the barrier on the tied unembedding and the 32-slot cache chunks were chosen by dtype and reached",
         "  every bfloat16 TPU program; they are now traced only for CPU targets (`--cpu-forms` compiles them",
-        "  for a TPU to compare; rows marked *CPU forms*).",
+        "  for a TPU to compare; no such compile is reported here yet).",
         "* **Compile time depends on the machine's load.** The 8B update's 615 s above were measured with the",
         "  2 cores shared by several compiling processes (load ~16); compiled again alone (`--programs update`,",
         "  load ~5) it took 41 s, within the 2-minute goal.",
