@@ -113,6 +113,9 @@ def compile_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--programs", nargs="*", default=None, help="which programs (default: update forward)")
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
+    parser.add_argument("--cpu-forms", action="store_true",
+                        help="trace the decoder's CPU-specific forms (bit reads behind barriers, 32-slot cache "
+                             "chunks) for the TPU too, to compare with the plain forms a TPU gets by default")
     args = parser.parse_args(argv)
     # A CPU process: the TPU devices come from libtpu's topology description, not from attached chips.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -124,7 +127,8 @@ def compile_main(argv: list[str] | None = None) -> int:
         validate(cfg)
         from jaxgrpo import compile as aot
 
-        report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.PROGRAMS))
+        report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.PROGRAMS),
+                                        cpu_forms=args.cpu_forms)
     except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError, RuntimeError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxgrpo-compile: error: {message}", file=sys.stderr)

@@ -14,8 +14,12 @@ shows the collectives. Programs compiled here, each at the experiment's shapes:
   groups at their worst case, one group per row, when `packing` is on).
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
-scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower bounds, and the report adds
-the model's analytic FLOPs (2·N per token forward, 6·N per token trained) at the chip's peak beside them.
+scan, the decoder's layer scan, the decode loop), and nothing inside a Pallas call: its FLOPs and time are
+lower bounds. So the report also counts the traced program's matrix products with every scan body times
+its length (`count_products`: remat's recomputation and attention included), estimates the time as those
+products' roofline, each at max(FLOPs / peak, bytes / HBM bandwidth), and gives the MFU that time implies
+for the model's analytic FLOPs (2·N per token forward, 6·N per token trained). A `while` loop whose trip
+count is known only at run time (the decode loop) is counted once: its figures are one step's.
 For the decode loop, whose body is one step, it also gives the step's HBM floor: the parameters and the
 whole cache a chip holds, read once per token at the chip's bandwidth.
 """
@@ -152,7 +156,7 @@ def _sharded(shape, dtype, sharding):
 
 
 def lower_update(cfg: Config, mesh, abstract: Abstract):
-    """The lowered update program at `cfg`'s shapes, and its trained tokens per call."""
+    """The lowered update program at `cfg`'s shapes, its trained tokens per call, and its jaxpr."""
     from jaxgrpo import train
     from jaxgrpo.models import packing
 
@@ -172,12 +176,13 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
     update = train.make_update_fn(cfg, abstract.graphdef, abstract.rest, abstract.optimizer, mesh, state_sharding,
                                     packed_shape)
     with jax.set_mesh(mesh):
-        lowered = update.lower(abstract.state, batch, *layout)
-    return lowered, num_micro * micro * length
+        traced = update.trace(abstract.state, batch, *layout)
+        return traced.lower(), num_micro * micro * length, traced.jaxpr
 
 
 def lower_forward(cfg: Config, mesh, abstract: Abstract):
-    """The lowered reference / old-policy log-prob forward over one step's batch, and its tokens per call."""
+    """The lowered reference / old-policy log-prob forward over one step's batch, its tokens per call, and
+    its jaxpr."""
     from jaxgrpo import train
 
     _, _, length, completion = _batch_shapes(cfg)
@@ -191,15 +196,15 @@ def lower_forward(cfg: Config, mesh, abstract: Abstract):
 
     shape = (cfg.batch_size, length)
     with jax.set_mesh(mesh):
-        lowered = jax.jit(forward).lower(abstract.state.params, _sharded(shape, jnp.int32, rows),
-                                         _sharded(shape, jnp.bool_, rows), _sharded(shape, jnp.int32, rows))
-    return lowered, cfg.batch_size * length
+        traced = jax.jit(forward).trace(abstract.state.params, _sharded(shape, jnp.int32, rows),
+                                        _sharded(shape, jnp.bool_, rows), _sharded(shape, jnp.int32, rows))
+        return traced.lower(), cfg.batch_size * length, traced.jaxpr
 
 
 def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
-    """The compiled prefill and decode programs of one step's sampling (each with its compile seconds), and
-    what the report needs of them: (prefill, prompt tokens per call, decode, generated tokens per call,
-    per-chip bytes of the decode loop's state)."""
+    """The compiled prefill and decode programs of one step's sampling (each with its compile seconds and
+    jaxpr), and what the report needs of them: (prefill, prompt tokens per call, decode, generated tokens
+    per call, per-chip bytes of the decode loop's state)."""
     from jaxgrpo import sampler
 
     decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
@@ -213,16 +218,20 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
     stop = _sharded((8,), jnp.int32, replicated)
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
     with jax.set_mesh(mesh):
-        prefill = sampler._prefill_jit.lower(
+        prefill = sampler._prefill_jit.trace(
             graphdef, state, _sharded((prompts, prompt_bucket), jnp.int32, replicated),
             _sharded((prompts, prompt_bucket), jnp.bool_, replicated),
             _sharded((prompts * g,), key_dtype, replicated), stop, scalar, scalar, layout=layout)
         # The decode loop starts from what the prefill returns, laid out as the prefill leaves it.
-        prefill = _compile(prefill)
+        prefill = (*_compile(prefill.lower()), prefill.jaxpr)
+        if isinstance(prefill[0], OutOfMemory):
+            raise RuntimeError(f"the prefill of {prompts} prompts of {prompt_bucket} tokens does not fit "
+                               f"({prefill[0].message}); compile --programs forward update, or fewer prompts")
         carry = jax.tree.map(lambda info, sharding: _sharded(info.shape, info.dtype, sharding),
                              prefill[0].out_info, prefill[0].output_shardings)
-        decode = sampler._decode_jit.lower(graphdef, state, carry, stop, scalar, scalar, layout=layout)
-    return prefill, prompts * prompt_bucket, _compile(decode), prompts * g * s.max_new_tokens, per_chip_bytes(carry)
+        decode = sampler._decode_jit.trace(graphdef, state, carry, stop, scalar, scalar, layout=layout)
+        decode = (*_compile(decode.lower()), decode.jaxpr)
+    return prefill, prompts * prompt_bucket, decode, prompts * g * s.max_new_tokens, per_chip_bytes(carry)
 
 
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
@@ -251,6 +260,82 @@ def host_transfers(hlo_text: str) -> list[str]:
     return sorted(set(ops + callbacks))
 
 
+def largest_values(hlo_text: str, count: int = 3) -> list[dict]:
+    """The `count` largest array values a compiled HLO module computes (not its parameters), each as
+    {"bytes", "shape", "op"} with the JAX operation that made it: what dominates the temporaries."""
+    found = {}
+    pattern = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*([a-z0-9]+\[[0-9,]*\])\S*\s+([a-z-]+)\((.*)$", re.M)
+    for shape, op, rest in pattern.findall(hlo_text):
+        if op in ("parameter", "constant", "get-tuple-element", "bitcast"):
+            continue
+        name = re.search(r'op_name="([^"]*)"', rest)
+        key = (shape, name.group(1) if name else op)
+        found[key] = _shape_bytes(shape)
+    top = sorted(found.items(), key=lambda item: -item[1])[:count]
+    return [{"bytes": size, "shape": shape, "op": op} for (shape, op), size in top]
+
+
+class ProductCount(NamedTuple):
+    """A traced program's matrix products with every loop body times its trip count: FLOPs, the bytes
+    their operands and results take, the roofline seconds of the products one at a time (each at
+    max(FLOPs / peak, bytes / HBM bandwidth)), and the `while` loops whose trip count is only known at run
+    time (counted once)."""
+
+    flops: float
+    bytes: float
+    roofline_seconds: float
+    loops_counted_once: int
+
+
+def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCount:
+    """`ProductCount` of a (closed) jaxpr: `dot_general` and convolutions, scans times their length,
+    branches at their largest, the primal of custom derivatives (the transposed program is in the
+    jaxpr already), a `while` once. Shapes are global; a Pallas call counts nothing."""
+    totals = [0.0, 0.0, 0.0, 0]
+
+    def product(eqn) -> tuple[float, float]:
+        (lhs, rhs), (out,) = [v.aval for v in eqn.invars[:2]], [v.aval for v in eqn.outvars]
+        if eqn.primitive.name == "dot_general":
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            flops = 2.0 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in contracting)
+        else:  # conv_general_dilated: each output reads the kernel's window over its input features
+            out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
+            flops = 2.0 * math.prod(out.shape) * math.prod(rhs.shape) / out_features
+        moved = sum(math.prod(a.shape) * _itemsize(a.dtype) for a in (lhs, rhs, out))
+        return flops, moved
+
+    def walk(closed, times: float):
+        inner = getattr(closed, "jaxpr", closed)
+        for eqn in inner.eqns:
+            name = eqn.primitive.name
+            if name in ("dot_general", "conv_general_dilated"):
+                flops, moved = product(eqn)
+                totals[0] += times * flops
+                totals[1] += times * moved
+                totals[2] += times * max(flops / peak_flops, moved / hbm_bandwidth)
+            elif name == "scan":
+                walk(eqn.params["jaxpr"], times * eqn.params["length"])
+            elif name == "while":
+                totals[3] += 1
+                walk(eqn.params["body_jaxpr"], times)
+            elif name == "cond":
+                branches = [count_products(b, peak_flops, hbm_bandwidth) for b in eqn.params["branches"]]
+                widest = max(branches, key=lambda c: c.flops)
+                totals[0] += times * widest.flops
+                totals[1] += times * widest.bytes
+                totals[2] += times * widest.roofline_seconds
+                totals[3] += widest.loops_counted_once
+            else:
+                for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+                    sub = eqn.params.get(key)
+                    if sub is not None and hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+                        walk(sub, times)
+                        break
+
+    walk(jaxpr, 1.0)
+    return ProductCount(*totals)
+
+
 @dataclasses.dataclass
 class ProgramReport:
     """What the TPU compiler reports for one program, per chip, with the roofline figures derived from it."""
@@ -271,9 +356,15 @@ class ProgramReport:
     model_flops_seconds: float  # model_flops at the chip's peak
     hbm_roofline_seconds: float  # bytes_accessed at the chip's HBM bandwidth
     step_floor_seconds: float | None  # decode: parameters + cache per chip at the chip's HBM bandwidth, per token
+    program_flops: float  # per chip: the traced program's matrix products, loop bodies times their trip counts
+    estimated_seconds: float  # per chip: those products' roofline (`count_products`); decode: one step
+    mfu: float | None  # model FLOPs / (peak x estimated_seconds); None where a loop was counted once (decode)
+    loops_counted_once: int  # `while` loops of run-time trip count (decode's token loop), counted once
+    largest_values: list  # the largest arrays the compiled program computes (`largest_values`)
     collectives: dict
     host_transfers: list
     compile_seconds: float
+    error: str | None = None  # why the compiler refused the program (it does not fit), else None
 
 
 @dataclasses.dataclass
@@ -297,6 +388,11 @@ class Report:
         for p in self.programs:
             estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
             step = "" if p.step_floor_seconds is None else f", a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
+            per_step = f" ({p.loops_counted_once} run-time loop(s) counted once)" if p.loops_counted_once else ""
+            mfu = "" if p.mfu is None else f", MFU {100 * p.mfu:.0f}%"
+            if p.error:
+                lines.append(f"  {p.program:8s} DOES NOT FIT: the compiler refused it: {p.error}")
+                continue
             moved = ", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.1f} MiB)" for k, v in p.collectives.items()
                               if v["count"]) or "none"
             lines.append(
@@ -305,20 +401,50 @@ class Report:
                 f"{p.temp_bytes / GiB:.2f}, outputs {p.output_bytes / GiB:.2f}, donated {p.alias_bytes / GiB:.2f}); "
                 f"model FLOPs {p.model_flops:.3g} per chip = {p.model_flops_seconds * 1e3:.2f} ms at peak; compiler: "
                 f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {estimate} "
-                f"(loop bodies once){step}; collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
+                f"(loop bodies once); products with loops x trip counts: {p.program_flops:.3g} FLOPs, "
+                f"{p.estimated_seconds * 1e3:.2f} ms at their roofline{per_step}{mfu}{step}; "
+                f"collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
                 f"compiled in {p.compile_seconds:.1f} s")
         return "\n".join(lines)
 
 
+class OutOfMemory(NamedTuple):
+    """A program the TPU compiler refused: what it needs does not fit the chip's HBM."""
+
+    message: str  # the compiler's first line, e.g. "... HLO temporaries (33.05G) exceeds available HBM (15.75G)."
+
+    def required_bytes(self) -> int:
+        found = re.search(r"\(([0-9.]+)([KMGT])\) exceeds", self.message)
+        return int(float(found.group(1)) * 1024 ** " KMGT".index(found.group(2))) if found else 0
+
+
 def _compile(lowered):
-    """(the compiled program, seconds the compiler took)."""
+    """(the compiled program, or `OutOfMemory` where the compiler refuses it for its size; seconds the
+    compiler took)."""
     start = time.perf_counter()
-    compiled = lowered.compile()
+    try:
+        compiled = lowered.compile()
+    except Exception as error:  # jax's XlaRuntimeError, whose message names the status
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        compiled = OutOfMemory(str(error).strip().splitlines()[0])
     return compiled, time.perf_counter() - start
 
 
-def _program_report(name: str, compiled, seconds: float, chip: Chip, chips: int, model_flops: float,
+def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips: int, model_flops: float,
                     step_floor_bytes: int | None = None) -> ProgramReport:
+    products = count_products(jaxpr, chip.peak_flops * chips, chip.hbm_bandwidth * chips)
+    if isinstance(compiled, OutOfMemory):
+        # What the compiler said it needs (temporaries, or all of it) stands for the whole; no cost analysis.
+        return ProgramReport(
+            program=name, fits=False, hbm_bytes=compiled.required_bytes(), argument_bytes=0, output_bytes=0,
+            temp_bytes=compiled.required_bytes(), alias_bytes=0, hbm_capacity=chip.hbm_bytes, flops=0.0,
+            bytes_accessed=0.0, compiler_seconds=None, model_flops=model_flops / chips,
+            model_flops_seconds=model_flops / chips / chip.peak_flops, hbm_roofline_seconds=0.0,
+            step_floor_seconds=None if step_floor_bytes is None else step_floor_bytes / chip.hbm_bandwidth,
+            program_flops=products.flops / chips, estimated_seconds=products.roofline_seconds, mfu=None,
+            loops_counted_once=products.loops_counted_once, largest_values=[], collectives={}, host_transfers=[],
+            compile_seconds=seconds, error=compiled.message)
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -327,6 +453,8 @@ def _program_report(name: str, compiled, seconds: float, chip: Chip, chips: int,
              - memory.alias_size_in_bytes)
     flops_per_chip = model_flops / chips
     bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    # Global shapes: a chip does its share of every product (the mesh splits each one over all chips).
+    estimated = products.roofline_seconds
     return ProgramReport(
         program=name, fits=total <= chip.hbm_bytes, hbm_bytes=int(total),
         argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
@@ -336,11 +464,22 @@ def _program_report(name: str, compiled, seconds: float, chip: Chip, chips: int,
         model_flops=flops_per_chip,
         model_flops_seconds=flops_per_chip / chip.peak_flops, hbm_roofline_seconds=bytes_accessed / chip.hbm_bandwidth,
         step_floor_seconds=None if step_floor_bytes is None else step_floor_bytes / chip.hbm_bandwidth,
+        program_flops=products.flops / chips, estimated_seconds=estimated,
+        mfu=(flops_per_chip / chip.peak_flops / estimated) if estimated > 0 and not products.loops_counted_once else None,
+        loops_counted_once=products.loops_counted_once, largest_values=largest_values(text),
         collectives=collectives(text), host_transfers=host_transfers(text), compile_seconds=seconds)
 
 
-def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS) -> Report:
-    """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read."""
+def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS, cpu_forms: bool = False) -> Report:
+    """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
+    `cpu_forms` traces the decoder's CPU-specific forms (`decoder.cpu_forms`) too, to compare them."""
+    from jaxgrpo.models import decoder
+
+    with decoder.cpu_forms(cpu_forms):
+        return _compile_experiment(cfg, topology, programs)
+
+
+def _compile_experiment(cfg: Config, topology: str, programs) -> Report:
     from jaxgrpo import train
 
     unknown = [p for p in programs if p not in PROGRAMS]
@@ -360,11 +499,11 @@ def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS) -> Report:
             floor = per_chip_bytes(abstract.state.params) + carry_bytes
             reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor))
     if "forward" in programs:
-        lowered, tokens = lower_forward(cfg, mesh, abstract)
-        reports.append(_program_report("forward", *_compile(lowered), chip, chips, 2 * n * tokens))
+        lowered, tokens, jaxpr = lower_forward(cfg, mesh, abstract)
+        reports.append(_program_report("forward", *_compile(lowered), jaxpr, chip, chips, 2 * n * tokens))
     if "update" in programs:
-        lowered, tokens = lower_update(cfg, mesh, abstract)
-        reports.append(_program_report("update", *_compile(lowered), chip, chips, 6 * n * tokens))
+        lowered, tokens, jaxpr = lower_update(cfg, mesh, abstract)
+        reports.append(_program_report("update", *_compile(lowered), jaxpr, chip, chips, 6 * n * tokens))
     hosts = len({d.process_index for d in devices})
     return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports)
 

@@ -1,6 +1,7 @@
-"""Ahead-of-time compilation for TPU topologies (libtpu, no TPU): the toy experiment's sampling and training
-programs fit, shard as the mesh says, and move nothing through the host (the decode loop included); bad input
-gets one-line errors."""
+"""Ahead-of-time compilation for TPU topologies (libtpu, no TPU): the quickstart's and Qwen3-0.6B's sampling
+and training programs fit a v5e-8 and a 16-chip, 4-host v5p slice, shard their state as the mesh says, and
+move nothing through the host (the decode loop included); whole-program FLOPs count every loop iteration;
+bfloat16 optimizer state halves the moments; bad input gets one-line errors."""
 
 import json
 import sys
@@ -14,61 +15,159 @@ from jaxgrpo import train
 from jaxgrpo.config import apply_overrides, load_experiment
 
 TOY = "experiments/toy_sum.py"
+QUICKSTART = "experiments/quickstart.py"
+QWEN = "experiments/qwen3_0_6b_grpo.py"
+ONE_HOST, POD = "v5e:2x4", "v5p:2x2x4"  # 8 chips on 2 hosts; 16 chips on 4 hosts
+
+# Each experiment at small CI shapes (a short prompt and completion, two micro-batches a minimibatch), laid
+# out as FSDP over the one-host slice's 8 chips and as 4-way data x 4-way FSDP over the pod's 16.
+CASES = {
+    (QUICKSTART, ONE_HOST): ("mesh.data=1", "mesh.fsdp=-1", "sampling.max_prompt_len=64", "micro_batch_size=16"),
+    (QUICKSTART, POD): ("mesh.data=4", "mesh.fsdp=4", "sampling.max_prompt_len=64", "micro_batch_size=16"),
+    (QWEN, ONE_HOST): ("prompts_per_step=4", "group_size=4", "num_minibatches=1", "micro_batch_size=8",
+                       "sampling.max_prompt_len=64", "sampling.max_new_tokens=64"),
+    (QWEN, POD): ("mesh.data=4", "mesh.fsdp=4", "prompts_per_step=8", "group_size=4", "num_minibatches=1",
+                  "micro_batch_size=16", "sampling.max_prompt_len=64", "sampling.max_new_tokens=64"),
+}
+CHIPS = {ONE_HOST: (8, 2, 16 * aot.GiB), POD: (16, 4, 95 * aot.GiB)}  # chips, hosts, HBM per chip
 
 
-def _toy(*overrides):
-    cfg = load_experiment(TOY)
+def _config(path, *overrides):
+    cfg = load_experiment(path)
     apply_overrides(cfg, list(overrides))
     return cfg
 
 
+def _toy(*overrides):
+    return _config(TOY, *overrides)
+
+
 @pytest.fixture(scope="module")
-def one_host_report():
-    return aot.compile_experiment(_toy("mesh.data=1", "mesh.fsdp=-1"), "v5e:2x4")
+def reports():
+    """Compiled reports shared by the tests of this module, each compiled once when first asked for: the
+    quickstart on the one-host slice with every program, the others with the decode loop and the update."""
+    cache = {}
+
+    def get(path, topology):
+        if (path, topology) not in cache:
+            programs = aot.PROGRAMS if (path, topology) == (QUICKSTART, ONE_HOST) else ("decode", "update")
+            cfg = _config(path, *CASES[path, topology])
+            cache[path, topology] = (cfg, aot.compile_experiment(cfg, topology, programs=programs))
+        return cache[path, topology]
+
+    return get
 
 
-def test_toy_programs_fit_a_v5e_8_without_host_transfers(one_host_report):
-    report = one_host_report
-    assert report.chips == 8 and report.chip == "TPU v5e" and report.mesh == {"data": 1, "fsdp": 8, "model": 1}
-    assert [p.program for p in report.programs] == ["prefill", "decode", "forward", "update"]
+@pytest.mark.parametrize("path, topology", list(CASES), ids=[f"{p.split('/')[-1][:-3]}-{t}" for p, t in CASES])
+def test_experiment_fits_shards_its_state_and_decodes_without_the_host(reports, path, topology):
+    cfg, report = reports(path, topology)
+    chips, hosts, hbm = CHIPS[topology]
+    assert report.chips == chips and report.hosts == hosts
+    assert report.mesh == {"data": cfg.mesh.data if cfg.mesh.data > 0 else 1, "fsdp": chips // max(cfg.mesh.data, 1),
+                           "model": 1}
     for program in report.programs:
-        assert program.fits and 0 < program.hbm_bytes < program.hbm_capacity == 16 * aot.GiB
-        assert program.host_transfers == []
+        assert program.fits and 0 < program.hbm_bytes < program.hbm_capacity == hbm, program
+        assert program.host_transfers == [], (program.program, program.host_transfers)
+    # Parameters and optimizer state split over the data and FSDP axes (the partitioning rules shard them over
+    # both, ZeRO-3 style): a chip holds 1/(data x fsdp) of them (only norm scales and scalars may be
+    # replicated), and the compiled update takes that much of them as arguments, plus the padding of TPU
+    # layouts (a shard's minor dimensions are padded to (8, 128) tiles: SmolLM2's over 16 chips, ~21%).
+    mesh = train.make_mesh(cfg, aot.topology_devices(topology)[1])
+    state = aot.abstract_train_state(cfg, mesh).state
+    whole = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state))
+    per_chip = aot.per_chip_bytes(state)
+    shards = report.mesh["data"] * report.mesh["fsdp"]
+    assert shards == chips and whole / shards <= per_chip <= whole / shards * 1.02
+    update = next(p for p in report.programs if p.program == "update")
+    assert per_chip <= update.argument_bytes <= per_chip * 1.25
+    assert update.alias_bytes >= per_chip * 0.99  # the state is donated: updated in place
+    decode = next(p for p in report.programs if p.program == "decode")
+    assert decode.step_floor_seconds > 0 and decode.loops_counted_once >= 1 and decode.mfu is None
+
+
+def test_quickstart_programs_and_their_collectives_on_one_host(reports):
+    cfg, report = reports(QUICKSTART, ONE_HOST)
+    assert report.chip == "TPU v5e" and [p.program for p in report.programs] == ["prefill", "decode", "forward",
+                                                                                 "update"]
+    prefill, decode, forward, update = report.programs
+    for program in report.programs:
         assert program.flops > 0 and program.bytes_accessed > 0
         assert program.compiler_seconds is None or program.compiler_seconds > 0
         assert program.model_flops_seconds == pytest.approx(program.model_flops / aot.CHIPS["v5e"].peak_flops)
-    prefill, decode, forward, update = report.programs
-    # The decode loop's body is one step: it reads at least the parameters and cache a chip holds.
-    assert decode.step_floor_seconds > 0 and prefill.step_floor_seconds is None
+    assert prefill.step_floor_seconds is None
     # FSDP: the update gathers parameters for the forward and reduces gradients.
     assert update.collectives["all-gather"]["count"] > 0
     assert update.collectives["all-reduce"]["count"] + update.collectives["reduce-scatter"]["count"] > 0
-    # 6·N per trained token, split over the chips: one minibatch of 64 rows of prompt + completion slots.
-    cfg = _toy()
-    tokens = cfg.batch_size * (cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens)
+    # 6·N per trained token, split over the chips: one minibatch of prompt + completion slots.
+    tokens = cfg.batch_size // cfg.num_minibatches * (cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens)
     assert update.model_flops == pytest.approx(6 * report.num_params * tokens / 8)
 
 
-def test_fsdp_splits_parameters_and_optimizer_state_over_the_chips():
+def test_program_flops_count_every_layer_and_micro_batch(reports):
+    """The compiler counts the layer scan's and the micro-batch scan's bodies once; the traced program's
+    products, with loops times their trip counts, come to at least 6 FLOPs per non-embedding parameter
+    per trained token (forward 2, backward 4; remat's recomputed forward and attention come on top)."""
+    from jaxgrpo import models
+
+    cfg, report = reports(QWEN, ONE_HOST)
+    update = next(p for p in report.programs if p.program == "update")
+    config = models.load_config(cfg.model)
+    embedding = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+    tokens_per_chip = cfg.batch_size * (cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens) / 8
+    dense = 6 * (report.num_params - embedding) * tokens_per_chip
+    assert dense <= update.program_flops <= 8 * report.num_params * tokens_per_chip
+    assert update.program_flops > 10 * update.flops  # 28 layers x 2 micro-batches, counted once by the compiler
+    assert update.mfu == pytest.approx(update.model_flops_seconds / update.estimated_seconds)
+    assert 0.05 < update.mfu < 1.0
+
+
+def test_count_products_multiplies_loop_bodies_by_their_trip_counts():
+    """Golden values: a scan of 3 [4, 8] x [8, 16] products inside a 2-step scan is 2·3·(2·4·8·16) FLOPs; a
+    `while` of run-time length counts once and is reported."""
+    import jax.numpy as jnp
+
+    def scanned(x, w):
+        def outer(c, _):
+            return jax.lax.scan(lambda c2, wl: (c2, c2 @ wl), c, w)[0], None
+        return jax.lax.scan(outer, x, None, length=2)[0]
+
+    jaxpr = jax.make_jaxpr(scanned)(jnp.ones((4, 8)), jnp.ones((3, 8, 16)))
+    count = aot.count_products(jaxpr, peak_flops=1e12, hbm_bandwidth=1e9)
+    assert count.flops == 2 * 3 * 2 * 4 * 8 * 16 and count.loops_counted_once == 0
+    assert count.bytes == 2 * 3 * (4 * 8 + 8 * 16 + 4 * 16) * 4
+    assert count.roofline_seconds == pytest.approx(count.bytes / 1e9)  # this small product is bandwidth-bound
+
+    def looped(x, n):
+        return jax.lax.while_loop(lambda c: c[1] < n, lambda c: (c[0] @ jnp.eye(8), c[1] + 1), (x, 0))[0]
+
+    count = aot.count_products(jax.make_jaxpr(looped)(jnp.ones((4, 8)), 5), 1e12, 1e9)
+    assert count.flops == 2 * 4 * 8 * 8 and count.loops_counted_once == 1
+
+
+def test_bfloat16_optimizer_state_halves_the_moments_a_chip_holds():
+    f32 = _toy("mesh.data=1", "mesh.fsdp=-1")
+    bf16 = _toy("mesh.data=1", "mesh.fsdp=-1", "optimizer.state_dtype=bfloat16")
+    _, devices = aot.topology_devices(ONE_HOST)
+    states = [aot.abstract_train_state(cfg, train.make_mesh(cfg, devices)).state for cfg in (f32, bf16)]
+    params = aot.per_chip_bytes(states[0].params)
+    moments = [aot.per_chip_bytes(s.opt_state) for s in states]
+    assert moments[1] == pytest.approx(moments[0] / 2, rel=0.01) and moments[0] == pytest.approx(2 * params, rel=0.01)
+    compiled = [aot.compile_experiment(cfg, ONE_HOST, programs=("update",)).programs[0] for cfg in (f32, bf16)]
+    assert compiled[1].fits and compiled[1].host_transfers == []
+    # The update's arguments (state and batch) shrink by at least the moments' half: more for the toy's tiny
+    # arrays, whose TPU layouts pad each shard to whole (8, 128) tiles.
+    assert compiled[0].argument_bytes - compiled[1].argument_bytes >= moments[0] / 2
+
+
+def test_fsdp_and_tensor_parallelism_split_the_state_over_the_chips():
     cfg = _toy("mesh.data=1", "mesh.fsdp=-1")
-    chip, devices = aot.topology_devices("v5e:2x4")
+    _, devices = aot.topology_devices(ONE_HOST)
     abstract = aot.abstract_train_state(cfg, train.make_mesh(cfg, devices))
     whole = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract.state))
-    per_chip = aot.per_chip_bytes(abstract.state)
-    # Every matrix divides by 8; only norm scales and scalars (a few hundred bytes) may be replicated.
-    assert whole / 8 <= per_chip <= whole / 8 * 1.05
     # Tensor parallelism over 2 chips and FSDP over 4 split it 8 ways too.
     cfg = _toy("mesh.data=1", "mesh.fsdp=4", "mesh.model=2")
     split = aot.per_chip_bytes(aot.abstract_train_state(cfg, train.make_mesh(cfg, devices)).state)
     assert whole / 8 <= split <= whole / 8 * 1.05
-
-
-def test_toy_programs_fit_a_multi_host_pod():
-    report = aot.compile_experiment(_toy("mesh.data=-1", "mesh.fsdp=16", "prompts_per_step=16"), "v5p:4x4x4",
-                                    programs=("decode", "update"))
-    assert report.chips == 64 and report.hosts == 16 and report.mesh == {"data": 4, "fsdp": 16, "model": 1}
-    for program in report.programs:
-        assert program.fits and program.host_transfers == [] and program.hbm_capacity == 95 * aot.GiB
 
 
 def test_report_counts_collectives_and_host_transfers_in_hlo_text():

@@ -46,6 +46,7 @@ the MLP hidden over `model`; without one nothing is constrained and the numerics
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -54,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxgrpo.models import cpu_attention, cpu_matmul
+from jaxgrpo.models import cpu_attention, cpu_kernels, cpu_matmul
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
@@ -255,9 +256,30 @@ def _merge_blocks(a, b):
 # takes them).
 
 
+# The CPU forms above (reads through bits behind barriers, CACHE_CHUNK) answer XLA:CPU's costs; they are
+# traced only for a program that runs on CPUs, as the active mesh's devices say (a CPU process compiling
+# for a TPU gets the plain forms). `cpu_forms(True)` forces them on any target, to compare both compiled.
+_FORCE_CPU_FORMS = [False]
+
+
+@contextlib.contextmanager
+def cpu_forms(enabled: bool = True):
+    """Within this context, trace the CPU-specific forms whatever the target (see above)."""
+    previous, _FORCE_CPU_FORMS[0] = _FORCE_CPU_FORMS[0], enabled
+    try:
+        yield
+    finally:
+        _FORCE_CPU_FORMS[0] = previous
+
+
+def _cpu_forms() -> bool:
+    return _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh())
+
+
 def _is_narrow(x: jax.Array) -> bool:
-    """Whether x is of a float type narrower than 32 bits (bfloat16, float16): read through its bits."""
-    return x.dtype.itemsize < 4 and jnp.issubdtype(x.dtype, jnp.floating)
+    """Whether x is of a float type narrower than 32 bits (bfloat16, float16) in a CPU program: read
+    through its bits."""
+    return x.dtype.itemsize < 4 and jnp.issubdtype(x.dtype, jnp.floating) and _cpu_forms()
 
 
 def _bits(x: jax.Array) -> jax.Array:
@@ -475,7 +497,8 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         cache_block = cpu_attention.cache_block(q, _bits(cache_k), _bits(cache_v), layer, cache_mask, cache_index, scale)
         return finish(_merge_blocks(state, cache_block))
     state = with_prefix(state)
-    chunk = min(CACHE_CHUNK, capacity)
+    # A TPU reads the whole cache in one masked block: its vector units gain nothing from 32-slot steps.
+    chunk = min(CACHE_CHUNK, capacity) if _cpu_forms() else capacity
 
     def one_chunk(i, state):
         start = i * chunk
@@ -679,7 +702,9 @@ class Decoder(nnx.Module):
             # Contract the embedding's hidden axis in place: XLA:CPU transposes a bfloat16 [V, E] table in
             # float32 (58 against 8 ms a call for SmolLM2's at batch 32), a float32 one for free; and read
             # the table inside the decode loop, or XLA hoists a transposed copy of it out of the loop.
-            table, hidden = _read_inside(self.embed[...].astype(self.dtype), hidden)
+            table = self.embed[...].astype(self.dtype)
+            if _cpu_forms():
+                table, hidden = _read_inside(table, hidden)
             logits = jnp.einsum("...e,ve->...v", hidden, table, preferred_element_type=jnp.float32)
         else:
             logits = jnp.matmul(hidden, self.unembedding(), preferred_element_type=jnp.float32)

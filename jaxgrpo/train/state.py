@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from jaxgrpo.config import DTYPES, Config, OptimizerConfig
+from jaxgrpo.optimizer_state import stored_as
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
@@ -51,14 +52,14 @@ class TrainState(NamedTuple):
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW with linear warm-up, after global-norm clipping."""
+    """AdamW with linear warm-up, after global-norm clipping, its moments stored in `cfg.state_dtype`."""
     schedule = (
         optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps > 0 else optax.constant_schedule(cfg.lr)
     )
-    return optax.chain(
+    return stored_as(cfg.state_dtype, optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
-    )
+    ))
 
 
 def _toy_tiny(dtype, remat):

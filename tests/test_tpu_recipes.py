@@ -1,0 +1,53 @@
+"""The TPU recipes in experiments/tpu/ are valid configs for the slices they name, their state fits a chip,
+and docs/tpu.md is rendered from the committed compile reports (docs/tpu/*.json) and up to date."""
+
+import glob
+import importlib.util
+import os
+
+import pytest
+
+from jaxgrpo import compile as aot
+from jaxgrpo import trainer
+from jaxgrpo.config import load_experiment, validate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = sorted(glob.glob(os.path.join(ROOT, "experiments", "tpu", "*.py")))
+
+
+def _tpu_docs():
+    spec = importlib.util.spec_from_file_location("tpu_docs", os.path.join(ROOT, "benchmarks", "tpu_docs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[os.path.basename(p)[:-3] for p in RECIPES])
+def test_recipe_is_valid_for_its_slice_and_its_state_fits_a_chip(path):
+    spec = importlib.util.spec_from_file_location("recipe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = load_experiment(path)
+    chip, devices = aot.topology_devices(module.TOPOLOGY)
+    mesh = trainer.make_mesh(cfg, devices)
+    validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
+    assert (cfg.prompts_per_step, cfg.group_size, cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens) == (
+        16, 8, 512, 1024)
+    assert cfg.dtype == "bfloat16" and cfg.remat and not cfg.packing and cfg.mesh.fsdp == -1
+    # Parameters and both Adam moments, split over the chips, leave most of a chip's HBM to activations.
+    state = aot.abstract_train_state(cfg, mesh).state
+    assert aot.per_chip_bytes(state) < chip.hbm_bytes / 2
+    # Each micro-batch's rows divide over the chips (no chip idles in the update).
+    assert cfg.micro_batch_size % len(devices) == 0
+
+
+def test_tpu_docs_are_rendered_from_the_committed_reports():
+    docs = _tpu_docs()
+    with open(docs.DOC_PATH) as f:
+        committed = f.read()
+    assert committed == docs.render(), f"docs/tpu.md is stale: run `{docs.COMMAND}` and commit the result"
+    reports = docs.load_reports()
+    assert reports, "no compile reports in docs/tpu/"
+    for report in reports:
+        assert report["experiment"] and os.path.exists(os.path.join(ROOT, report["experiment"]))
+        assert f"| {report['model']} | {report['topology']}" in committed
