@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgrpo import trainer
+from jaxgrpo import train
 from jaxgrpo.config import Config, OptimizerConfig, validate
 
 
 def _run(state_dtype: str, steps: int = 5):
-    optimizer = trainer.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=2, weight_decay=0.01,
+    optimizer = train.make_optimizer(OptimizerConfig(lr=1e-2, warmup_steps=2, weight_decay=0.01,
                                                        state_dtype=state_dtype))
     keys = jax.random.split(jax.random.key(0), steps + 1)
     params = {"w": jax.random.normal(keys[0], (64, 32)), "b": jnp.zeros((32,))}

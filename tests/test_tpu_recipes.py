@@ -8,7 +8,7 @@ import os
 import pytest
 
 from jaxgrpo import compile as aot
-from jaxgrpo import trainer
+from jaxgrpo import train
 from jaxgrpo.config import load_experiment, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +29,7 @@ def test_recipe_is_valid_for_its_slice_and_its_state_fits_a_chip(path):
     spec.loader.exec_module(module)
     cfg = load_experiment(path)
     chip, devices = aot.topology_devices(module.TOPOLOGY)
-    mesh = trainer.make_mesh(cfg, devices)
+    mesh = train.make_mesh(cfg, devices)
     validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
     assert (cfg.prompts_per_step, cfg.group_size, cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens) == (
         16, 8, 512, 1024)
