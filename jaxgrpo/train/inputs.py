@@ -92,6 +92,10 @@ FIELDS: dict[str, Field] = {
     "segment_ids": Field(TOKEN, "reasoning segment of each token", "a probing pass (GRPO-VPS)", None),
     "boundaries": Field(TOKEN, "segment boundaries", "a segmenter of reasoning steps", None),
     "hits": Field("[N, K]", "relevance of each ranked item", "a ranking task (Rank-GRPO)", None),
+    "baseline_rewards": Field(ROW, "reward of a greedy completion of each row's prompt",
+                              "a greedy-baseline rollout per prompt (ReMax)", None),
+    "sum_pi_squared": Field(TOKEN, "sum over the vocabulary of pi^2 at each token",
+                            "a forward pass over the whole vocabulary (optimal token baseline)", None),
     # Inside the update, for the micro-batch being scored.
     "logp": Field(LOSS, "log-prob of each token under the policy being trained", "the update", _always),
     "old_logp": Field(LOSS, "log-prob of each token under the sampling policy", "the sampler", _always),
