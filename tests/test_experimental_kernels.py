@@ -256,7 +256,7 @@ def test_spo_advantage_hand_case_gives_signal_to_single_and_uniform_prompts():
         jnp.array([1.0, 1.0, 0.0, 0.0]), jnp.array([0, 0, 1, 2]), num_groups=3, baseline=jnp.array([0.5, 0.75, 0.25, 0.5])
     )
     _close(adv, [1.0954451, 0.5477226, -0.5477226, -1.0954451], atol=1e-5)
-    with pytest.raises(ValueError, match="baseline"):
+    with pytest.raises(TypeError, match="baseline"):
         ex.spo_advantage(jnp.zeros(2), jnp.zeros(2, jnp.int32), num_groups=1)
 
 

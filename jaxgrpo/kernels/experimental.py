@@ -341,7 +341,7 @@ def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
 
 
 @register("advantage", "experimental/spo_advantage", paper=_SPO)
-def spo_advantage(rewards, group_ids, *, num_groups: int, valid=None, baseline=None, eps: float = 1e-8) -> Array:
+def spo_advantage(rewards, group_ids, *, num_groups: int, baseline, valid=None, eps: float = 1e-8) -> Array:
     """Single-stream SPO advantage: A = whiten_batch(r - v(x)), no group statistics.
 
     v(x) is the tracker's value of the row's prompt (read *before* this batch's
@@ -358,8 +358,6 @@ def spo_advantage(rewards, group_ids, *, num_groups: int, valid=None, baseline=N
       baseline: f32[N], the tracked value v(x) of each row's prompt (required).
     """
     rewards, group_ids, valid, num_groups = check_outcome_inputs(rewards, group_ids, num_groups, valid)
-    if baseline is None:
-        raise ValueError("spo_advantage needs baseline=f32[N], the tracked value of each row's prompt")
     baseline = check_floating("baseline", baseline)
     if baseline.shape != rewards.shape:
         raise ValueError(f"baseline must have shape [N]=[{rewards.shape[0]}], got {tuple(baseline.shape)}")

@@ -92,6 +92,8 @@ FIELDS: dict[str, Field] = {
     "segment_ids": Field(TOKEN, "reasoning segment of each token", "a probing pass (GRPO-VPS)", None),
     "boundaries": Field(TOKEN, "segment boundaries", "a segmenter of reasoning steps", None),
     "hits": Field("[N, K]", "relevance of each ranked item", "a ranking task (Rank-GRPO)", None),
+    "baseline": Field(ROW, "tracked value of each row's prompt (SPO)",
+                      "the SPO value tracker (its state is not yet kept in the train state)", None),
     "baseline_rewards": Field(ROW, "reward of a greedy completion of each row's prompt",
                               "a greedy-baseline rollout per prompt (ReMax)", None),
     "sum_pi_squared": Field(TOKEN, "sum over the vocabulary of pi^2 at each token",
