@@ -466,6 +466,22 @@ def _registered(kind: str, name: Any, field: str):
     return kernels.get(kind, name)
 
 
+#: What the loss_mask stage passes its kernel: the whole batch's row statistics, before the update.
+ROW_MASK_INPUTS = ("rewards", "group_ids", "num_groups", "valid")
+
+
+def _check_row_mask(kernel, name: str) -> None:
+    """`loss_mask` takes row masks of the batch's rewards and groups; a mask of token statistics (entropy,
+    log-probs) would need the update's own forward pass, which that stage runs before."""
+    import inspect
+
+    needs = [p.name for p in inspect.signature(kernel).parameters.values()
+             if p.default is p.empty and p.kind is not p.VAR_KEYWORD and p.name not in ROW_MASK_INPUTS]
+    if needs:
+        raise ValueError(f"loss_mask={name!r} reads {', '.join(needs)}, but the loss_mask stage masks rows before the "
+                         f"update and passes only {', '.join(ROW_MASK_INPUTS)}; call it in a custom loss instead")
+
+
 def _check_kernels(cfg: Config) -> None:
     """The kernels the method names are registered, and their keyword arguments are theirs."""
     from jaxgrpo import kernels
@@ -474,6 +490,7 @@ def _check_kernels(cfg: Config) -> None:
     stages.check_config(cfg)  # every stage: a kernel of its kind, keyword arguments that are its hyper-parameters
     if cfg.loss_mask is not None:
         _registered("mask", cfg.loss_mask, "loss_mask")
+        _check_row_mask(kernels.get("mask", cfg.loss_mask), cfg.loss_mask)
     if cfg.aggregation not in kernels.AGGREGATION_MODES:
         raise ValueError(f"aggregation={cfg.aggregation!r} is not an aggregation mode; valid modes: "
                          f"{', '.join(kernels.AGGREGATION_MODES)}")

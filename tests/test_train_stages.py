@@ -41,6 +41,8 @@ def test_the_fields_a_kernel_reads_come_from_its_signature():
     (["advantage=stratified_grpo"], "advantage 'stratified_grpo' needs num_strata; set advantage_kwargs={'num_strata': ...}"),
     (["reward_shaping=pref_grpo_win_rate"], "reward_shaping 'pref_grpo_win_rate' needs wins (pairwise preference "
                                             "outcomes), which only a pairwise preference judge"),
+    (["loss_mask=high_entropy_token_mask"], "loss_mask='high_entropy_token_mask' reads entropy, mask, but the "
+                                            "loss_mask stage masks rows before the update"),
     (["token_credit=tw_grpo_weights"], "token_credit 'tw_grpo_weights' needs token_logprobs (log-probs over the whole "
                                        "vocabulary)"),
 ])
@@ -80,6 +82,15 @@ RUNS = {
         "loss=hapo_clip", "token_credit=importance_correction", "row_weights=dgpo_question_weights"],
     "reward shaping, token advantage": ["reward_shaping=experimental/conciser_length_reward",
                                        "advantage=discounted_returns"],
+    # The kernels that complete the peers' registries (jaxgrpo.kernels.peers), a few per run.
+    "peers: opo, clip_cov, abs+, token_sum": ["advantage=opo", "loss=clip_cov", "kl_coef=0.01", "kl_kind=abs+",
+                                              "aggregation=token_sum"],
+    "peers: gpg, gmpo, abs": ["advantage=gpg", "loss=gmpo", "kl_coef=0.01", "kl_kind=abs"],
+    "peers: pass_at_k, kl_cov": ["advantage=pass_at_k", "loss=kl_cov"],
+    "peers: grpo_batch_std, dppo_tv": ["advantage=grpo_batch_std", "loss=dppo_tv"],
+    "peers: dppo_kl": ["loss=dppo_kl"],
+    "peers: dro": ["loss=dro"],
+    "peers: vespo": ["loss=vespo"],
 }
 
 
