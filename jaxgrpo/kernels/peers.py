@@ -118,7 +118,7 @@ _VERL = (
             note="Token rewards on right-padded masks (verl restarts the return at a masked token; jaxgrpo skips it)."),
     PeerRow("adv_estimator", "reinforce_plus_plus_baseline", "advantage", "dr_grpo",
             note="verl then whitens over the batch's tokens: masked_whiten(A[:, None] * mask, mask), each row counted "
-                 "once per token (reinforce_pp_baseline whitens over rows, which differs). "
+                 "once per token; reinforce_pp_baseline with whiten='tokens' (its default) and lengths does both steps. "
                  + _ONE_ROLLOUT.format(peer="verl", value="r before whitening")),
     PeerRow("adv_estimator", "remax", "advantage", "remax"),
     PeerRow("adv_estimator", "opo", "advantage", "opo"),
