@@ -1,9 +1,10 @@
 """Evaluating a checkpoint or a base model on a task split: greedy accuracy and pass@k with 95% intervals,
 and every completion written to a JSONL file (`jaxgrpo-eval`).
 
-The figures are computed as the trainer's own evaluation computes them (`Trainer.evaluate`): the same
-prompts, the same sampling settings and the same random key for a given step, so evaluating a run's
-final checkpoint on its evaluation split reproduces the last line of its eval.jsonl. On top of that:
+The completions are drawn and scored as the trainer's own evaluation draws them (both call
+`jaxgrpo.train.evaluation.question_flags`): the same prompts, the same sampling settings and the same
+random key for a given step, so evaluating a run's final checkpoint on its evaluation split reproduces
+the last line of its eval.jsonl. On top of that:
 
 * greedy accuracy gets a Wilson interval over questions (`intervals.wilson_interval`);
 * with the math tasks' format reward, the share of greedy answers that are well-formed ("The answer
@@ -42,30 +43,21 @@ class EvalResult:
         return out
 
 
-def _texts(tokenizer, out) -> list[str]:
-    tokens, mask = np.asarray(out.completion_tokens), np.asarray(out.completion_mask)
-    lengths = mask.sum(-1).astype(int)
-    return tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
-
-
 def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, step: int = 0) -> EvalResult:
     """Greedy accuracy and pass@k (k in `ks`) of `trainer`'s policy on `examples`.
 
     The random key is the trainer's evaluation key of `step` (`fold_in(key(seed + 1), step)`), so the
     samples are those `Trainer.evaluate(step)` draws when max(ks) equals its `eval_pass_k`.
     """
-    import jax
-
     from jaxgrpo.evaluate import pass_at_k
-    from jaxgrpo.train.evaluation import correct_flags
+    from jaxgrpo.train.evaluation import question_flags
 
     examples = list(examples)
     if not examples:
         raise ValueError("no examples to evaluate; choose a split with examples and --num >= 1")
-    key = jax.random.fold_in(jax.random.key(trainer.cfg.seed + 1), step)
-    greedy = _texts(trainer.tokenizer, trainer.generate(examples, 1, key, greedy=True))
-    greedy_correct = correct_flags(trainer.cfg, trainer.tokenizer, trainer.reward_fns, greedy, examples)
     n = max(ks)
+    flags = question_flags(trainer.cfg, trainer.generate, trainer.tokenizer, trainer.reward_fns, examples, step, n)
+    greedy, greedy_correct, samples, sample_correct = flags
     metrics = {"greedy_accuracy": intervals.wilson_interval(int(greedy_correct.sum()), len(examples))}
     well_formed = None
     if any(fn is rewards.format_reward for fn, _ in trainer.reward_fns):
@@ -75,10 +67,6 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
         metrics["greedy_well_formed"] = intervals.wilson_interval(int(well_formed.sum()), len(examples))
         format_only = well_formed & (greedy_correct == 0)
         metrics["greedy_format_only"] = intervals.wilson_interval(int(format_only.sum()), len(examples))
-    texts = _texts(trainer.tokenizer, trainer.generate(examples, n, key))
-    rows = [e for e in examples for _ in range(n)]
-    sample_correct = correct_flags(trainer.cfg, trainer.tokenizer, trainer.reward_fns, texts, rows).reshape(len(examples), n)
-    samples = [texts[i * n:(i + 1) * n] for i in range(len(examples))]
     counts = sample_correct.sum(-1).astype(int)
     for k in sorted(set(ks)):
         per_question = pass_at_k(np.full(len(examples), n), counts, k)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -31,6 +31,35 @@ def correct_flags(cfg: Config, tokenizer, reward_fns: list, texts: list[str], ex
     return gather_rows(correct) if shared else correct
 
 
+class QuestionFlags(NamedTuple):
+    """Each held-out question's greedy completion and sampled completions, and whether each is correct."""
+
+    greedy: list[str]  # [Q] the greedy completion of each question
+    greedy_correct: np.ndarray  # f32[Q]
+    samples: list[list[str]]  # [Q][n] the sampled completions of each question
+    samples_correct: np.ndarray  # f32[Q, n]
+
+
+def question_flags(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examples: list[dict], step: int,
+                   num_samples: int) -> QuestionFlags:
+    """One greedy and `num_samples` sampled completions (none when 0) of each question, scored for correctness.
+
+    `generate(examples, num_samples, key, greedy=...)` samples a `sampler.Generation`. The random key is
+    `fold_in(key(seed + 1), step)`, so the training run's evaluation at `step` and a later evaluation of
+    its checkpoint (`jaxgrpo.policy_eval`) draw the same samples.
+    """
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
+    greedy = decode(tokenizer, generate(examples, 1, key, greedy=True))
+    greedy_correct = correct_flags(cfg, tokenizer, reward_fns, greedy, examples)
+    texts, correct = [], np.zeros((len(examples), 0), np.float32)
+    if num_samples:
+        texts = decode(tokenizer, generate(examples, num_samples, key))
+        rows = [e for e in examples for _ in range(num_samples)]
+        correct = correct_flags(cfg, tokenizer, reward_fns, texts, rows).reshape(len(examples), num_samples)
+    samples = [texts[i * num_samples:(i + 1) * num_samples] for i in range(len(examples))]
+    return QuestionFlags(greedy, greedy_correct, samples, correct)
+
+
 def evaluate(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examples: list[dict], step: int) -> dict:
     """Greedy accuracy, and pass@1 / pass@k of `cfg.eval_pass_k` samples, on the held-out `examples`.
 
@@ -38,16 +67,11 @@ def evaluate(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examp
     """
     if not examples:
         return {}
-    examples = list(examples)
-    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
-    greedy_texts = decode(tokenizer, generate(examples, 1, key, greedy=True))
-    metrics = {"greedy_accuracy": float(correct_flags(cfg, tokenizer, reward_fns, greedy_texts, examples).mean())}
     k = cfg.eval_pass_k
+    flags = question_flags(cfg, generate, tokenizer, reward_fns, list(examples), step, k if k > 1 else 0)
+    metrics = {"greedy_accuracy": float(flags.greedy_correct.mean())}
     if k > 1:
-        texts = decode(tokenizer, generate(examples, k, key))
-        rows = [e for e in examples for _ in range(k)]
-        correct = correct_flags(cfg, tokenizer, reward_fns, texts, rows).reshape(len(examples), k)
-        num_correct = correct.sum(-1).astype(int)
+        num_correct = flags.samples_correct.sum(-1).astype(int)
         samples = np.full(len(examples), k)
         metrics["pass@1"] = float(np.mean(pass_at_k(samples, num_correct, 1)))
         metrics[f"pass@{k}"] = float(np.mean(pass_at_k(samples, num_correct, k)))

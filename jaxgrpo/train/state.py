@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 
 from jaxgrpo.config import DTYPES, Config, OptimizerConfig
-from jaxgrpo.optimizer_state import stored_as
+from jaxgrpo.train.optimizer_state import stored_as
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
