@@ -1,0 +1,328 @@
+"""Decode attention over the live KV-cache slots as a Pallas TPU kernel.
+
+A decode step's attention is memory-bound: each (row, kv head) reads its cached keys and values once
+and multiplies them by a handful of queries (G query heads x T new tokens). The XLA form reads the
+whole capacity under a mask (a TPU program reads the cache in one masked block, see the decoder's
+`_attend_with_cache`), so a step costs the capacity and not the live length. This kernel reads only
+the blocks that hold live keys:
+
+* the grid is (cache rows, kv heads, cache blocks); the layer, the live length, the query slot and
+  each row's first valid slot are scalar-prefetched, so the BlockSpecs index layer `layer` of the
+  whole cache [L, R, kv, C, D] in place (no per-layer copy) and the block range is known before
+  any copy is issued;
+* a block outside a row's live range [first valid slot, cache_index) (left padding below it,
+  stale slots above it, and, with a sliding window, slots older than the window) maps to the
+  nearest live block's index. The pipeline skips a copy whose block index did not change, so dead
+  blocks cost neither a DMA nor compute (`pl.when` skips their body);
+* the online-softmax state (running max, normalizer, unnormalized output) accumulates in the
+  output blocks, which stay in VMEM across a (row, head)'s blocks.
+
+The result is the online-softmax state ("Online normalizer calculation for softmax", Milakov &
+Gimelshein 2018; as in "FlashAttention", Dao et al. 2022) that the decoder merges with the new
+tokens' block and the shared prefix's block. The same kernel reads a shared prefix: with a cache
+of R rows and queries of B = R x share rows, row b reads cache row b // share, and a cache row's
+share x G x T queries are stacked into one product per block, so each prefix row is read once per
+step for all its rows (the sampler's prompt cache, read by the G samples of its prompt).
+
+`xla_cache_attention_state` is the same state in plain `jax.numpy` (the decoder's math over the
+whole capacity, masked): the oracle the kernel is tested against, in interpret mode on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec
+
+# The score given to masked keys before the running max is taken: finite, so a row with no live key
+# keeps a finite max and its state (max, 0, 0) leaves a merge unchanged. The decoder uses the same value.
+MASKED_SCORE = -1e30
+
+# Slots a grid step reads per (row, kv head) when the caller does not choose: 512 bfloat16 slots of a
+# 128-wide head are 128 KiB for keys and values each, double-buffered well within v5e's 16 MiB of
+# scoped VMEM, and long enough that the per-step overhead (~0.35 us) stays small next to the copy.
+DEFAULT_BLOCK_SIZE = 512
+
+
+def _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, block_size):
+    """One-line errors for shapes that do not fit together, before anything is traced into a kernel."""
+    if q.ndim != 5:
+        raise ValueError(f"q must be [batch, new tokens, kv heads, groups, head_dim], got shape {q.shape}")
+    if cache_k.ndim != 5 or cache_k.shape != cache_v.shape:
+        raise ValueError("cache_k and cache_v must both be [layers, rows, kv heads, capacity, head_dim], "
+                         f"got {cache_k.shape} and {cache_v.shape}")
+    if cache_k.dtype != cache_v.dtype:
+        raise ValueError(f"cache_k and cache_v must share a dtype, got {cache_k.dtype} and {cache_v.dtype}")
+    batch, _, kv_heads, _, head_dim = q.shape
+    _, rows, cache_heads, capacity, cache_head_dim = cache_k.shape
+    if (kv_heads, head_dim) != (cache_heads, cache_head_dim):
+        raise ValueError(f"q has {kv_heads} kv heads of size {head_dim} but the cache has {cache_heads} of size "
+                         f"{cache_head_dim}")
+    if batch % rows:
+        raise ValueError(f"the cache's {rows} rows must divide q's {batch} rows (consecutive rows share a cache row)")
+    if valid_start is not None and np.shape(valid_start) != (rows,):
+        raise ValueError(f"valid_start must be [cache rows] = ({rows},), got shape {np.shape(valid_start)}")
+    if key_mask is not None and np.shape(key_mask) != (rows, capacity):
+        raise ValueError(f"key_mask must be [cache rows, capacity] = {(rows, capacity)}, got shape {np.shape(key_mask)}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be a positive number of slots or None, got {window}")
+    if block_size is not None and (block_size < 1 or capacity % block_size):
+        raise ValueError(f"block_size {block_size} must divide the cache capacity {capacity}; "
+                         f"pass a divisor (e.g. {default_block_size(capacity)}) or None")
+
+
+def default_block_size(capacity: int, largest: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The block of slots a grid step reads: the whole capacity if it is at most `largest`, else the
+    largest divisor of it up to `largest` that is a multiple of 128 (one lane tile of scores), else of 16
+    (one bfloat16 sublane tile), else the capacity itself.
+
+    A divisor, so no block reaches past the capacity (a partial block would multiply unwritten VMEM,
+    possibly NaN, by zero weights).
+    """
+    if capacity <= largest:
+        return capacity
+    for multiple in (128, 16):
+        for size in range(largest - largest % multiple, 0, -multiple):
+            if capacity % size == 0:
+                return size
+    return capacity
+
+
+def _live_range(start, cache_index, query_slot, window, capacity):
+    """[low, high): the slots of a cache row any of its queries may read (traced int32 scalars)."""
+    low = jnp.maximum(start, 0)
+    if window is not None:  # query t reads slots > query_slot + t - window; t = 0 reaches back furthest
+        low = jnp.maximum(low, query_slot - window + 1)
+    return low, jnp.minimum(cache_index, capacity)
+
+
+def live_block_index(i, low, high, block_size):
+    """The cache block grid step `i` reads, and whether it holds live slots.
+
+    Live blocks are those meeting [low, high). A dead step returns the nearest live block's index
+    (the first for steps below it, the last for steps above), which is the index the step before
+    or after it used: the pipeline then issues no copy for it. A row with no live slot reads block
+    `low // block_size` clamped to the capacity once, and computes nothing.
+    """
+    first = low // block_size
+    last = jnp.maximum((high + block_size - 1) // block_size - 1, 0)
+    first = jnp.minimum(first, last)
+    live = (low < high) & (i * block_size < high) & ((i + 1) * block_size > low)
+    return jnp.clip(i, first, last), live
+
+
+def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, k_ref, v_ref, *rest, scale, block_size,
+            capacity, length, window, has_key_mask):
+    """One grid step (cache row r, kv head h, block i): fold block i's keys into the state of the row's
+    stacked queries [Q, D], Q = share x G x T with the new-token index t fastest."""
+    del layer_ref  # read by the index maps only
+    mask_ref, top_ref, total_ref, out_ref = rest if has_key_mask else (None, *rest)
+    r, i = pl.program_id(0), pl.program_id(2)
+    cache_index, query_slot = cache_index_ref[0], query_slot_ref[0]
+    low, high = _live_range(start_ref[r], cache_index, query_slot, window, capacity)
+    _, live = live_block_index(i, low, high, block_size)
+
+    @pl.when(i == 0)
+    def _init():
+        top_ref[...] = jnp.full(top_ref.shape, MASKED_SCORE, jnp.float32)
+        total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
+        out_ref[...] = jnp.zeros(out_ref.shape, jnp.float32)
+
+    @pl.when(live)
+    def _fold_block():
+        keys, values = k_ref[...], v_ref[...]  # [block, D]
+        queries = q_ref[...]  # [Q, D]
+        scores = jax.lax.dot_general(queries, keys, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.float32) * scale  # [Q, block]
+        slots = i * block_size + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
+        allowed = (slots >= low) & (slots < high)
+        if window is not None:
+            new_token = jax.lax.broadcasted_iota(jnp.int32, scores.shape, 0) % length
+            allowed &= query_slot + new_token - slots < window
+        if has_key_mask:
+            allowed &= mask_ref[...] != 0  # [1, block]
+        scores = jnp.where(allowed, scores, MASKED_SCORE)
+        previous = top_ref[...]  # [Q, 1]
+        top = jnp.maximum(previous, scores.max(axis=-1, keepdims=True))
+        weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
+        rescale = jnp.exp(previous - top)
+        top_ref[...] = top
+        total_ref[...] = rescale * total_ref[...] + weights.sum(axis=-1, keepdims=True)
+        out_ref[...] = rescale * out_ref[...] + jnp.dot(weights.astype(values.dtype), values,
+                                                        preferred_element_type=jnp.float32)
+
+
+def _stack_queries(q, rows):
+    """q [B, T, kv, G, D] -> [R, kv, share * G * T, D]: a cache row's queries, t fastest (the decoder's order)."""
+    batch, length, kv_heads, groups, head_dim = q.shape
+    share = batch // rows
+    q = q.reshape(rows, share, length, kv_heads, groups, head_dim)
+    return jnp.transpose(q, (0, 3, 1, 4, 2, 5)).reshape(rows, kv_heads, share * groups * length, head_dim)
+
+
+def _unstack_state(x, batch, length, groups):
+    """[R, kv, share * G * T, ...] -> [B, kv, G, T, ...], the inverse of `_stack_queries`' row order."""
+    rows, kv_heads = x.shape[:2]
+    share = batch // rows
+    x = x.reshape(rows, kv_heads, share, groups, length, *x.shape[3:])
+    return jnp.swapaxes(x, 1, 2).reshape(batch, kv_heads, groups, length, *x.shape[5:])
+
+
+def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask, *, scale, window,
+                  block_size, interpret):
+    """The kernel on one shard: arguments as `cache_attention_state`'s, every array already this shard's."""
+    batch, length, kv_heads, groups, head_dim = q.shape
+    _, rows, _, capacity, _ = cache_k.shape
+    queries = _stack_queries(q.astype(cache_k.dtype), rows)
+    stacked = queries.shape[2]
+    blocks = capacity // block_size
+    window_arg = window
+
+    def cache_block(r, h, i, layer_ref, cache_index_ref, query_slot_ref, start_ref):
+        low, high = _live_range(start_ref[r], cache_index_ref[0], query_slot_ref[0], window_arg, capacity)
+        index, _ = live_block_index(i, low, high, block_size)
+        return layer_ref[0], r, h, index, 0
+
+    def mask_block(r, h, i, *scalars):
+        return r, 0, cache_block(r, h, i, *scalars)[3]
+
+    def row_head(r, h, i, *_):
+        return r, h, 0, 0
+
+    squeezed = pl.Squeezed()
+    in_specs = [pl.BlockSpec((squeezed, squeezed, stacked, head_dim), row_head),
+                pl.BlockSpec((squeezed, squeezed, squeezed, block_size, head_dim), cache_block),
+                pl.BlockSpec((squeezed, squeezed, squeezed, block_size, head_dim), cache_block)]
+    operands = [queries, cache_k, cache_v]
+    if key_mask is not None:
+        in_specs.append(pl.BlockSpec((squeezed, 1, block_size), mask_block))
+        operands.append(key_mask.astype(jnp.int32).reshape(rows, 1, capacity))
+    state_spec = pl.BlockSpec((squeezed, squeezed, stacked, 1), row_head)
+    out_spec = pl.BlockSpec((squeezed, squeezed, stacked, head_dim), row_head)
+    state_shape = jax.ShapeDtypeStruct((rows, kv_heads, stacked, 1), jnp.float32)
+    kernel = functools.partial(_kernel, scale=float(scale), block_size=block_size, capacity=capacity, length=length,
+                               window=window, has_key_mask=key_mask is not None)
+    scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
+    start = jnp.zeros((rows,), jnp.int32) if valid_start is None else jnp.asarray(valid_start, jnp.int32)
+    top, total, out = pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=4, grid=(rows, kv_heads, blocks), in_specs=in_specs,
+            out_specs=[state_spec, state_spec, out_spec]),
+        out_shape=[state_shape, state_shape, jax.ShapeDtypeStruct((rows, kv_heads, stacked, head_dim), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=interpret,
+        name="cache_attention_state",
+    )(scalar(layer), scalar(cache_index), scalar(query_slot), start, *operands)
+    return (_unstack_state(top[..., 0], batch, length, groups), _unstack_state(total[..., 0], batch, length, groups),
+            _unstack_state(out, batch, length, groups))
+
+
+def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float, *, valid_start=None, key_mask=None,
+                          window: int | None = None, query_slot=None, block_size: int | None = None, mesh=None,
+                          interpret=False):
+    """Online-softmax state of the queries over layer `layer`'s live cache slots, read by a Pallas TPU kernel.
+
+    Query t of row b reads slot s of cache row r = b // (B // R) iff
+    `valid_start[r] <= s < cache_index`, `key_mask[r, s]`, and `query_slot + t - s < window`:
+
+        top[b, h, g, t]   = max_s score,   score = scale * q[b, t, h, g] . k[layer, r, h, s]
+        total[b, h, g, t] = sum_s exp(score - top)
+        out[b, h, g, t]   = sum_s exp(score - top) * v[layer, r, h, s]
+
+    the state the decoder merges with its other blocks (`_merge_blocks`); a query with no readable slot
+    gets (MASKED_SCORE, 0, 0), which leaves a merge unchanged. Products run in the cache's dtype with
+    float32 accumulation; the weights are cast to it before multiplying the values (as the decoder does).
+
+    Args:
+      q: [B, T, kv, G, D] the new tokens' queries (RoPE applied).
+      cache_k, cache_v: the whole caches [L, R, kv, C, D] as the decoder holds them, R dividing B: read in
+        place, only layer `layer`'s live blocks.
+      layer: int32 scalar, may be traced (the layer scan's index).
+      cache_index: int32 scalar, may be traced: slots [0, cache_index) hold keys (the decoder's
+        `cache_index`; a shared prefix passes its length P).
+      scale: the score scale (1/sqrt(D) or the config's).
+      valid_start: int32 [R] or None: each cache row's first valid slot (left padding below it).
+      key_mask: bool [R, C] or None: further slots to drop (the decoder's `kv_mask`; one int32 per slot is
+        read alongside the keys, 1/(2 kv D) of the cache's bytes for a bfloat16 cache).
+      window: a sliding window in slots (Gemma 3's local layers), static, or None.
+      query_slot: int32 scalar, the slot of new token 0 (cache_index by default; a shared prefix read before
+        a row cache passes P + cache_index). Only the window reads it: every cached slot precedes the queries.
+      block_size: slots per grid step, a divisor of C (`default_block_size(C)` by default).
+      mesh: a mesh to split rows over (axes "data" and "fsdp", those present) and kv heads over ("model",
+        where it divides them), each shard running the kernel on its own rows; None runs it whole.
+      interpret: run the kernel in Pallas' interpreter (True or `pltpu.InterpretParams()`), for CPU tests.
+
+    Returns:
+      (top, total) float32 [B, kv, G, T] and out float32 [B, kv, G, T, D].
+    """
+    _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, block_size)
+    block_size = block_size or default_block_size(cache_k.shape[3])
+    query_slot = cache_index if query_slot is None else query_slot
+    kernel = functools.partial(_pallas_state, scale=scale, window=window, block_size=block_size, interpret=interpret)
+    if mesh is None or mesh.size == 1:
+        return kernel(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask)
+    row_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or None
+    row_shards = math.prod(mesh.shape[a] for a in row_axes or ())
+    head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
+    if cache_k.shape[1] % row_shards:
+        raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {row_shards} row shards "
+                         f"({row_axes}); pass a cache whose rows they divide, or mesh=None")
+    valid_start = jnp.zeros((cache_k.shape[1],), jnp.int32) if valid_start is None else valid_start
+    rows_spec, cache_spec = PartitionSpec(row_axes), PartitionSpec(None, row_axes, head_axis)
+    q_spec = PartitionSpec(row_axes, None, head_axis)
+    state_spec = PartitionSpec(row_axes, head_axis)
+    scalar_spec = PartitionSpec()
+    specs = (q_spec, cache_spec, cache_spec, scalar_spec, scalar_spec, scalar_spec, rows_spec)
+    operands = [q, cache_k, cache_v, jnp.asarray(layer, jnp.int32), jnp.asarray(cache_index, jnp.int32),
+                jnp.asarray(query_slot, jnp.int32), valid_start]
+    if key_mask is not None:
+        specs += (rows_spec,)
+        operands.append(key_mask)
+
+    def shard(*args):
+        return kernel(*args) if key_mask is not None else kernel(*args, None)
+
+    return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(state_spec, state_spec, state_spec),
+                         check_vma=False)(*operands)
+
+
+def xla_cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float, *, valid_start=None,
+                              key_mask=None, window: int | None = None, query_slot=None):
+    """`cache_attention_state` in plain `jax.numpy`: the reference and test oracle.
+
+    The decoder's math for its cached block (`_attend_with_cache`, a TPU program's one masked block over
+    the whole capacity): one [share * G * T, D] x [D, C] product per (cache row, kv head), scores masked
+    to MASKED_SCORE, then the weights exp(score - max) zeroed where masked, so a query with no readable
+    slot gets (MASKED_SCORE, 0, 0) as the kernel gives (the decoder's own form counts such slots with
+    weight 1 at a max of -1e30, which any other block's max then scales to 0: the merged result is the same).
+    """
+    _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, None)
+    batch, length, kv_heads, groups, head_dim = q.shape
+    _, rows, _, capacity, _ = cache_k.shape
+    query_slot = cache_index if query_slot is None else query_slot
+    keys = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)  # [R, kv, C, D]
+    values = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
+    queries = _stack_queries(q.astype(cache_k.dtype), rows)  # [R, kv, Q, D]
+    scores = jnp.einsum("rkqd,rksd->rkqs", queries, keys, preferred_element_type=jnp.float32) * scale
+    slots = jnp.arange(capacity)
+    start = jnp.zeros((rows,), jnp.int32) if valid_start is None else jnp.asarray(valid_start, jnp.int32)
+    allowed = (slots[None] >= start[:, None]) & (slots[None] < cache_index)  # [R, C]
+    if key_mask is not None:
+        allowed &= key_mask.astype(bool)
+    allowed = jnp.broadcast_to(allowed[:, None, None, :], scores.shape)
+    if window is not None:
+        new_token = jnp.arange(scores.shape[2]) % length
+        allowed &= (query_slot + new_token[:, None] - slots[None] < window)[None, None]
+    scores = jnp.where(allowed, scores, MASKED_SCORE)
+    top = scores.max(axis=-1)
+    weights = jnp.where(allowed, jnp.exp(scores - top[..., None]), 0.0)
+    out = jnp.einsum("rkqs,rksd->rkqd", weights.astype(values.dtype), values, preferred_element_type=jnp.float32)
+    return (_unstack_state(top, batch, length, groups), _unstack_state(weights.sum(axis=-1), batch, length, groups),
+            _unstack_state(out, batch, length, groups))
