@@ -138,7 +138,10 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, k_ref,
     def _fold_block():
         keys, values = k_ref[...], v_ref[...]  # [block, D]
         queries = q_ref[...]  # [Q, D]
-        scores = jax.lax.dot_general(queries, keys, (((1,), (1,)), ((), ())),
+        # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only at
+        # the default precision, and a float32 cache is multiplied in full float32.
+        precision = jax.lax.Precision.HIGHEST if keys.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+        scores = jax.lax.dot_general(queries, keys, (((1,), (1,)), ((), ())), precision=precision,
                                      preferred_element_type=jnp.float32) * scale  # [Q, block]
         slots = i * block_size + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
         allowed = (slots >= low) & (slots < high)
@@ -154,7 +157,7 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, k_ref,
         rescale = jnp.exp(previous - top)
         top_ref[...] = top
         total_ref[...] = rescale * total_ref[...] + weights.sum(axis=-1, keepdims=True)
-        out_ref[...] = rescale * out_ref[...] + jnp.dot(weights.astype(values.dtype), values,
+        out_ref[...] = rescale * out_ref[...] + jnp.dot(weights.astype(values.dtype), values, precision=precision,
                                                         preferred_element_type=jnp.float32)
 
 
