@@ -1,21 +1,27 @@
 """Decode attention over the live KV-cache slots as a Pallas TPU kernel.
 
-A decode step's attention is memory-bound: each (row, kv head) reads its cached keys and values once
-and multiplies them by a handful of queries (G query heads x T new tokens). The XLA form reads the
-whole capacity under a mask (a TPU program reads the cache in one masked block, see the decoder's
-`_attend_with_cache`), so a step costs the capacity and not the live length. This kernel reads only
+A decode step's attention is memory-bound: each row reads its cached keys and values once and multiplies
+them by a handful of queries (G query heads x T new tokens per kv head). The XLA form reads the whole
+capacity under a mask (a TPU program reads the cache in one masked block, see the decoder's
+`_attend_with_cache`), so a step costs the capacity and not the live length. This kernel copies only
 the blocks that hold live keys:
 
-* the grid is (cache rows, kv heads, cache blocks); the layer, the live length, the query slot and
-  each row's first valid slot are scalar-prefetched, so the BlockSpecs index layer `layer` of the
-  whole cache [L, R, kv, C, D] in place (no per-layer copy) and the block range is known before
-  any copy is issued;
-* a block outside a row's live range [first valid slot, cache_index) (left padding below it,
-  stale slots above it, and, with a sliding window, slots older than the window) maps to the
-  nearest live block's index. The pipeline skips a copy whose block index did not change, so dead
-  blocks cost neither a DMA nor compute (`pl.when` skips their body);
-* the online-softmax state (running max, normalizer, unnormalized output) accumulates in the
-  output blocks, which stay in VMEM across a (row, head)'s blocks.
+* the grid runs over cache rows; the layer, the live length, the query slot and each row's first valid
+  slot are scalar-prefetched, so the kernel knows a row's live blocks before it copies anything;
+* the caches stay in HBM in their [L, R, kv, C, D] layout (no per-layer copy): a row's live blocks are
+  copied, all kv heads of a block at once, with double-buffered DMAs in a loop over exactly those
+  blocks (left padding below the row's first valid slot, stale slots above `cache_index` and, with a
+  sliding window, slots older than the window are never copied); the next row's first block is copied
+  while the current row's last one is multiplied;
+* the online-softmax state (running max, normalizer, unnormalized output) accumulates in the output
+  blocks, in VMEM.
+
+A loop inside one grid step, rather than a grid axis over blocks, because a grid step costs ~0.35 us
+whether it copies anything or not: over a 4096-slot cache's dead blocks that would add a millisecond to
+every step of a batch-128 decode (`benchmarks/decode_roofline.py`). paged_attention
+(`jax.experimental.pallas.ops.tpu`) runs its blocks the same way; it is not used here because it wants
+a paged cache [kv, pages, page, D] and one length per row, and the decoder's cache is contiguous,
+per layer, with left padding and windows.
 
 The result is the online-softmax state ("Online normalizer calculation for softmax", Milakov &
 Gimelshein 2018; as in "FlashAttention", Dao et al. 2022) that the decoder merges with the new
@@ -44,10 +50,10 @@ from jax.sharding import PartitionSpec
 # keeps a finite max and its state (max, 0, 0) leaves a merge unchanged. The decoder uses the same value.
 MASKED_SCORE = -1e30
 
-# Slots a grid step reads per (row, kv head) when the caller does not choose: 512 bfloat16 slots of a
-# 128-wide head are 128 KiB for keys and values each, double-buffered well within v5e's 16 MiB of
-# scoped VMEM, and long enough that the per-step overhead (~0.35 us) stays small next to the copy.
-DEFAULT_BLOCK_SIZE = 512
+# Slots copied per DMA when the caller does not choose: 256 bfloat16 slots of 8 kv heads of 128 are
+# 512 KiB of keys and as much of values, ~1.3 us at v5e's 819 GB/s, long enough to hide a loop
+# iteration's overhead; double-buffered, 2 MiB of VMEM. Smaller blocks waste less past the live length.
+DEFAULT_BLOCK_SIZE = 256
 
 
 def _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, block_size):
@@ -78,12 +84,11 @@ def _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, block_size
 
 
 def default_block_size(capacity: int, largest: int = DEFAULT_BLOCK_SIZE) -> int:
-    """The block of slots a grid step reads: the whole capacity if it is at most `largest`, else the
-    largest divisor of it up to `largest` that is a multiple of 128 (one lane tile of scores), else of 16
-    (one bfloat16 sublane tile), else the capacity itself.
+    """The slots copied per DMA: the whole capacity if it is at most `largest`, else the largest divisor of
+    it up to `largest` that is a multiple of 128 (one lane tile of scores), else of 16 (one bfloat16
+    sublane tile), else the capacity itself.
 
-    A divisor, so no block reaches past the capacity (a partial block would multiply unwritten VMEM,
-    possibly NaN, by zero weights).
+    A divisor, so no block reaches past the capacity.
     """
     if capacity <= largest:
         return capacity
@@ -102,63 +107,101 @@ def _live_range(start, cache_index, query_slot, window, capacity):
     return low, jnp.minimum(cache_index, capacity)
 
 
-def live_block_index(i, low, high, block_size):
-    """The cache block grid step `i` reads, and whether it holds live slots.
-
-    Live blocks are those meeting [low, high). A dead step returns the nearest live block's index
-    (the first for steps below it, the last for steps above), which is the index the step before
-    or after it used: the pipeline then issues no copy for it. A row with no live slot reads block
-    `low // block_size` clamped to the capacity once, and computes nothing.
-    """
+def live_blocks(low, high, block_size):
+    """(first block, number of blocks): the blocks of `block_size` slots that meet the live slots
+    [low, high), the only ones the kernel copies; none when the range is empty. Python ints or traced."""
     first = low // block_size
-    last = jnp.maximum((high + block_size - 1) // block_size - 1, 0)
-    first = jnp.minimum(first, last)
-    live = (low < high) & (i * block_size < high) & ((i + 1) * block_size > low)
-    return jnp.clip(i, first, last), live
+    return first, ((high + block_size - 1) // block_size - first) * (low < high)
 
 
-def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, k_ref, v_ref, *rest, scale, block_size,
-            capacity, length, window, has_key_mask):
-    """One grid step (cache row r, kv head h, block i): fold block i's keys into the state of the row's
-    stacked queries [Q, D], Q = share x G x T with the new-token index t fastest."""
-    del layer_ref  # read by the index maps only
-    mask_ref, top_ref, total_ref, out_ref = rest if has_key_mask else (None, *rest)
-    r, i = pl.program_id(0), pl.program_id(2)
-    cache_index, query_slot = cache_index_ref[0], query_slot_ref[0]
-    low, high = _live_range(start_ref[r], cache_index, query_slot, window, capacity)
-    _, live = live_block_index(i, low, high, block_size)
+def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs, scale, block_size, capacity, length,
+            window, has_key_mask):
+    """Grid step r: fold cache row r's live blocks into the state of its stacked queries [kv, Q, D],
+    Q = share x G x T with the new-token index t fastest. Steps run in order (the next row's first block
+    is copied during this one's last)."""
+    if has_key_mask:
+        mask_ref, cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
+    else:
+        mask_ref = None
+        cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
+    r, rows = pl.program_id(0), pl.num_programs(0)
+    layer, cache_index, query_slot = layer_ref[0], cache_index_ref[0], query_slot_ref[0]
+    kv_heads = q_ref.shape[0]
 
-    @pl.when(i == 0)
-    def _init():
-        top_ref[...] = jnp.full(top_ref.shape, MASKED_SCORE, jnp.float32)
-        total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
-        out_ref[...] = jnp.zeros(out_ref.shape, jnp.float32)
+    def row_blocks(row):
+        low, high = _live_range(start_ref[row], cache_index, query_slot, window, capacity)
+        return (low, high, *live_blocks(low, high, block_size))
 
-    @pl.when(live)
-    def _fold_block():
-        keys, values = k_ref[...], v_ref[...]  # [block, D]
-        queries = q_ref[...]  # [Q, D]
-        # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only at
-        # the default precision, and a float32 cache is multiplied in full float32.
-        precision = jax.lax.Precision.HIGHEST if keys.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-        scores = jax.lax.dot_general(queries, keys, (((1,), (1,)), ((), ())), precision=precision,
-                                     preferred_element_type=jnp.float32) * scale  # [Q, block]
-        slots = i * block_size + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
+    def copies(row, block, slot):  # every kv head's slots of one block, keys and values
+        slots = pl.ds(pl.multiple_of(block * block_size, block_size), block_size)
+        return (pltpu.make_async_copy(cache_k.at[layer, row, :, slots, :], k_buffer.at[slot], semaphores.at[0, slot]),
+                pltpu.make_async_copy(cache_v.at[layer, row, :, slots, :], v_buffer.at[slot], semaphores.at[1, slot]))
+
+    low, high, first, count = row_blocks(r)
+    top_ref[...] = jnp.full(top_ref.shape, MASKED_SCORE, jnp.float32)
+    total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
+    out_ref[...] = jnp.zeros(out_ref.shape, jnp.float32)
+
+    @pl.when(r == 0)
+    def _first_row():
+        copy_state[0], copy_state[1] = 0, 0
+
+    # copy_state: [the buffer this row's first block goes to, whether the row before already started its copy]
+    slot0, started = copy_state[0], copy_state[1]
+    copy_state[1] = 0
+
+    @pl.when((count > 0) & (started == 0))
+    def _copy_first_block():
+        for copy in copies(r, first, slot0):
+            copy.start()
+
+    def fold_block(j, carry):
+        slot = (slot0 + j) % 2
+        block = first + j
+
+        @pl.when(j + 1 < count)
+        def _prefetch_this_rows_next_block():
+            for copy in copies(r, block + 1, 1 - slot):
+                copy.start()
+
+        next_low, next_high, next_first, next_count = row_blocks(jnp.minimum(r + 1, rows - 1))
+        del next_low, next_high
+
+        @pl.when((j + 1 == count) & (r + 1 < rows) & (next_count > 0))
+        def _prefetch_next_rows_first_block():
+            for copy in copies(r + 1, next_first, 1 - slot):
+                copy.start()
+            copy_state[1] = 1
+
+        for copy in copies(r, block, slot):
+            copy.wait()
+        slots = block * block_size + jax.lax.broadcasted_iota(jnp.int32, (q_ref.shape[1], block_size), 1)
         allowed = (slots >= low) & (slots < high)
         if window is not None:
-            new_token = jax.lax.broadcasted_iota(jnp.int32, scores.shape, 0) % length
+            new_token = jax.lax.broadcasted_iota(jnp.int32, allowed.shape, 0) % length
             allowed &= query_slot + new_token - slots < window
         if has_key_mask:
-            allowed &= mask_ref[...] != 0  # [1, block]
-        scores = jnp.where(allowed, scores, MASKED_SCORE)
-        previous = top_ref[...]  # [Q, 1]
-        top = jnp.maximum(previous, scores.max(axis=-1, keepdims=True))
-        weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
-        rescale = jnp.exp(previous - top)
-        top_ref[...] = top
-        total_ref[...] = rescale * total_ref[...] + weights.sum(axis=-1, keepdims=True)
-        out_ref[...] = rescale * out_ref[...] + jnp.dot(weights.astype(values.dtype), values, precision=precision,
+            allowed &= mask_ref[:, pl.ds(pl.multiple_of(block * block_size, block_size), block_size)] != 0
+        for h in range(kv_heads):  # unrolled: one [Q, D] x [D, block] product per kv head
+            keys, values = k_buffer[slot, h], v_buffer[slot, h]  # [block, D]
+            # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only
+            # at the default precision, and a float32 cache is multiplied in full float32.
+            precision = jax.lax.Precision.HIGHEST if keys.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+            scores = jax.lax.dot_general(q_ref[h], keys, (((1,), (1,)), ((), ())), precision=precision,
+                                         preferred_element_type=jnp.float32) * scale  # [Q, block]
+            scores = jnp.where(allowed, scores, MASKED_SCORE)
+            previous = top_ref[h]  # [Q, 1]
+            top = jnp.maximum(previous, scores.max(axis=-1, keepdims=True))
+            weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
+            rescale = jnp.exp(previous - top)
+            top_ref[h] = top
+            total_ref[h] = rescale * total_ref[h] + weights.sum(axis=-1, keepdims=True)
+            out_ref[h] = rescale * out_ref[h] + jnp.dot(weights.astype(values.dtype), values, precision=precision,
                                                         preferred_element_type=jnp.float32)
+        return carry
+
+    jax.lax.fori_loop(0, count, fold_block, 0)
+    copy_state[0] = (slot0 + count) % 2
 
 
 def _stack_queries(q, rows):
@@ -184,31 +227,22 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     _, rows, _, capacity, _ = cache_k.shape
     queries = _stack_queries(q.astype(cache_k.dtype), rows)
     stacked = queries.shape[2]
-    blocks = capacity // block_size
-    window_arg = window
 
-    def cache_block(r, h, i, layer_ref, cache_index_ref, query_slot_ref, start_ref):
-        low, high = _live_range(start_ref[r], cache_index_ref[0], query_slot_ref[0], window_arg, capacity)
-        index, _ = live_block_index(i, low, high, block_size)
-        return layer_ref[0], r, h, index, 0
-
-    def mask_block(r, h, i, *scalars):
-        return r, 0, cache_block(r, h, i, *scalars)[3]
-
-    def row_head(r, h, i, *_):
-        return r, h, 0, 0
+    def row(r, *_):
+        return r, 0, 0, 0
 
     squeezed = pl.Squeezed()
-    in_specs = [pl.BlockSpec((squeezed, squeezed, stacked, head_dim), row_head),
-                pl.BlockSpec((squeezed, squeezed, squeezed, block_size, head_dim), cache_block),
-                pl.BlockSpec((squeezed, squeezed, squeezed, block_size, head_dim), cache_block)]
-    operands = [queries, cache_k, cache_v]
-    if key_mask is not None:
-        in_specs.append(pl.BlockSpec((squeezed, 1, block_size), mask_block))
+    in_specs = [pl.BlockSpec((squeezed, kv_heads, stacked, head_dim), row)]
+    operands = [queries]
+    if key_mask is not None:  # one int32 per slot and row: 1/(2 kv D) of a bfloat16 cache's bytes
+        in_specs.append(pl.BlockSpec((squeezed, 1, capacity), lambda r, *_: (r, 0, 0)))
         operands.append(key_mask.astype(jnp.int32).reshape(rows, 1, capacity))
-    state_spec = pl.BlockSpec((squeezed, squeezed, stacked, 1), row_head)
-    out_spec = pl.BlockSpec((squeezed, squeezed, stacked, head_dim), row_head)
+    in_specs += [pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
+    operands += [cache_k, cache_v]
+    state_spec = pl.BlockSpec((squeezed, kv_heads, stacked, 1), row)
+    out_spec = pl.BlockSpec((squeezed, kv_heads, stacked, head_dim), row)
     state_shape = jax.ShapeDtypeStruct((rows, kv_heads, stacked, 1), jnp.float32)
+    buffer = pltpu.VMEM((2, kv_heads, block_size, head_dim), cache_k.dtype)
     kernel = functools.partial(_kernel, scale=float(scale), block_size=block_size, capacity=capacity, length=length,
                                window=window, has_key_mask=key_mask is not None)
     scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
@@ -216,10 +250,11 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     top, total, out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4, grid=(rows, kv_heads, blocks), in_specs=in_specs,
-            out_specs=[state_spec, state_spec, out_spec]),
+            num_scalar_prefetch=4, grid=(rows,), in_specs=in_specs, out_specs=[state_spec, state_spec, out_spec],
+            scratch_shapes=[buffer, buffer, pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((2,), jnp.int32)]),
         out_shape=[state_shape, state_shape, jax.ShapeDtypeStruct((rows, kv_heads, stacked, head_dim), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        # Sequential: a row's step waits on the copy the step before it started.
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
         interpret=interpret,
         name="cache_attention_state",
     )(scalar(layer), scalar(cache_index), scalar(query_slot), start, *operands)
@@ -257,7 +292,7 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
       window: a sliding window in slots (Gemma 3's local layers), static, or None.
       query_slot: int32 scalar, the slot of new token 0 (cache_index by default; a shared prefix read before
         a row cache passes P + cache_index). Only the window reads it: every cached slot precedes the queries.
-      block_size: slots per grid step, a divisor of C (`default_block_size(C)` by default).
+      block_size: slots per copy, a divisor of C (`default_block_size(C)` by default).
       mesh: a mesh to split rows over (axes "data" and "fsdp", those present) and kv heads over ("model",
         where it divides them), each shard running the kernel on its own rows; None runs it whole.
       interpret: run the kernel in Pallas' interpreter (True or `pltpu.InterpretParams()`), for CPU tests.
