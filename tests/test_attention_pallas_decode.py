@@ -1,11 +1,14 @@
 """The Pallas decode-attention kernel (jaxgrpo.models.attention.pallas_decode), run in interpret mode on CPU:
 its online-softmax state equals the jnp reference at several cache fill levels, with left-padded rows, masked
 slots, sliding windows, grouped-query heads, one and four new tokens, bfloat16 caches and a shared prefix; the
-reference equals attention computed element by element in float64; dead blocks are never copied; rows sharded
-over 8 devices give the unsharded state; and the kernel compiles for TPU topologies (libtpu, no TPU) for
-Qwen3-1.7B's batch-128 decode, reading the cache in place."""
+reference equals attention computed element by element in float64; only blocks holding live slots are copied;
+rows and heads sharded over devices give the unsharded state; the kernel compiles for TPU topologies (libtpu, no
+TPU) for Qwen3-1.7B's batch-128 decode, reading the cache in place; and the decode roofline script counts right."""
 
 import functools
+import importlib.util
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo import compile as aot
+from jaxgrpo.models import architectures
 from jaxgrpo.models.attention import pallas_decode
 from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, live_blocks,
                                                     xla_cache_attention_state)
@@ -204,3 +208,28 @@ def test_compiles_for_tpu_reading_the_cache_in_place(topology):
     assert cache_per_chip <= memory.argument_size_in_bytes < cache_per_chip * 1.01
     layer_per_chip = cache_per_chip // s["layers"]
     assert memory.temp_size_in_bytes + memory.output_size_in_bytes < layer_per_chip / 100
+
+
+def _roofline_script():
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "decode_roofline.py")
+    spec = importlib.util.spec_from_file_location("bench_decode_roofline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_roofline_counts_by_hand():
+    """benchmarks/decode_roofline.py: Qwen3-1.7B's parameters as the compile report counted them from the model
+    (docs/tpu/qwen3_1_7b_gsm8k_v5e_8.json), and one tiny step's bytes by hand."""
+    bench = _roofline_script()
+    assert bench.parameter_count(architectures.decoder_config("qwen3-1.7b")) == 1720574976
+    # 1 layer, 1 kv head of 4, 2 chips, 2 prompts x 2 samples: a chip has 1 prompt, 2 rows; slot = 2 * 4 * 2 B.
+    shape = bench.DecodeShape(layers=1, kv_heads=1, groups=1, head_dim=4, num_params=100, prompts=2, samples=2,
+                              prompt_bucket=8, prompt_length=5, completion_bucket=8, chips=2)
+    figures = bench.step_bytes(shape, live=3, prompt_block=4, completion_block=4)
+    assert figures["weights"] == 200
+    assert figures["roofline_cache"] == 16 * (5 + 2 * 3)
+    # Prompt slots [3, 8): blocks 0 and 1 (8 slots); each row's [0, 3): block 0 (4 slots); queries 8 B in, 24 out.
+    assert figures["kernel_cache"] == 16 * (8 + 2 * 4) + 2 * 2 * (8 + 24)
+    assert figures["xla_cache"] == 16 * (8 + 2 * 8)
