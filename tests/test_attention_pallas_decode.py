@@ -179,35 +179,45 @@ def test_default_block_size_divides_the_capacity():
     assert pallas_decode.default_block_size(576) == 192  # 64 x 9: no multiple of 128 divides it
 
 
-# Qwen3-1.7B: 28 layers, 8 kv heads of 128 and 16 query heads; a 4096-slot bfloat16 cache for 128 rows.
-QWEN3_1_7B = dict(layers=28, kv_heads=8, groups=2, head_dim=128, capacity=4096, batch=128)
+# Qwen3-1.7B: 28 layers, 8 kv heads of 128 and 16 query heads; batch 128 = 16 prompts x 8 samples, a 512-slot
+# prompt cache (shared prefix) and a 3584-slot completion cache: 4096 slots a row, bfloat16.
+QWEN3_1_7B = dict(layers=28, kv_heads=8, groups=2, head_dim=128, prompts=16, samples=8, prompt=512, completion=3584)
 
 
-@pytest.mark.parametrize("topology", ["v5e:2x4", "v5p:2x2x4"])
-def test_compiles_for_tpu_reading_the_cache_in_place(topology):
-    """Mosaic compiles the kernel (not interpreted) for the topology, rows split over all chips; the program's
-    temporaries are the state alone: no layer of the cache is copied out (one would be 1/28 of the cache)."""
+@pytest.mark.parametrize("topology, window", [("v5e:2x4", None), ("v5p:2x2x4", 1024)])
+def test_compiles_for_tpu_reading_the_cache_in_place(topology, window):
+    """Mosaic compiles the kernel (not interpreted) for the topology (one host of 8 chips; 4 hosts of 4), rows
+    split over all chips, for the sampler's two calls: the completion cache with its key mask and each prompt's
+    shared prefix with its left padding. The program's temporaries are nothing: no layer of either cache is
+    copied out (one would be 1/28 of it)."""
     _, devices = aot.topology_devices(topology)
     mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     s = QWEN3_1_7B
-    shape = (s["layers"], s["batch"], s["kv_heads"], s["capacity"], s["head_dim"])
+    rows = s["prompts"] * s["samples"]
     spec = lambda dtype, shape, *axes: jax.ShapeDtypeStruct(  # noqa: E731
         shape, dtype, sharding=NamedSharding(mesh, PartitionSpec(*axes)))
-    cache = spec(jnp.bfloat16, shape, None, "data")
-    q = spec(jnp.bfloat16, (s["batch"], 1, s["kv_heads"], s["groups"], s["head_dim"]), "data")
+    cache = lambda r, c: spec(jnp.bfloat16, (s["layers"], r, s["kv_heads"], c, s["head_dim"]), None, "data")  # noqa: E731
+    q = spec(jnp.bfloat16, (rows, 1, s["kv_heads"], s["groups"], s["head_dim"]), "data")
     scalar = spec(jnp.int32, ())
+    scale = s["head_dim"] ** -0.5
 
-    def step(q, cache_k, cache_v, layer, cache_index, valid_start):
-        return cache_attention_state(q, cache_k, cache_v, layer, cache_index, s["head_dim"] ** -0.5,
-                                     valid_start=valid_start, mesh=mesh)
+    def step(q, cache_k, cache_v, kv_mask, prefix_k, prefix_v, prefix_start, layer, cache_index):
+        completion = cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale, key_mask=kv_mask,
+                                           window=window, mesh=mesh)
+        prefix = cache_attention_state(q, prefix_k, prefix_v, layer, s["prompt"], scale, valid_start=prefix_start,
+                                       window=window, query_slot=s["prompt"] + cache_index, mesh=mesh)
+        return completion, prefix
 
-    compiled = jax.jit(step).lower(q, cache, cache, scalar, scalar, spec(jnp.int32, (s["batch"],), "data")).compile()
-    assert "tpu_custom_call" in compiled.as_text()
+    args = (q, cache(rows, s["completion"]), cache(rows, s["completion"]),
+            spec(jnp.bool_, (rows, s["completion"]), "data"), cache(s["prompts"], s["prompt"]),
+            cache(s["prompts"], s["prompt"]), spec(jnp.int32, (s["prompts"],), "data"), scalar, scalar)
+    compiled = jax.jit(step).lower(*args).compile()
+    assert compiled.as_text().count("tpu_custom_call") >= 2
     memory = compiled.memory_analysis()
-    cache_per_chip = 2 * np.prod(shape) * 2 // len(devices)
-    assert cache_per_chip <= memory.argument_size_in_bytes < cache_per_chip * 1.01
-    layer_per_chip = cache_per_chip // s["layers"]
-    assert memory.temp_size_in_bytes + memory.output_size_in_bytes < layer_per_chip / 100
+    slot_bytes = 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2
+    caches_per_chip = slot_bytes * (rows * s["completion"] + s["prompts"] * s["prompt"]) // len(devices)
+    assert caches_per_chip <= memory.argument_size_in_bytes < caches_per_chip * 1.01
+    assert memory.temp_size_in_bytes + memory.output_size_in_bytes < caches_per_chip / s["layers"] / 100
 
 
 def _roofline_script():

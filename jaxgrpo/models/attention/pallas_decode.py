@@ -155,6 +155,9 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
         for copy in copies(r, first, slot0):
             copy.start()
 
+    _, _, next_first, next_count = row_blocks(jnp.minimum(r + 1, rows - 1))
+    next_count = jnp.where(r + 1 < rows, next_count, 0)
+
     def fold_block(j, carry):
         slot = (slot0 + j) % 2
         block = first + j
@@ -164,10 +167,7 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
             for copy in copies(r, block + 1, 1 - slot):
                 copy.start()
 
-        next_low, next_high, next_first, next_count = row_blocks(jnp.minimum(r + 1, rows - 1))
-        del next_low, next_high
-
-        @pl.when((j + 1 == count) & (r + 1 < rows) & (next_count > 0))
+        @pl.when((j + 1 == count) & (next_count > 0))
         def _prefetch_next_rows_first_block():
             for copy in copies(r + 1, next_first, 1 - slot):
                 copy.start()
