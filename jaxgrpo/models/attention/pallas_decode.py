@@ -279,6 +279,7 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
     the state the decoder merges with its other blocks (`_merge_blocks`); a query with no readable slot
     gets (MASKED_SCORE, 0, 0), which leaves a merge unchanged. Products run in the cache's dtype with
     float32 accumulation; the weights are cast to it before multiplying the values (as the decoder does).
+    No derivative: it serves decoding (the sampler); differentiate `xla_cache_attention_state` instead.
 
     Args:
       q: [B, T, kv, G, D] the new tokens' queries (RoPE applied).
