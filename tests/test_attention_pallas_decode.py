@@ -109,11 +109,12 @@ def test_bfloat16_cache_matches_reference_at_bfloat16_tolerance():
 
 
 def test_shared_prefix_rows_read_their_prefix_row():
-    """A prefix of 2 rows read by 6 query rows (3 each) equals the reference over the prefix repeated per row;
-    the window counts from the query's slot after the prefix (query_slot = P + cache_index)."""
+    """A prefix of 3 rows read by 9 query rows (3 each) equals the reference over the prefix repeated per row;
+    the window counts from the query's slot after the prefix (query_slot = P + cache_index). (An odd number of
+    cache rows runs them as one sequence, an even number as two.)"""
     share, window = 3, 40
-    q, prefix_k, prefix_v, prefix_mask = _inputs(5, batch=2 * share, rows=2, length=2)
-    prefix_start = np.array([5, 20], np.int32)
+    q, prefix_k, prefix_v, prefix_mask = _inputs(5, batch=3 * share, rows=3, length=2)
+    prefix_start = np.array([5, 20, 0], np.int32)
     query_slot = CAPACITY + 9  # nine completion slots already cached after the prefix
     got = _kernel(q, prefix_k, prefix_v, 1, CAPACITY, prefix_start, prefix_mask, query_slot, window=window)
     repeat = lambda x, axis: jnp.repeat(x, share, axis=axis)  # noqa: E731

@@ -6,8 +6,9 @@ capacity under a mask (a TPU program reads the cache in one masked block, see th
 `_attend_with_cache`), so a step costs the capacity and not the live length. This kernel copies only
 the blocks that hold live keys:
 
-* the grid runs over cache rows; the layer, the live length, the query slot and each row's first valid
-  slot are scalar-prefetched, so the kernel knows a row's live blocks before it copies anything;
+* the grid runs over cache rows (in two runs, one per TensorCore of a megacore chip); the layer, the
+  live length, the query slot and each row's first valid slot are scalar-prefetched, so the kernel
+  knows a row's live blocks before it copies anything;
 * the caches stay in HBM in their [L, R, kv, C, D] layout (no per-layer copy): a row's live blocks are
   copied, all kv heads of a block at once, with double-buffered DMAs in a loop over exactly those
   blocks (left padding below the row's first valid slot, stale slots above `cache_index` and, with a
@@ -126,7 +127,10 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
     else:
         mask_ref = None
         cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
-    r, rows = pl.program_id(0), pl.num_programs(0)
+    # Rows split into `pl.num_programs(0)` runs of consecutive rows, one per TensorCore on megacore chips
+    # (v4, v5p), each run in order: its row i prefetches row i + 1's first block.
+    step, per_run = pl.program_id(1), pl.num_programs(1)
+    r = pl.program_id(0) * per_run + step
     layer, cache_index, query_slot = layer_ref[0], cache_index_ref[0], query_slot_ref[0]
     kv_heads = q_ref.shape[0]
 
@@ -144,7 +148,7 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
     total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
     out_ref[...] = jnp.zeros(out_ref.shape, jnp.float32)
 
-    @pl.when(r == 0)
+    @pl.when(step == 0)
     def _first_row():
         copy_state[0], copy_state[1] = 0, 0
 
@@ -157,8 +161,8 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
         for copy in copies(r, first, slot0):
             copy.start()
 
-    _, _, next_first, next_count = row_blocks(jnp.minimum(r + 1, rows - 1))
-    next_count = jnp.where(r + 1 < rows, next_count, 0)
+    _, _, next_first, next_count = row_blocks(jnp.where(step + 1 < per_run, r + 1, r))
+    next_count = jnp.where(step + 1 < per_run, next_count, 0)
 
     def fold_block(j, carry):
         slot = (slot0 + j) % 2
@@ -230,14 +234,17 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     queries = _stack_queries(q.astype(cache_k.dtype), rows)
     stacked = queries.shape[2]
 
-    def row(r, *_):
-        return r, 0, 0, 0
+    runs = 2 if rows % 2 == 0 else 1  # two TensorCores on megacore chips; elsewhere the runs follow each other
+    per_run = rows // runs
+
+    def row(run, step, *_):
+        return run * per_run + step, 0, 0, 0
 
     squeezed = pl.Squeezed()
     in_specs = [pl.BlockSpec((squeezed, kv_heads, stacked, head_dim), row)]
     operands = [queries]
     if key_mask is not None:  # one int32 per slot and row: 1/(2 kv D) of a bfloat16 cache's bytes
-        in_specs.append(pl.BlockSpec((squeezed, 1, capacity), lambda r, *_: (r, 0, 0)))
+        in_specs.append(pl.BlockSpec((squeezed, 1, capacity), lambda run, step, *_: (run * per_run + step, 0, 0)))
         operands.append(key_mask.astype(jnp.int32).reshape(rows, 1, capacity))
     in_specs += [pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
     operands += [cache_k, cache_v]
@@ -252,11 +259,11 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     top, total, out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4, grid=(rows,), in_specs=in_specs, out_specs=[state_spec, state_spec, out_spec],
+            num_scalar_prefetch=4, grid=(runs, per_run), in_specs=in_specs, out_specs=[state_spec, state_spec, out_spec],
             scratch_shapes=[buffer, buffer, pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((2,), jnp.int32)]),
         out_shape=[state_shape, state_shape, jax.ShapeDtypeStruct((rows, kv_heads, stacked, head_dim), jnp.float32)],
-        # Sequential: a row's step waits on the copy the step before it started.
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        # Within a run, sequential: a row's step waits on the copy the step before it started.
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
         name="cache_attention_state",
     )(scalar(layer), scalar(cache_index), scalar(query_slot), start, *operands)
