@@ -64,6 +64,18 @@ def test_train_and_test_share_no_question(digits, operands):
     assert train and test and not train & test
 
 
+def test_a_smaller_test_share_holds_out_more_distinct_questions():
+    # One-digit sums of three operands: 1000 questions, about 100 held out at the default share of 1 in 10
+    # and about 500 at 1 in 2; each split keeps to its own questions.
+    def distinct(split, **kwargs):
+        config = small_config(digits=1, operands=3, train_size=2000, test_size=600, **kwargs)
+        return {e["question"] for e in arithmetic.generate_split(config, split)}
+
+    default, halved = distinct("test"), distinct("test", test_share=2)
+    assert len(default) <= 120 and len(halved) >= 250
+    assert not halved & distinct("train", test_share=2)
+
+
 @pytest.mark.parametrize(
     "kwargs, name",
     [
@@ -71,6 +83,7 @@ def test_train_and_test_share_no_question(digits, operands):
         ({"digits": 1, "operands": 3}, "digits1_ops3"),
         ({"operators": "+-*", "seed": 7}, "digits2_ops2_add_sub_mul_seed7"),
         ({"train_size": 64, "test_size": 8}, "digits2_ops2_train64_test8"),
+        ({"digits": 1, "operands": 3, "test_share": 2}, "digits1_ops3_share2"),
     ],
 )
 def test_config_names_round_trip(kwargs, name):
@@ -90,6 +103,7 @@ def test_predefined_configs_are_reused():
         ({"operands": 1}, "operands must be at least 2"),
         ({"operators": "+/"}, "operators must be distinct characters"),
         ({"train_size": -1}, "split sizes must be >= 0"),
+        ({"test_share": 1}, "test_share must be at least 2"),
     ],
 )
 def test_bad_difficulty_is_named(kwargs, message):

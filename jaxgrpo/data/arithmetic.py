@@ -10,7 +10,8 @@ Each example asks for the value of an integer expression such as ``37 + 8 * 12``
 Generation is deterministic: example ``i`` of a split depends only on
 ``(seed, split, i)`` and the difficulty, so a larger split extends a smaller
 one. Train and test never share a question: a keyed hash of the expression
-assigns each possible question to exactly one split (about 1 in 10 to test).
+assigns each possible question to exactly one split (1 in ``test_share`` to
+test, 10 by default; a smaller share holds out more distinct questions).
 When the space of questions is small (one-digit addition has 100), a split
 larger than its share repeats questions.
 
@@ -30,8 +31,8 @@ import tensorflow_datasets as tfds
 
 _OPERATOR_WORDS = {"+": "add", "-": "sub", "*": "mul"}
 _SPLIT_IDS = {"train": 0, "test": 1}
-# One question in _TEST_SHARE_DENOMINATOR belongs to the test split.
-_TEST_SHARE_DENOMINATOR = 10
+# One question in DEFAULT_TEST_SHARE belongs to the test split.
+DEFAULT_TEST_SHARE = 10
 _MAX_TRIES_PER_EXAMPLE = 10_000
 DEFAULT_TRAIN_SIZE = 10_000
 DEFAULT_TEST_SIZE = 500
@@ -47,10 +48,12 @@ class ArithmeticConfig(tfds.core.BuilderConfig):
     seed: int = 0
     train_size: int = DEFAULT_TRAIN_SIZE
     test_size: int = DEFAULT_TEST_SIZE
+    test_share: int = DEFAULT_TEST_SHARE
 
 
-def config_name(digits: int, operands: int, operators: str, seed: int, train_size: int, test_size: int) -> str:
-    """``digits{d}_ops{n}``, then ``_add_mul``-style operators, seed and sizes when not the defaults."""
+def config_name(digits: int, operands: int, operators: str, seed: int, train_size: int, test_size: int,
+                test_share: int = DEFAULT_TEST_SHARE) -> str:
+    """``digits{d}_ops{n}``, then ``_add_mul``-style operators, seed, sizes and test share when not the defaults."""
     parts = [f"digits{digits}", f"ops{operands}"]
     if operators != "+":
         parts.append("_".join(_OPERATOR_WORDS[op] for op in operators))
@@ -60,12 +63,14 @@ def config_name(digits: int, operands: int, operators: str, seed: int, train_siz
         parts.append(f"train{train_size}")
     if test_size != DEFAULT_TEST_SIZE:
         parts.append(f"test{test_size}")
+    if test_share != DEFAULT_TEST_SHARE:
+        parts.append(f"share{test_share}")
     return "_".join(parts)
 
 
 _NAME_RE = re.compile(
     r"digits(?P<digits>\d+)_ops(?P<operands>\d+)(?P<operators>(?:_(?:add|sub|mul))*)"
-    r"(?:_seed(?P<seed>\d+))?(?:_train(?P<train_size>\d+))?(?:_test(?P<test_size>\d+))?"
+    r"(?:_seed(?P<seed>\d+))?(?:_train(?P<train_size>\d+))?(?:_test(?P<test_size>\d+))?(?:_share(?P<test_share>\d+))?"
 )
 
 
@@ -75,15 +80,16 @@ def parse_config_name(name: str) -> dict:
     if match is None:
         raise ValueError(
             f"arithmetic config name {name!r} is not of the form "
-            "digits<d>_ops<n>[_add][_sub][_mul][_seed<s>][_train<n>][_test<n>], e.g. digits2_ops2"
+            "digits<d>_ops<n>[_add][_sub][_mul][_seed<s>][_train<n>][_test<n>][_share<n>], e.g. digits2_ops2"
         )
     words = {word: op for op, word in _OPERATOR_WORDS.items()}
     operators = "".join(words[w] for w in match["operators"].split("_") if w) or "+"
-    optional = {key: int(match[key]) for key in ("seed", "train_size", "test_size") if match[key] is not None}
+    optional = {key: int(match[key]) for key in ("seed", "train_size", "test_size", "test_share") if match[key] is not None}
     return dict(digits=int(match["digits"]), operands=int(match["operands"]), operators=operators, **optional)
 
 
-def _validate(digits: int, operands: int, operators: str, train_size: int, test_size: int) -> None:
+def _validate(digits: int, operands: int, operators: str, train_size: int, test_size: int,
+              test_share: int = DEFAULT_TEST_SHARE) -> None:
     if not 1 <= digits <= 9:
         raise ValueError(f"digits must be in [1, 9], got {digits}")
     if operands < 2:
@@ -92,6 +98,8 @@ def _validate(digits: int, operands: int, operators: str, train_size: int, test_
         raise ValueError(f"operators must be distinct characters of '+-*', got {operators!r}")
     if train_size < 0 or test_size < 0:
         raise ValueError(f"split sizes must be >= 0, got train_size={train_size}, test_size={test_size}")
+    if test_share < 2:
+        raise ValueError(f"test_share must be at least 2 (one question in test_share is held out), got {test_share}")
 
 
 def evaluate_expression(numbers: list[int], operators: list[str]) -> int:
@@ -106,9 +114,9 @@ def evaluate_expression(numbers: list[int], operators: list[str]) -> int:
     return sum(sign * term for sign, term in zip(signs, terms))
 
 
-def _split_of(expression: str, seed: int) -> str:
+def _split_of(expression: str, seed: int, test_share: int = DEFAULT_TEST_SHARE) -> str:
     digest = hashlib.blake2b(f"{seed}:{expression}".encode(), digest_size=8).digest()
-    return "test" if int.from_bytes(digest, "little") % _TEST_SHARE_DENOMINATOR == 0 else "train"
+    return "test" if int.from_bytes(digest, "little") % test_share == 0 else "train"
 
 
 def generate_example(config: ArithmeticConfig, split: str, index: int) -> dict:
@@ -119,7 +127,7 @@ def generate_example(config: ArithmeticConfig, split: str, index: int) -> dict:
         numbers = [int(n) for n in rng.integers(low, 10**config.digits, size=config.operands)]
         operators = [config.operators[i] for i in rng.integers(0, len(config.operators), size=config.operands - 1)]
         expression = " ".join([str(numbers[0])] + [f"{op} {n}" for op, n in zip(operators, numbers[1:])])
-        if _split_of(expression, config.seed) == split:
+        if _split_of(expression, config.seed, config.test_share) == split:
             return {
                 "question": f"What is {expression}?",
                 "answer": str(evaluate_expression(numbers, operators)),
@@ -170,10 +178,11 @@ def arithmetic_config(
     seed: int = 0,
     train_size: int = DEFAULT_TRAIN_SIZE,
     test_size: int = DEFAULT_TEST_SIZE,
+    test_share: int = DEFAULT_TEST_SHARE,
 ) -> ArithmeticConfig:
     """The builder config of a difficulty and size: a predefined one if it exists, else a new one."""
-    _validate(digits, operands, operators, train_size, test_size)
-    name = config_name(digits, operands, operators, seed, train_size, test_size)
+    _validate(digits, operands, operators, train_size, test_size, test_share)
+    name = config_name(digits, operands, operators, seed, train_size, test_size, test_share)
     if name in Arithmetic.builder_configs:
         return Arithmetic.builder_configs[name]
     return ArithmeticConfig(
@@ -184,5 +193,6 @@ def arithmetic_config(
         seed=seed,
         train_size=train_size,
         test_size=test_size,
+        test_share=test_share,
         description=f"{digits}-digit operands, {operands} operands, operators {operators!r}, seed {seed}",
     )

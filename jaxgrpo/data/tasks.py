@@ -139,12 +139,13 @@ class ArithmeticTask(_MathPrompting):
     seed: int = 0
     train_size: int = arithmetic.DEFAULT_TRAIN_SIZE
     test_size: int = arithmetic.DEFAULT_TEST_SIZE
+    test_share: int = arithmetic.DEFAULT_TEST_SHARE
     tfds_data_dir: str | None = None
 
     @property
     def config(self) -> arithmetic.ArithmeticConfig:
         return arithmetic.arithmetic_config(
-            self.digits, self.operands, self.operators, self.seed, self.train_size, self.test_size
+            self.digits, self.operands, self.operators, self.seed, self.train_size, self.test_size, self.test_share
         )
 
     @property
