@@ -1,6 +1,6 @@
 """DAPO's clip-higher (DAPO: An Open-Source LLM Reinforcement Learning System at Scale, 2025, section 3.1):
 raising the upper clip bound from 1 + 0.2 to 1 + 0.28 lets low-probability tokens rise, which the paper reports
-keeps the policy's entropy from collapsing during training (its Figure 2; the abstract gives only the AIME
+keeps the policy's entropy from collapsing during training (the abstract gives only the AIME
 figure, 50 points with Qwen2.5-32B).
 
 PPO clipping acts only when the ratio leaves 1, so both arms take DAPO's 16 updates per rollout batch (2 epochs
@@ -17,7 +17,7 @@ def study() -> Study:
         experiment="../experiments/toy_sum.py",
         claim="clip-higher (eps_high 0.28 instead of 0.2) keeps the training entropy higher than symmetric clipping",
         paper="DAPO: clip-higher (eps_low 0.2, eps_high 0.28) prevents the entropy collapse of symmetric clipping "
-              "(section 3.1, Figure 2; no number in the abstract)",
+              "(section 3.1; no number in the abstract)",
         methods={"grpo_clip": {"loss_kwargs.eps_high": 0.2}, "clip_higher": {"loss_kwargs.eps_high": 0.28}},
         seeds=[0, 1, 2, 3, 4],
         metrics=["entropy", "clip_fraction_high", "eval/pass@1", "accuracy"],
