@@ -3,9 +3,10 @@ efficiency and performance compared to the GRPO algorithm, notably stabilizes Mi
 (abstract; no number there).
 
 GRPO's token-ratio clipping against GSPO's sequence-ratio clipping (the paper's eps 3e-4 / 4e-4), at the toy's
-learning rate and at 10x it, each step 16 updates (2 epochs of 8 minibatches, as DAPO's recipe) so the ratios leave 1 and clipping acts.
-The claim holds here if, going from lr 1e-3 to 1e-2, GSPO loses less held-out pass@1 than GRPO (the drops
-paired by seed). A dense 2-layer model has no experts: this tests only the sequence-ratio part of the claim.
+learning rate and at 10x it, each step 16 updates (as many as DAPO's recipe; here 2 epochs of 8 minibatches)
+so the ratios leave 1 and clipping acts. The claim holds here if, going from lr 1e-3 to 1e-2, GSPO loses less
+held-out pass@1 than GRPO (the drops paired by seed). A dense 2-layer model has no experts: this tests only the
+sequence-ratio part of the claim.
 """
 
 from jaxgrpo.study import Study

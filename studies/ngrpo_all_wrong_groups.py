@@ -17,7 +17,8 @@ def study() -> Study:
     return Study(
         name="ngrpo_all_wrong_groups",
         experiment="../experiments/toy_sum.py",
-        claim="with most groups all wrong, NGRPO's advantage calibration learns more than GRPO (higher held-out pass@1)",
+        claim="with most groups all wrong, NGRPO's advantage calibration learns more than GRPO "
+              "(higher held-out pass@1)",
         paper="NGRPO: significantly outperforms PPO, GRPO, DAPO and PSR-NSR on MATH500, AMC23, AIME2025 "
               "(Qwen2.5-Math-7B; no number in the abstract)",
         methods={"grpo": {}, "ngrpo": {"advantage": "ngrpo"}},
