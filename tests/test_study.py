@@ -117,3 +117,14 @@ def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
     assert "| method=grpo |" in report and "minus method=grpo" in report and "RLOO" in report
     plots = sorted(os.listdir(os.path.join(out, "plots")))
     assert plots == ["accuracy_curves.png", "accuracy_final.png", "eval_pass_1_curves.png", "eval_pass_1_final.png"]
+
+
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "studies")) if f.endswith(".py")))
+def test_shipped_study_files_build_and_every_cell_validates(name):
+    """Each study file of docs/studies.md still loads, and every cell's config passes the checks the runner makes
+    before anything runs: a renamed config field or kernel breaks this test, not a user's rerun of a claim."""
+    spec, experiment = study.load_study(os.path.join(ROOT, "studies", name + ".py"))
+    assert spec.name == name  # its default output, runs/studies/<name>, is the one docs/studies.md names
+    cells = study.check(spec, experiment)
+    assert len(cells) == len(spec.methods or {"": {}}) * math.prod(map(len, spec.grid.values())) * len(spec.seeds)
+    assert len(spec.seeds) >= 3
