@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxgrpo import intervals, rewards
+from jaxgrpo import intervals
 from jaxgrpo.config import Config
 
 
@@ -50,7 +50,7 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     samples are those `Trainer.evaluate(step)` draws when max(ks) equals its `eval_pass_k`.
     """
     from jaxgrpo.evaluate import pass_at_k
-    from jaxgrpo.train.evaluation import question_flags
+    from jaxgrpo.train.evaluation import question_flags, well_formed_flags
 
     examples = list(examples)
     if not examples:
@@ -59,11 +59,8 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     flags = question_flags(trainer.cfg, trainer.generate, trainer.tokenizer, trainer.reward_fns, examples, step, n)
     greedy, greedy_correct, samples, sample_correct = flags
     metrics = {"greedy_accuracy": intervals.wilson_interval(int(greedy_correct.sum()), len(examples))}
-    well_formed = None
-    if any(fn is rewards.format_reward for fn, _ in trainer.reward_fns):
-        # How much of the accuracy a model could gain by learning the answer format alone: the answers
-        # that state a final answer as asked but a wrong one.
-        well_formed = rewards.format_reward(greedy, examples) > 0
+    well_formed = well_formed_flags(trainer.reward_fns, greedy, examples)
+    if well_formed is not None:
         metrics["greedy_well_formed"] = intervals.wilson_interval(int(well_formed.sum()), len(examples))
         format_only = well_formed & (greedy_correct == 0)
         metrics["greedy_format_only"] = intervals.wilson_interval(int(format_only.sum()), len(examples))

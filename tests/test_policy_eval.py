@@ -8,6 +8,7 @@ import pytest
 
 from jaxgrpo import policy_eval, rewards
 from jaxgrpo.config import Config
+from jaxgrpo.train import evaluation
 
 EXAMPLES = [{"question": f"What is {a}?", "answer": str(a)} for a in (3, 5, 7, 9)]
 GREEDY = ["The answer is 3.", "The answer is 4.", "The answer is 7.", "I do not know."]
@@ -52,3 +53,16 @@ def test_figures_equal_hand_counts():
     assert result.records[1] == {"index": 1, "question": "What is 5?", "answer": "5", "greedy": "The answer is 4.",
                                  "greedy_correct": False, "greedy_well_formed": True, "samples": SAMPLES[1],
                                  "samples_correct": [False] * 4}
+
+
+def test_the_trainers_evaluation_reports_the_same_shares():
+    # The evaluation a training run logs (eval.jsonl) counts the well-formed and format-only answers as
+    # jaxgrpo-eval does: the same scripted answers give the same hand counts.
+    trainer = ScriptedTrainer()
+    trainer.cfg.eval_pass_k = 4
+    m = evaluation.evaluate(trainer.cfg, trainer.generate, trainer.tokenizer, trainer.reward_fns, EXAMPLES, step=0)
+    assert m == pytest.approx({"greedy_accuracy": 0.5, "greedy_well_formed": 0.75, "greedy_format_only": 0.25,
+                               "pass@1": (2 / 4 + 0 + 1 + 1 / 4) / 4, "pass@4": 0.75})
+    trainer.reward_fns = trainer.reward_fns[:1]  # no format reward: no format shares
+    assert "greedy_format_only" not in evaluation.evaluate(trainer.cfg, trainer.generate, trainer.tokenizer,
+                                                           trainer.reward_fns, EXAMPLES, step=0)

@@ -7,6 +7,7 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
+from jaxgrpo import rewards
 from jaxgrpo.config import Config
 from jaxgrpo.evaluate import pass_at_k
 from jaxgrpo.train.distributed import gather_rows, process_block
@@ -60,8 +61,22 @@ def question_flags(cfg: Config, generate: Callable, tokenizer, reward_fns: list,
     return QuestionFlags(greedy, greedy_correct, samples, correct)
 
 
+def well_formed_flags(reward_fns: list, greedy: list[str], examples: list[dict]) -> np.ndarray | None:
+    """bool[Q]: whether each greedy answer states a final answer as the task asks (the math tasks' format
+    reward is positive), or None when the run has no format reward.
+
+    With the correctness flags this gives the format-only share, the answers well-formed but wrong: how
+    much accuracy learning the answer format alone could still gain, so a rise in accuracy can be told
+    apart from a model that only learned to finish its reply as asked.
+    """
+    if not any(fn is rewards.format_reward for fn, _ in reward_fns):
+        return None
+    return rewards.format_reward(greedy, examples) > 0
+
+
 def evaluate(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examples: list[dict], step: int) -> dict:
-    """Greedy accuracy, and pass@1 / pass@k of `cfg.eval_pass_k` samples, on the held-out `examples`.
+    """Greedy accuracy (with the well-formed and format-only shares when the run rewards the format), and
+    pass@1 / pass@k of `cfg.eval_pass_k` samples, on the held-out `examples`.
 
     `generate(examples, num_samples, key, greedy=...)` samples a `sampler.Generation`.
     """
@@ -70,6 +85,10 @@ def evaluate(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examp
     k = cfg.eval_pass_k
     flags = question_flags(cfg, generate, tokenizer, reward_fns, list(examples), step, k if k > 1 else 0)
     metrics = {"greedy_accuracy": float(flags.greedy_correct.mean())}
+    well_formed = well_formed_flags(reward_fns, flags.greedy, list(examples))
+    if well_formed is not None:
+        metrics["greedy_well_formed"] = float(well_formed.mean())
+        metrics["greedy_format_only"] = float((well_formed & (flags.greedy_correct == 0)).mean())
     if k > 1:
         num_correct = flags.samples_correct.sum(-1).astype(int)
         samples = np.full(len(examples), k)
