@@ -74,7 +74,7 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forwa
     if cfg.loss_mask:
         keep = kernels.get("mask", cfg.loss_mask)(
             jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
-            valid=jnp.asarray(stats.trains))
+            valid=jnp.asarray(stats.trains), **cfg.loss_mask_kwargs)
         valid = valid & np.asarray(keep)[process_block(len(stats.rewards))]
     mask = rollout.completion_mask * valid[:, None]
     old_logp = rollout.sampler_logp
