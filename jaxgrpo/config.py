@@ -138,6 +138,10 @@ class Config(_Fields):
     #: A registered "mask" kernel removing rows from the loss (e.g. MC-GRPO's pivot), or None.
     loss_mask: str | None = None
     loss_mask_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A stateful kernel tracking a value per prompt across steps (e.g. SPO's tracker, which provides the
+    #: `baseline` its advantage reads), its state kept in the train state (jaxgrpo.train.trackers), or None.
+    value_tracker: str | None = None
+    value_tracker_kwargs: dict = dataclasses.field(default_factory=dict)
     loss: str = "ppo_clip"
     loss_kwargs: dict = dataclasses.field(default_factory=dict)
     aggregation: str = "seq_mean_token_mean"

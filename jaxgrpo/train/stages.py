@@ -12,6 +12,7 @@
 | `loss` | loss | the per-token policy loss; fields beyond (logp, old_logp, advantages, mask) by name |
 | `loss_mask` | mask | bool[N]: rows the loss sees (a mask of the batch's rewards and groups) |
 | `kl_kind` (`kl_kwargs`) | kl | the per-token KL to the reference, weighted by `kl_coef` in the loss (on when > 0) |
+| `value_tracker` | selection (a tracker) | a state per prompt, kept in the train state; provides `baseline` |
 
 Each kernel reads the fields its signature names (`jaxgrpo.train.inputs`). `check_config` refuses a
 stage given a kernel of the wrong kind, a kernel whose registration declares it cannot run in the
@@ -29,7 +30,7 @@ import numpy as np
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
-from jaxgrpo.train import inputs as inputs_lib
+from jaxgrpo.train import inputs as inputs_lib, trackers
 
 
 class Stage(NamedTuple):
@@ -55,6 +56,7 @@ STAGES = (
     Stage("loss", ("loss",)),
     Stage("loss_mask", ("mask",), passes=ROW_MASK_INPUTS),
     Stage("kl_kind", ("kl",), kwargs="kl_kwargs", passes=("logp", "ref_logp", "old_logp", "mask")),
+    Stage("value_tracker", ("selection",), passes=("state", "prompt_ids", "rewards", "kl", "valid")),
 )
 STAGE = {stage.field: stage for stage in STAGES}
 
@@ -95,6 +97,9 @@ def check_config(cfg: Config) -> None:
         if found is None:
             continue
         kernel, name = found.fn, found.name
+        if stage.field == "value_tracker" and name not in trackers.TRACKERS:
+            raise ValueError(f"value_tracker={name!r} is not a tracker (state in, state out); valid names: "
+                             f"{', '.join(trackers.TRACKERS)}")
         if found.loop:
             raise ValueError(f"{stage.field}={name!r} cannot run in jaxgrpo's loop: it {found.loop}; pick another "
                              f"{found.kind} kernel (or call it from a custom loop)")

@@ -49,6 +49,8 @@ class TrainState(NamedTuple):
     params: Any
     opt_state: Any
     step: Array
+    #: The state of stateful kernels by stage, e.g. {"value_tracker": SPOTrackerState} ({} without one).
+    kernel_state: Any = {}
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

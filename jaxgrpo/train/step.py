@@ -191,7 +191,7 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
-        return TrainState(params, opt_state, state.step + 1), metrics
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
     in_shardings = (state_sharding, NamedSharding(mesh, P(None, BATCH_AXES)))
     if packed_shape:
