@@ -2,8 +2,8 @@
 registration declares why it cannot run in the loop and choosing it is refused in one line quoting that.
 
 Running ~90 kernels one by one would compile ~90 trainers; instead each run selects one kernel of every
-stage at once (`RUNS`: the i-th loss with the i-th advantage, reward shaping, row weights, KL, ...), so the
-number of runs is the size of the largest kind. A kernel's test asserts what its run produced: finite
+stage at once (`RUNS`: the i-th loss with the i-th advantage, reward shaping, row weights, KL, ...; the
+aggregation modes in turn), so the number of runs is the size of the largest kind. A kernel's test asserts what its run produced: finite
 metrics at both steps and parameters that changed. A run fails its kernels together, and the failing
 kernel is then found by running its name alone (`tiny_config(tmp, **{stage: name})`).
 """
@@ -59,9 +59,10 @@ def plan_runs() -> list[dict]:
     size = max(len(names) for names in by_stage.values())
     runs = [{stage: names[i] for stage, names in by_stage.items() if i < len(names)} for i in range(size)]
     runs.append({"advantage": "gae"})  # the advantage stage is off with a value head: gae gets a run of its own
-    for run in runs:  # SPO's tracker provides the baseline of SPO's advantage
-        if run.get("advantage") == "experimental/spo_advantage":
+    for i, run in enumerate(runs):
+        if run.get("advantage") == "experimental/spo_advantage":  # SPO's tracker provides its baseline
             run["value_tracker"] = "experimental/spo_value_tracker"
+        run["aggregation"] = kernels.AGGREGATION_MODES[i % len(kernels.AGGREGATION_MODES)]  # each mode a few times
     return runs
 
 
@@ -107,7 +108,9 @@ def run_result(i: int, tmp_path_factory):
     """(history, whether any parameter changed) of run i, computed once per session."""
     if i not in _RESULTS:
         cfg, reward_fns = tiny_config(tmp_path_factory.mktemp(f"run{i}"), RUNS[i])
-        trainer = Trainer(cfg, reward_fns=reward_fns, task=task_with_ids())
+        # One device: the sharded paths are tested elsewhere; here 8 fake devices would only make ~26 runs slower.
+        mesh = state_lib.make_mesh(cfg, devices=jax.devices()[:1])
+        trainer = Trainer(cfg, reward_fns=reward_fns, task=task_with_ids(), mesh=mesh)
         before = jax.tree.map(np.asarray, trainer.state.params)
         history = trainer.run(progress=False)
         after = jax.tree.map(np.asarray, trainer.state.params)
@@ -118,7 +121,7 @@ def run_result(i: int, tmp_path_factory):
 
 def test_every_registered_kernel_either_runs_or_declares_why_not():
     """A new registration must choose: runnable (then a run below selects it) or a declared reason."""
-    planned = {name for run in RUNS for name in run.values()}
+    planned = {name for run in RUNS for stage, name in run.items() if stage != "aggregation"}
     for k in kernels.list_kernels():
         assert (k.loop is None) == (k.name in planned), k
         # A kernel reading a field nothing in the loop provides must say so in its registration.
@@ -155,4 +158,4 @@ def test_the_runs_cover_each_stage_with_its_own_kernels():
         validate(cfg)
         for stage, name in run.items():
             assert getattr(cfg, stage) == name
-    assert {stage.field for stage in stages.STAGES} >= {stage for run in RUNS for stage in run}
+    assert {stage.field for stage in stages.STAGES} >= {stage for run in RUNS for stage in run} - {"aggregation"}

@@ -140,7 +140,7 @@ METHODS: tuple[Method, ...] = (
     _k("GiGPO", "Group-in-Group Policy Optimization for LLM Agent Training", "A", ("gigpo",), f"anchor-state ids and step returns come from a {ENV}", bold=True),
     _k("RiskPO", "RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM", "A", ("riskpo",), bold=True),
     _k("XRPO", "XRPO: Pushing the limits of GRPO with Targeted Exploration and", "A", ("xrpo",), f"advantage sharpening only; the rollout allocator and in-context seeding need the {SAMPLER}", bold=True),
-    _k("SPO (single-stream)", "Single-stream Policy Optimization", "A", ("experimental/spo_value_tracker", "experimental/spo_priority", "experimental/spo_advantage"), f"experimental reconstruction; the tracker state lives in the {TRAINER}", bold=True),
+    _k("SPO (single-stream)", "Single-stream Policy Optimization", "A", ("experimental/spo_value_tracker", "experimental/spo_priority", "experimental/spo_advantage"), "experimental reconstruction; value_tracker=experimental/spo_value_tracker keeps the tracker's state in the train state and provides spo_advantage's baseline", bold=True),
     _k("A-GRAE", "Unveiling Implicit Advantage Symmetry: Why GRPO", "A", ("experimental/a_grae",), "experimental reconstruction"),
     _o("ADORA", "ADORA: Training Reasoning Models with Dynamic", "A", ABSTRACT_ONLY),
     _r("ASPO", "Understanding Tool-Integrated Reasoning", "A", ENV),

@@ -167,21 +167,18 @@ class Trainer:
         """The update's arrays for this host's rows (`batch.train_batch`)."""
         rows = {}
         if self.cfg.value_tracker:  # the tracked value of each row's prompt, from the steps before this one
-            rows["baseline"] = trackers.baseline(self.cfg, self.state.kernel_state, self._prompt_ids(rollout))
+            prompt_ids = trackers.prompt_ids(rollout.examples)
+            rows["baseline"] = trackers.baseline(self.cfg, self.state.kernel_state, prompt_ids)
         weights = np.array([w for _, w in self.reward_fns], np.float32)
         return batch_lib.train_batch(self.cfg, rollout, weights, self.score, stats, rows)
-
-    def _prompt_ids(self, rollout: Rollout) -> np.ndarray:
-        """i32[N] the whole batch's prompts as positions in the training split (the trackers' prompt ids)."""
-        return gather_rows(np.array([e[trackers.PROMPT_INDEX] for e in rollout.examples], np.int32))
 
     def track(self, rollout: Rollout, stats: RowStats, batch: TrainBatch) -> None:
         """Folds the step's outcomes into the tracker's state, with each row's drift under the update."""
         completion_len = batch.completion_mask.shape[-1]
         new_logp = self.score(batch.tokens, batch.attention_mask, batch.positions, completion_len, "policy")
         kl = gather_rows(trackers.drift(batch.old_logp, new_logp, batch.completion_mask))
-        kernel_state = trackers.update(self.cfg, self.state.kernel_state, self._prompt_ids(rollout), stats.correct,
-                                       kl, stats.trains)
+        kernel_state = trackers.update(self.cfg, self.state.kernel_state, trackers.prompt_ids(rollout.examples),
+                                       stats.correct, kl, stats.trains)
         self.state = self.state._replace(kernel_state=kernel_state)
 
     def update(self, batch: TrainBatch) -> dict:

@@ -24,6 +24,7 @@ import numpy as np
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
 from jaxgrpo.kernels.segments import masked_mean
+from jaxgrpo.train.distributed import gather_rows
 
 #: The key of the training examples holding their position in the training split (added when tracking).
 PROMPT_INDEX = "prompt_index"
@@ -49,6 +50,11 @@ TRACKERS: dict[str, Callable[[], Tracker]] = {"experimental/spo_value_tracker": 
 def indexed(examples: list[dict]) -> list[dict]:
     """The training examples with their position under `PROMPT_INDEX`: the tracker's prompt ids."""
     return [{**e, PROMPT_INDEX: i} for i, e in enumerate(examples)]
+
+
+def prompt_ids(examples: list[dict]) -> np.ndarray:
+    """i32[N] the whole batch's prompts as positions in the training split, from this host's rows' examples."""
+    return gather_rows(np.array([e[PROMPT_INDEX] for e in examples], np.int32))
 
 
 def init_state(cfg: Config, num_prompts: int) -> dict:
