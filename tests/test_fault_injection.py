@@ -40,11 +40,11 @@ def kill_plan(seed: int, sites=SITES, kills_per_site: int = KILLS_PER_SITE) -> l
 
 
 def _final_state(run_dir, steps: int = STEPS):
-    """The train state (params, optimizer state, step, kernel state) of the run's last checkpoint."""
+    """Every array of the run's last checkpoint: the train state, the kernel state, the reference policy."""
     import orbax.checkpoint as ocp
 
     restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(steps), "state"))
-    return jax.tree.map(np.asarray, restored["train"])
+    return jax.tree.map(np.asarray, restored)
 
 
 def kill_and_resume(tmp_path, overrides: list[str], kills: list[dict]) -> tuple[str, str]:
@@ -84,7 +84,8 @@ def comparable(run_dir):
 
 def test_twenty_kills_then_resume_give_the_uninterrupted_run(tmp_path):
     straight, killed = kill_and_resume(tmp_path, OVERRIDES, kill_plan(seed=2026))
-    jax.tree.map(np.testing.assert_array_equal, _final_state(straight)["params"], _final_state(killed)["params"])
+    jax.tree.map(np.testing.assert_array_equal, _final_state(straight)["train"]["params"],
+                 _final_state(killed)["train"]["params"])
     resumed = comparable(killed)
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))  # every step once, no torn line left
     assert resumed == comparable(straight)
@@ -104,7 +105,31 @@ def test_a_stateful_kernels_state_survives_kills_bit_for_bit(tmp_path):
     straight, killed = kill_and_resume(tmp_path, overrides, kills)
     expected, resumed = _final_state(straight, steps), _final_state(killed, steps)
     jax.tree.map(np.testing.assert_array_equal, expected, resumed)
-    tracker = resumed["kernel_state"]["value_tracker"]
+    tracker = resumed["kernel_state"]["value_tracker"]  # the SPO tracker's Beta posterior per prompt
     alpha = tracker["alpha"] if isinstance(tracker, dict) else tracker[0]
     assert not np.allclose(alpha, alpha.flat[0]), "the tracker's state never changed"
     assert comparable(killed) == comparable(straight)
+
+
+def test_a_checkpoint_written_before_kernel_state_existed_still_restores(tmp_path):
+    """Runs without a stateful kernel checkpoint the train state as before (params, optimizer state, step)."""
+    from typing import Any, NamedTuple
+
+    import jax.numpy as jnp
+
+    from jaxgrpo.checkpoint import Checkpointer
+    from jaxgrpo.train.state import TrainState, checkpoint_tree, state_of
+
+    class EarlierTrainState(NamedTuple):  # jaxgrpo's TrainState before it held kernel state
+        params: Any
+        opt_state: Any
+        step: Any
+
+    checkpointer = Checkpointer(str(tmp_path), keep=1)
+    checkpointer.save(3, {"train": EarlierTrainState({"w": jnp.arange(3.0)}, (), jnp.array(3, jnp.int32))}, {"step": 3})
+    checkpointer.close()
+    like = TrainState({"w": jnp.zeros(3)}, (), jnp.zeros((), jnp.int32))
+    step, restored, _, skipped = Checkpointer(str(tmp_path), keep=1).restore_newest(checkpoint_tree(like, None))
+    state = state_of(restored)
+    assert (step, skipped, state.kernel_state, int(state.step)) == (3, [], {}, 3)
+    np.testing.assert_array_equal(state.params["w"], [0.0, 1.0, 2.0])
