@@ -58,7 +58,6 @@ STAGES = (
     Stage("kl_kind", ("kl",), kwargs="kl_kwargs", passes=("logp", "ref_logp", "old_logp", "mask")),
     Stage("value_tracker", ("selection",), passes=("state", "prompt_ids", "rewards", "kl", "valid")),
 )
-STAGE = {stage.field: stage for stage in STAGES}
 
 #: Stages computed on the host before the update (the loss runs inside it).
 HOST_STAGES = ("reward_shaping", "advantage", "token_credit", "row_weights")
