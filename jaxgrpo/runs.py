@@ -85,7 +85,7 @@ def restore_trainer(run_dir: str, step: int, trainer):
     import jax
     import orbax.checkpoint as ocp
 
-    from jaxgrpo.train.state import checkpoint_tree
+    from jaxgrpo.train.state import checkpoint_tree, state_of
 
     directory = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
@@ -101,7 +101,7 @@ def restore_trainer(run_dir: str, step: int, trainer):
                            f"{first}); pass --step with another of its steps") from error
     finally:
         manager.close()
-    trainer.state = restored["state"]["train"]
+    trainer.state = state_of(restored["state"])
     return dict(restored["meta"])
 
 

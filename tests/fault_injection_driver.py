@@ -5,7 +5,8 @@
 PLAN.json: {"argv": [...common jaxgrpo-train arguments...], "runs": [{"run_dir", "resume", "kill"}, ...]},
 `kill` None (run to the end) or {"site", "call", "point"}:
 
-* site "sample" (`sampler.generate`), "update" (`Trainer.update`), "save" (`Checkpointer.save`): the
+* site "sample" (`sampler.generate`), "update" (`Trainer.update`), "save" (`Checkpointer.save`), "track"
+  (`Trainer.track`, a stateful kernel's update of its state): the
   process SIGKILLs itself `point` x `SPAN_S[site]` seconds into the `call`-th call of that function
   (from a timer thread, wherever the main thread is then), or at the call's return if it ends sooner;
 * site "metrics" (`MetricsWriter._append`, the one write of a metrics line): the `call`-th line is
@@ -40,7 +41,7 @@ matplotlib.use("Agg")  # as jaxgrpo.metrics.plot_run sets it
 import matplotlib.pyplot  # noqa: E402,F401
 
 #: Seconds over which a kill inside a call is spread (about the call's length in these runs).
-SPAN_S = {"sample": 1.0, "update": 1.0, "save": 0.3}
+SPAN_S = {"sample": 1.0, "update": 1.0, "save": 0.3, "track": 0.3}
 
 
 def _die() -> None:
@@ -87,6 +88,8 @@ def _child(argv: list[str], kill: dict | None) -> int:
             _kill_inside(jaxgrpo.sampler, "generate", call, point * SPAN_S[site])
         elif site == "update":
             _kill_inside(jaxgrpo.train.loop.Trainer, "update", call, point * SPAN_S[site])
+        elif site == "track":
+            _kill_inside(jaxgrpo.train.loop.Trainer, "track", call, point * SPAN_S[site])
         elif site == "save":
             _kill_inside(jaxgrpo.checkpoint.Checkpointer, "save", call, point * SPAN_S[site])
         elif site == "metrics":

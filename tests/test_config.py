@@ -192,10 +192,21 @@ def test_kernel_kwargs_are_checked_against_the_signature(override, needle):
 
 
 def test_kernel_arguments_the_trainer_cannot_supply_are_named():
-    assert ("loss 'critique_grpo' needs prefix_mask (tokens of an off-policy refinement prefix), which only "
-            "critique-guided refinements (Critique-GRPO) provides") in _rejected("loss=critique_grpo")
-    assert "advantage 'gigpo' needs step_returns" in _rejected("advantage=gigpo")
+    # Registered kernels declare why they cannot run in the loop; the refusal quotes the declaration.
+    assert ("loss='critique_grpo' cannot run in jaxgrpo's loop: it needs critique-guided refinements (the "
+            "prefix_mask of an off-policy refined prefix)") in _rejected("loss=critique_grpo")
+    assert "advantage='gigpo' cannot run in jaxgrpo's loop: it needs a multi-turn environment" in _rejected(
+        "advantage=gigpo")
     assert "needs budget; set token_credit_kwargs" not in _rejected("advantage=gigpo")
+    # A user's kernel that declares nothing is refused by the field nothing in the loop provides.
+    from jaxgrpo.kernels import registry
+
+    registry.register_advantage("test/needs_step_returns")(lambda rewards, group_ids, *, num_groups, step_returns: rewards)
+    try:
+        assert ("advantage 'test/needs_step_returns' needs step_returns (discounted return of each step), which only "
+                "a multi-turn environment provides") in _rejected("advantage=test/needs_step_returns")
+    finally:
+        del registry._REGISTRY["advantage"]["test/needs_step_returns"]
     # hapo_clip reads the policy's entropy, which the update computes: nothing is missing.
     validate(apply_overrides(Config(), ["loss=hapo_clip"]))
     # hapo's `lengths` comes from the batch: nothing is missing.
@@ -207,7 +218,8 @@ def test_kernel_arguments_the_trainer_cannot_supply_are_named():
     ("loss=ppo", "loss='ppo' is not a registered loss kernel; valid names: "),
     ("loss_mask=pivot", "loss_mask='pivot' is not a registered mask kernel; valid names: "),
     ("aggregation=mean", "aggregation='mean' is not an aggregation mode; valid modes: token_mean, "),
-    ("kl_kind=k4", "kl_kind='k4' is not a KL estimator; valid kinds: k1, k2, k3, "),
+    ("kl_kind=k4", "kl_kind='k4' is not a registered kl kernel; valid names: abs, abs+, k1, k1+, k2, k3, "),
+    ("kl_kwargs.clip=10", "kl_kwargs key 'clip' is not an argument of kl_kind 'k3'; valid keys: clamp"),
 ])
 def test_unknown_kernel_names_list_the_valid_ones(override, needle):
     assert needle in _rejected(override)
@@ -277,7 +289,7 @@ CLI_CASES = {
     "loss": (["--set", "loss=ppo"], "loss='ppo' is not a registered loss kernel"),
     "loss_mask": (["--set", "loss_mask=pivot"], "loss_mask='pivot' is not a registered mask kernel"),
     "aggregation": (["--set", "aggregation=mean"], "aggregation='mean' is not an aggregation mode"),
-    "kl_kind": (["--set", "kl_kind=k4"], "kl_kind='k4' is not a KL estimator"),
+    "kl_kind": (["--set", "kl_kind=k4"], "kl_kind='k4' is not a registered kl kernel"),
     "misspelt field": ("c.group_sise = 4", "x.py line 7: AttributeError: Config has no field 'group_sise'; did you mean 'group_size'?"),
     "syntax error": ("c.group_size = = 4", "x.py line 7: invalid syntax"),
     "error in config()": ("c.group_size = {'a': 4}['b']", "x.py line 7: KeyError: 'b'"),

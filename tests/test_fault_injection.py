@@ -24,7 +24,7 @@ SITES = ("sample", "update", "save", "metrics")
 KILLS_PER_SITE = 5
 
 
-def kill_plan(seed: int) -> list[dict]:
+def kill_plan(seed: int, sites=SITES, kills_per_site: int = KILLS_PER_SITE) -> list[dict]:
     """20 kills, 5 per site, in a seeded random order, each at a random call and point.
 
     A run restarts from the checkpoint at an even step s and saves next at s + 2, so a kill in the
@@ -33,27 +33,28 @@ def kill_plan(seed: int) -> list[dict]:
     most, so every planned kill happens before the 12 steps are done.
     """
     rng = random.Random(seed)
-    sites = [s for s in SITES for _ in range(KILLS_PER_SITE)]
+    sites = [s for s in sites for _ in range(kills_per_site)]
     rng.shuffle(sites)
     return [{"site": s, "call": 1 if s == "save" else rng.choice((1, 2)), "point": round(rng.random(), 3)}
             for s in sites]
 
 
-def _final_params(run_dir):
+def _final_state(run_dir, steps: int = STEPS):
+    """Every array of the run's last checkpoint: the train state, the kernel state, the reference policy."""
     import orbax.checkpoint as ocp
 
-    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(STEPS), "state"))
-    return jax.tree.map(np.asarray, restored["train"]["params"])
+    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(steps), "state"))
+    return jax.tree.map(np.asarray, restored)
 
 
-def test_twenty_kills_then_resume_give_the_uninterrupted_run(tmp_path):
-    kills = kill_plan(seed=2026)
+def kill_and_resume(tmp_path, overrides: list[str], kills: list[dict]) -> tuple[str, str]:
+    """(straight, killed) run directories: one run uninterrupted, the other killed by `kills` then resumed."""
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
     runs = [{"run_dir": straight, "resume": False, "kill": None}]
     runs += [{"run_dir": killed, "resume": i > 0, "kill": kill} for i, kill in enumerate(kills)]
     runs.append({"run_dir": killed, "resume": True, "kill": None})
     plan, results = tmp_path / "plan.json", tmp_path / "results.jsonl"
-    plan.write_text(json.dumps({"argv": [TOY, "--set", *OVERRIDES], "runs": runs}))
+    plan.write_text(json.dumps({"argv": [TOY, "--set", *overrides], "runs": runs}))
     # One CPU device, and a persistent compilation cache shared by the runs, so a restart does not
     # compile again (this session's conftest turns the cache off for in-process tests).
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
@@ -72,16 +73,63 @@ def test_twenty_kills_then_resume_give_the_uninterrupted_run(tmp_path):
     for i, kill in enumerate(kills, start=1):
         assert outcomes[i]["returncode"] == -9, (kill, outcomes[i], log(i))  # every planned kill happened
     assert outcomes[-1]["returncode"] == 0, log(len(runs) - 1)
+    return straight, killed
 
-    jax.tree.map(np.testing.assert_array_equal, _final_params(straight), _final_params(killed))
+
+def comparable(run_dir):
     timing = ("time_", "tokens_per_s")
+    return [{k: v for k, v in r.items() if not any(t in k for t in timing)}
+            for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
 
-    def comparable(run_dir):
-        return [{k: v for k, v in r.items() if not any(t in k for t in timing)}
-                for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
 
+def test_twenty_kills_then_resume_give_the_uninterrupted_run(tmp_path):
+    straight, killed = kill_and_resume(tmp_path, OVERRIDES, kill_plan(seed=2026))
+    jax.tree.map(np.testing.assert_array_equal, _final_state(straight)["train"]["params"],
+                 _final_state(killed)["train"]["params"])
     resumed = comparable(killed)
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))  # every step once, no torn line left
     assert resumed == comparable(straight)
     # Kills during saves left orbax temporary directories; the resumed runs cleaned them up.
     assert sorted(os.listdir(os.path.join(killed, "checkpoints"))) == ["10", "12", "8"]
+
+
+def test_a_stateful_kernels_state_survives_kills_bit_for_bit(tmp_path):
+    """SPO's value tracker keeps a Beta posterior per prompt in the train state: killed anywhere (while it
+    updates its state too) and resumed, the run ends with the uninterrupted run's state and metrics."""
+    steps = 6
+    overrides = [f"steps={steps}", "checkpoint_every=2", "warmup_sft_steps=0", "eval_every=0",
+                 "task.num_eval_examples=0", "prompts_per_step=8", "group_size=1", "sampling.max_new_tokens=2",
+                 "advantage=experimental/spo_advantage", "value_tracker=experimental/spo_value_tracker"]
+    # One kill per site: only a kill in the first save keeps progress (2 steps), so all happen before step 6.
+    kills = kill_plan(seed=7, sites=(*SITES, "track"), kills_per_site=1)
+    straight, killed = kill_and_resume(tmp_path, overrides, kills)
+    expected, resumed = _final_state(straight, steps), _final_state(killed, steps)
+    jax.tree.map(np.testing.assert_array_equal, expected, resumed)
+    tracker = resumed["kernel_state"]["value_tracker"]  # the SPO tracker's Beta posterior per prompt
+    alpha = tracker["alpha"] if isinstance(tracker, dict) else tracker[0]
+    assert not np.allclose(alpha, alpha.flat[0]), "the tracker's state never changed"
+    assert comparable(killed) == comparable(straight)
+
+
+def test_a_checkpoint_written_before_kernel_state_existed_still_restores(tmp_path):
+    """Runs without a stateful kernel checkpoint the train state as before (params, optimizer state, step)."""
+    from typing import Any, NamedTuple
+
+    import jax.numpy as jnp
+
+    from jaxgrpo.checkpoint import Checkpointer
+    from jaxgrpo.train.state import TrainState, checkpoint_tree, state_of
+
+    class EarlierTrainState(NamedTuple):  # jaxgrpo's TrainState before it held kernel state
+        params: Any
+        opt_state: Any
+        step: Any
+
+    checkpointer = Checkpointer(str(tmp_path), keep=1)
+    checkpointer.save(3, {"train": EarlierTrainState({"w": jnp.arange(3.0)}, (), jnp.array(3, jnp.int32))}, {"step": 3})
+    checkpointer.close()
+    like = TrainState({"w": jnp.zeros(3)}, (), jnp.zeros((), jnp.int32))
+    step, restored, _, skipped = Checkpointer(str(tmp_path), keep=1).restore_newest(checkpoint_tree(like, None))
+    state = state_of(restored)
+    assert (step, skipped, state.kernel_state, int(state.step)) == (3, [], {}, 3)
+    np.testing.assert_array_equal(state.params["w"], [0.0, 1.0, 2.0])

@@ -3,7 +3,6 @@ and the one-line errors for a wrong kind, unknown keyword arguments and fields t
 
 import os
 
-import jax
 import numpy as np
 import pytest
 
@@ -39,26 +38,21 @@ def test_the_fields_a_kernel_reads_come_from_its_signature():
     (["row_weights=dgpo_question_weights", "row_weights_kwargs.temprature=1.0"],
      "row_weights_kwargs key 'temprature' is not an argument of row_weights 'dgpo_question_weights'; valid keys: temperature"),
     (["advantage=stratified_grpo"], "advantage 'stratified_grpo' needs num_strata; set advantage_kwargs={'num_strata': ...}"),
-    (["reward_shaping=pref_grpo_win_rate"], "reward_shaping 'pref_grpo_win_rate' needs wins (pairwise preference "
-                                            "outcomes), which only a pairwise preference judge"),
-    (["loss_mask=high_entropy_token_mask"], "loss_mask='high_entropy_token_mask' reads entropy, mask, but the "
-                                            "loss_mask stage masks rows before the update"),
-    (["token_credit=tw_grpo_weights"], "token_credit 'tw_grpo_weights' needs token_logprobs (log-probs over the whole "
-                                       "vocabulary)"),
+    (["reward_shaping=pref_grpo_win_rate"], "reward_shaping='pref_grpo_win_rate' cannot run in jaxgrpo's loop: it "
+                                            "needs a pairwise preference judge"),
+    (["loss_mask=high_entropy_token_mask"], "loss_mask='high_entropy_token_mask' cannot run in jaxgrpo's loop: it needs "
+                                            "the update's entropy at each token"),
+    (["token_credit=tw_grpo_weights"], "token_credit='tw_grpo_weights' cannot run in jaxgrpo's loop: it needs log-probs "
+                                       "over the whole vocabulary"),
+    (["value_tracker=grpo"], "value_tracker='grpo' is an advantage kernel, but the value_tracker stage takes selection "
+                             "kernels"),
+    (["value_tracker=mmr1_vas_weights"], "value_tracker='mmr1_vas_weights' is not a tracker (state in, state out); "
+                                         "valid names: experimental/spo_value_tracker"),
+    (["kl_kind=k3", "kl_kwargs.clamp=10", "kl_kwargs.old_logp=1"], "kl_kwargs key 'old_logp' is passed by the trainer "
+                                                                   "itself of kl_kind 'k3'; valid keys: clamp"),
 ])
 def test_a_stage_refuses_what_it_cannot_run_in_one_line(overrides, needle):
     assert needle in _rejected(*overrides)
-
-
-def strata_task():
-    """The toy task whose examples carry a stratum (the parity of their first operand)."""
-    from jaxgrpo.toy import ToySumTask
-
-    class StrataTask(ToySumTask):
-        def load(self, split, **kwargs):
-            return [{**e, "strata_id": int(e["question"][0]) % 2} for e in super().load(split, **kwargs)]
-
-    return StrataTask()
 
 
 def tiny(tmp_path, *extra):
@@ -75,35 +69,11 @@ def test_a_field_the_task_does_not_provide_is_refused_before_the_first_step(tmp_
         Trainer(cfg, reward_fns=reward_fns)
 
 
-RUNS = {
-    "task ids (stratified_grpo)": ["advantage=stratified_grpo", "advantage_kwargs.num_strata=2"],
-    "loss reading rows (disco)": ["loss=disco"],
-    "loss reading entropy (hapo_clip), token credit, row weights": [
-        "loss=hapo_clip", "token_credit=importance_correction", "row_weights=dgpo_question_weights"],
-    "reward shaping, token advantage": ["reward_shaping=experimental/conciser_length_reward",
-                                       "advantage=discounted_returns"],
-    # The kernels that complete the peers' registries (jaxgrpo.kernels.peers), a few per run.
-    "peers: opo, clip_cov, abs+, token_sum": ["advantage=opo", "loss=clip_cov", "kl_coef=0.01", "kl_kind=abs+",
-                                              "aggregation=token_sum"],
-    "peers: gpg, gmpo, abs": ["advantage=gpg", "loss=gmpo", "kl_coef=0.01", "kl_kind=abs"],
-    "peers: pass_at_k, kl_cov": ["advantage=pass_at_k", "loss=kl_cov"],
-    "peers: grpo_batch_std, dppo_tv": ["advantage=grpo_batch_std", "loss=dppo_tv"],
-    "peers: dppo_kl": ["loss=dppo_kl"],
-    "peers: dro": ["loss=dro"],
-    "peers: vespo": ["loss=vespo"],
-}
-
-
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_stages_run_two_steps_from_an_experiment(name, tmp_path):
-    cfg, reward_fns = tiny(tmp_path, *RUNS[name])
-    task = strata_task() if name.startswith("task ids") else None
-    trainer = Trainer(cfg, reward_fns=reward_fns, task=task)
-    before = jax.tree.map(np.asarray, trainer.state.params)
-    history = trainer.run(progress=False)
-    assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in history)
-    changed = jax.tree.map(lambda a, b: not np.allclose(a, b), before, jax.tree.map(np.asarray, trainer.state.params))
-    assert any(jax.tree.leaves(changed)), "no parameter changed"
+def test_spo_advantage_without_its_tracker_is_refused_before_the_first_step(tmp_path):
+    cfg, reward_fns = tiny(tmp_path, "advantage=experimental/spo_advantage", "group_size=1")
+    with pytest.raises(ValueError, match=r"advantage 'experimental/spo_advantage' needs baseline \(tracked value of each "
+                                         r"row's prompt \(SPO\)\), which cfg.value_tracker .* provides and this run does not"):
+        Trainer(cfg, reward_fns=reward_fns)
 
 
 def test_row_weights_per_group_reach_each_row_and_credit_multiplies_tokens():

@@ -299,7 +299,9 @@ def pass_at_k(rewards, group_ids, *, num_groups: int, valid=None, std_normalize:
     return jax.lax.stop_gradient(jnp.where(chosen, segments.gather(gap, group_ids), 0.0))
 
 
-@register_advantage("remax", paper="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning Large Language Models (2023)")
+@register_advantage("remax", paper="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning Large Language Models (2023)",
+          loop=("needs a greedy-baseline rollout of each prompt (ReMax's baseline_rewards), which the sampler "
+                "does not draw"))
 def remax(rewards, group_ids, *, num_groups: int, valid=None, baseline_rewards) -> Array:
     """ReMax advantage: A_i = r_i - b_i, b_i the reward of the greedy completion of i's prompt.
 

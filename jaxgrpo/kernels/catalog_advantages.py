@@ -493,7 +493,8 @@ def _normalize_in_segments(x, seg_ids, num_segments, valid, normalization, eps):
     return segments.standardize(x, seg_ids, num_segments, valid, ddof=1, eps=eps)
 
 
-@register_advantage("gigpo", paper="Group-in-Group Policy Optimization for LLM Agent Training (2025)")
+@register_advantage("gigpo", paper="Group-in-Group Policy Optimization for LLM Agent Training (2025)",
+          loop="needs a multi-turn environment (the step returns and anchor states of its episodes)")
 def gigpo(
     rewards,
     group_ids,
@@ -629,6 +630,8 @@ def semantic_entropy_from_clusters(group_ids, cluster_ids, num_groups: int, vali
     "seed_grpo",
     paper="SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy Optimization (2025)",
     experimental=True,  # the scaling functions f and alpha are reconstructed
+    loop=("needs semantic clusters of each group's answers (SEED-GRPO's cluster_ids or semantic_entropy), "
+          "which no answer clusterer in the loop computes"),
 )
 def seed_grpo(
     rewards,

@@ -570,7 +570,9 @@ def policy_shaping(p: Array, gamma: float = 0.1) -> Array:
     return p / (p + gamma)
 
 
-@register_loss("critique_grpo", paper=_CRITIQUE)
+@register_loss("critique_grpo", paper=_CRITIQUE,
+          loop=("needs critique-guided refinements (the prefix_mask of an off-policy refined prefix), which no "
+                "critic in the loop writes"))
 def critique_grpo(
     logp,
     old_logp,

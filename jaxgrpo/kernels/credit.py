@@ -58,7 +58,9 @@ def minmax_token_weights(divergence, position_mask, *, alpha: float = 1.7) -> Ar
     return jnp.where(on, 1.0 + (alpha - 1.0) * scaled, 0.0)
 
 
-@register("credit", "tw_grpo_weights", paper=_TW_GRPO)
+@register("credit", "tw_grpo_weights", paper=_TW_GRPO,
+          loop=("needs log-probs over the whole vocabulary [N, T, V], which the trainer never materializes (it "
+                "scores tokens in vocabulary chunks)"))
 def tw_grpo_weights(token_logprobs, group_ids, *, num_groups: int, mask, valid=None, alpha: float = 1.7) -> Array:
     """TW-GRPO token weights from the divergence of a group's next-token distributions.
 
@@ -102,7 +104,8 @@ def tw_grpo_weights(token_logprobs, group_ids, *, num_groups: int, mask, valid=N
 # --------------------------------------------------------------------------- PURE
 
 
-@register("credit", "pure_min_form", paper=_PURE)
+@register("credit", "pure_min_form", paper=_PURE,
+          loop="needs a process reward model (a reward for each reasoning step)")
 def pure_min_form(process_rewards, step_mask, *, temperature: float = 0.1, mask=None) -> Array:
     """PURE min-form credit: returns-to-go of softmin-weighted process rewards.
 
@@ -164,7 +167,8 @@ def rank_rewards(hits, *, reward: str = "dcg") -> Array:
     return jnp.flip(jnp.cumsum(jnp.flip(hits * discount, -1), -1), -1)
 
 
-@register("credit", "rank_grpo", paper=_RANK_GRPO)
+@register("credit", "rank_grpo", paper=_RANK_GRPO,
+          loop="needs a ranking task (the relevance of each ranked item)")
 def rank_grpo(hits, group_ids, *, num_groups: int, valid=None, reward: str = "dcg", std_ddof: int = 1, eps: float = 1e-6) -> Array:
     """Rank-GRPO per-rank advantages: each rank normalized across the group's lists.
 
@@ -219,7 +223,8 @@ def rank_token_values(rank_values, rank_ids) -> Array:
 # --------------------------------------------------------------------------- segments
 
 
-@register("credit", "segment_advantages", paper=_SEGMENT)
+@register("credit", "segment_advantages", paper=_SEGMENT,
+          loop="needs a segmenter of reasoning steps (segment boundaries), which the loop does not run")
 def segment_advantages(boundaries, values, mask) -> Array:
     """Segment advantages scattered to tokens: A_t = V_{k+1} - V_k for t in segment k.
 

@@ -316,7 +316,9 @@ def spo_value_tracker(
     return SPOTrackerState(new_alpha, new_beta)
 
 
-@register("selection", "experimental/spo_priority", paper=_SPO)
+@register("selection", "experimental/spo_priority", paper=_SPO,
+          loop=("needs prioritized prompt sampling from the SPO tracker's values; the prompt stream draws prompts"
+                " uniformly without replacement"))
 def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
     """Single-stream SPO's prioritized-sampling weights (reconstruction).
 
@@ -429,7 +431,9 @@ def _last_token_onehot(mask: Array) -> Array:
     return (positions[None, :] == last[:, None]).astype(mask.dtype)
 
 
-@register("token_advantage", "experimental/t_ppo_egae", paper=_TPPO)
+@register("token_advantage", "experimental/t_ppo_egae", paper=_TPPO,
+          loop=("needs truncated rollouts continued across steps (T-PPO's is_complete and bootstrap values), "
+                "which the sampler does not keep"))
 def t_ppo_egae(
     token_rewards,
     values,
@@ -486,7 +490,8 @@ def t_ppo_egae(
 # ------------------------------------------------------------- GRPO-VPS progress
 
 
-@register("credit", "experimental/grpo_vps_progress", paper=_VPS)
+@register("credit", "experimental/grpo_vps_progress", paper=_VPS,
+          loop="needs a probing pass (the answer probability after each reasoning segment, GRPO-VPS)")
 def grpo_vps_progress(
     advantages,
     probe_probs,
@@ -728,7 +733,8 @@ def conciser_length_reward(
 # ------------------------------------------------------------------------ TraPO
 
 
-@register("selection", "experimental/trapo_selection", paper=_TRAPO)
+@register("selection", "experimental/trapo_selection", paper=_TRAPO,
+          loop="needs a labeled and an unlabeled prompt pool with pass rates tracked across steps (TRAPO)")
 def trapo_selection(
     unlabeled_pass_rates,
     labeled_pass_rates,

@@ -22,7 +22,8 @@ _CARE = "GRPO-CARE: Consistency-Aware Reinforcement Learning for Multimodal Reas
 _ADAPTTHINK = "AdaptThink: Reasoning Models Can Learn When to Think (2025)"
 
 
-@register("reward", "pref_grpo_win_rate", paper=_PREF_GRPO)
+@register("reward", "pref_grpo_win_rate", paper=_PREF_GRPO,
+          loop="needs a pairwise preference judge (Pref-GRPO's reward model comparing completions)")
 def pref_grpo_win_rate(wins, group_ids, *, num_groups: int, valid=None) -> Array:
     """Pref-GRPO reward: each response's win rate against the rest of its group.
 
@@ -49,7 +50,9 @@ def pref_grpo_win_rate(wins, group_ids, *, num_groups: int, valid=None) -> Array
     return jnp.where(valid & (opponents > 0), total / jnp.maximum(opponents, 1), 0.0)
 
 
-@register("reward", "s_grpo_serial_rewards", paper=_S_GRPO)
+@register("reward", "s_grpo_serial_rewards", paper=_S_GRPO,
+          loop=("needs serial early-exit rollouts (the correctness of each early exit of a reasoning path, "
+                "S-GRPO)"))
 def s_grpo_serial_rewards(correct, *, exit_mask=None) -> Array:
     """S-GRPO serial-group rewards for the K early exits of one reasoning path.
 
@@ -84,7 +87,8 @@ def s_grpo_serial_advantages(rewards, *, exit_mask=None) -> Array:
     return jnp.where(on, rewards - mean[:, None], 0.0)
 
 
-@register("reward", "grpo_care_bonus", paper=_CARE)
+@register("reward", "grpo_care_bonus", paper=_CARE,
+          loop="needs a consistency judge (GRPO-CARE's reference model scoring reasoning-answer consistency)")
 def grpo_care_bonus(
     accuracy,
     consistency,
@@ -124,7 +128,9 @@ def grpo_care_bonus(
     return jnp.where(valid, accuracy + bonus, 0.0)
 
 
-@register("reward", "adaptthink_reward", paper=_ADAPTTHINK)
+@register("reward", "adaptthink_reward", paper=_ADAPTTHINK,
+          loop=("needs a thinking / no-thinking chat template and a reference model's accuracy on each prompt "
+                "(AdaptThink)"))
 def adaptthink_reward(accuracy, reference_accuracy, no_thinking, *, delta: float = 0.05) -> Array:
     """AdaptThink reward: r = acc - acc_ref(x) + delta * 1[NoThinking].
 

@@ -1,7 +1,8 @@
 """The status of every method of the GRPO-family method catalog in jaxgrpo: the source of `docs/methods.md`.
 
 Each entry says whether a method is a **kernel** (the registry names that
-implement it), **built in** (implemented by the model or the trainer rather
+implement it; rendered "kernel" only when every one of them runs from an experiment, else "kernel,
+not in the loop" with the reason its registration declares), **built in** (implemented by the model or the trainer rather
 than as a kernel: where, and how to turn it on), **needs rollout support**
 (which part of the system beyond the kernels it needs), or is
 **out of scope** (and why).
@@ -23,6 +24,8 @@ BUILT_IN = "built in"
 ROLLOUT = "needs rollout support"
 OUT = "out of scope"
 STATUSES = (KERNEL, BUILT_IN, ROLLOUT, OUT)
+#: The rendered status of a KERNEL method one of whose kernels declares why it cannot run in the loop.
+KERNEL_NOT_IN_LOOP = "kernel, not in the loop"
 
 CATEGORIES = {
     "A": "Advantage estimators / group normalization",
@@ -137,7 +140,7 @@ METHODS: tuple[Method, ...] = (
     _k("GiGPO", "Group-in-Group Policy Optimization for LLM Agent Training", "A", ("gigpo",), f"anchor-state ids and step returns come from a {ENV}", bold=True),
     _k("RiskPO", "RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM", "A", ("riskpo",), bold=True),
     _k("XRPO", "XRPO: Pushing the limits of GRPO with Targeted Exploration and", "A", ("xrpo",), f"advantage sharpening only; the rollout allocator and in-context seeding need the {SAMPLER}", bold=True),
-    _k("SPO (single-stream)", "Single-stream Policy Optimization", "A", ("experimental/spo_value_tracker", "experimental/spo_priority", "experimental/spo_advantage"), f"experimental reconstruction; the tracker state lives in the {TRAINER}", bold=True),
+    _k("SPO (single-stream)", "Single-stream Policy Optimization", "A", ("experimental/spo_value_tracker", "experimental/spo_priority", "experimental/spo_advantage"), "experimental reconstruction; value_tracker=experimental/spo_value_tracker keeps the tracker's state in the train state and provides spo_advantage's baseline", bold=True),
     _k("A-GRAE", "Unveiling Implicit Advantage Symmetry: Why GRPO", "A", ("experimental/a_grae",), "experimental reconstruction"),
     _o("ADORA", "ADORA: Training Reasoning Models with Dynamic", "A", ABSTRACT_ONLY),
     _r("ASPO", "Understanding Tool-Integrated Reasoning", "A", ENV),
@@ -342,9 +345,26 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def not_in_loop(m: Method) -> list[tuple[str, str]]:
+    """(kernel, reason) for each kernel of `m` whose registration declares why it cannot run in the loop."""
+    from jaxgrpo import kernels
+
+    return [(k.name, k.loop) for name in m.kernels for k in kernels.list_kernels() if k.name == name and k.loop]
+
+
+def rendered_status(m: Method) -> tuple[str, str]:
+    """(status, note) as docs/methods.md shows them: "kernel" means every kernel runs from an experiment."""
+    reasons = not_in_loop(m) if m.status == KERNEL else []
+    if not reasons:
+        return m.status, m.note
+    why = "; ".join(f"`{name}` {reason}" for name, reason in reasons)
+    return KERNEL_NOT_IN_LOOP, f"{m.note}; {why}" if m.note else why
+
+
 def render() -> str:
-    """docs/methods.md as a string (a pure function of BASELINES and METHODS)."""
-    counts = {s: sum(m.status == s for m in METHODS) for s in STATUSES}
+    """docs/methods.md as a string (a pure function of BASELINES, METHODS and the registry's declared reasons)."""
+    statuses = [rendered_status(m)[0] for m in METHODS]
+    counts = {s: statuses.count(s) for s in (*STATUSES, KERNEL_NOT_IN_LOOP)}
     out = [
         "# Methods of the catalog and their status in jaxgrpo",
         "",
@@ -352,16 +372,20 @@ def render() -> str:
         "",
         "Every method of the GRPO-family method catalog with its status:",
         "",
-        "- **kernel**: implemented as registered kernels (names below; `jaxgrpo.get(kind, name)`).",
+        "- **kernel**: implemented as registered kernels (names below; `jaxgrpo.get(kind, name)`), each of",
+        "  which runs from an experiment file (tests/test_train_every_kernel.py runs every one two steps).",
         "  Names starting with `experimental/` are documented reconstructions of methods whose formula",
         "  could not be verified; their docstrings say what is reconstructed.",
+        "- **kernel, not in the loop**: implemented as registered kernels, at least one of which needs an",
+        "  input jaxgrpo's training loop cannot produce; the reason its registration declares is in the notes.",
         "- **built in**: implemented by the model or the trainer rather than as a kernel; where, and how",
         "  to turn it on.",
         "- **needs rollout support**: the method changes what is sampled, rewarded or trained beyond a pure",
         "  kernel; the capability it needs is named.",
         "- **out of scope**: with the reason.",
         "",
-        f"{len(METHODS)} methods: {counts[KERNEL]} kernel, {counts[BUILT_IN]} built in, {counts[ROLLOUT]} needs rollout support, "
+        f"{len(METHODS)} methods: {counts[KERNEL]} kernel, {counts[KERNEL_NOT_IN_LOOP]} kernel not in the loop, "
+        f"{counts[BUILT_IN]} built in, {counts[ROLLOUT]} needs rollout support, "
         f"{counts[OUT]} out of scope. Methods in bold have a full description in the catalog.",
         "",
         "## Baselines",
@@ -377,7 +401,8 @@ def render() -> str:
             if m.category != letter:
                 continue
             name = f"**{m.name}**" if m.bold else m.name
-            out.append(f"| {_cell(name)} | *{_cell(m.title)}…* | {m.status} | {_names(m.kernels)} | {_cell(m.note)} |")
+            status, note = rendered_status(m)
+            out.append(f"| {_cell(name)} | *{_cell(m.title)}…* | {status} | {_names(m.kernels)} | {_cell(note)} |")
     return "\n".join(out) + "\n"
 
 

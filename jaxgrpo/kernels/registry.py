@@ -44,6 +44,9 @@ class KernelInfo:
     paper: str
     fn: Callable
     experimental: bool = False
+    #: Why the kernel cannot run in jaxgrpo's training loop (an input the loop has no way to produce), or
+    #: None for a kernel an experiment can select. Declared at registration, shown in docs/methods.md.
+    loop: str | None = None
 
     @property
     def summary(self) -> str:
@@ -55,7 +58,8 @@ class KernelInfo:
 _REGISTRY: dict[str, dict[str, KernelInfo]] = {kind: {} for kind in KINDS}
 
 
-def register(kind: str, name: str, *, paper: str, experimental: bool = False, overwrite: bool = False):
+def register(kind: str, name: str, *, paper: str, experimental: bool = False, loop: str | None = None,
+             overwrite: bool = False):
     """Decorator registering `fn` as a kernel of `kind` under `name`.
 
     Args:
@@ -64,6 +68,9 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, ov
         whose formula could not be checked against the authors' code.
       paper: title and year of the paper the kernel implements.
       experimental: whether the formula is a documented reconstruction.
+      loop: why the kernel cannot run in jaxgrpo's training loop, e.g. "needs a multi-turn environment"
+        (what it reads that the loop cannot produce); None (the default) for a kernel an experiment can
+        select, which tests/test_train_every_kernel.py then runs for two steps.
       overwrite: allow replacing an existing entry (handy when re-running a
         notebook cell); otherwise a duplicate name is an error.
     """
@@ -73,6 +80,9 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, ov
         raise ValueError(f"kernel name must be lowercase without spaces, got {name!r}")
     if not paper:
         raise ValueError(f"kernel {name!r} needs a paper (title and year)")
+    if loop is not None and not loop.startswith("needs "):
+        raise ValueError(f"kernel {name!r}: loop= says what the kernel needs that the loop lacks and starts with "
+                         f"'needs ', got {loop!r}")
 
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY[kind] and not overwrite and _REGISTRY[kind][name].fn is not fn:
@@ -80,7 +90,8 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, ov
                 f"a {kind} kernel named {name!r} is already registered; pass overwrite=True to replace it"
             )
         _REGISTRY[kind][name] = KernelInfo(
-            name=name, kind=kind, paper=paper, fn=fn, experimental=experimental or name.startswith("experimental/")
+            name=name, kind=kind, paper=paper, fn=fn, experimental=experimental or name.startswith("experimental/"),
+            loop=loop,
         )
         return fn
 

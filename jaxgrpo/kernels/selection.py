@@ -41,7 +41,9 @@ def _bounds(value, m: int, name: str) -> np.ndarray:
     return arr
 
 
-@register("selection", "knapsack_allocation", paper=_KNAPSACK)
+@register("selection", "knapsack_allocation", paper=_KNAPSACK,
+          loop=("needs a sampler drawing a different number of rollouts per prompt; the loop draws group_size for"
+                " every prompt"))
 def knapsack_allocation(
     success_rates,
     budget: int,
@@ -174,7 +176,8 @@ def mmr1_vas_weights(
 # --------------------------------------------------------------------------- DUMP
 
 
-@register("selection", "dump_ucb_weights", paper=_DUMP)
+@register("selection", "dump_ucb_weights", paper=_DUMP,
+          loop="needs several data distributions with statistics kept across steps (DUMP's curriculum)")
 def dump_ucb_weights(mean_abs_advantage, counts, *, temperature: float = 0.1) -> Array:
     """DUMP distribution weights: softmax of a UCB score over data distributions.
 

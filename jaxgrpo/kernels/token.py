@@ -109,7 +109,9 @@ def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) ->
     return advantages, (advantages + values) * mask
 
 
-@register("token_advantage", "optimal_token_baseline", paper="The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL (2026)")
+@register("token_advantage", "optimal_token_baseline", paper="The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL (2026)",
+          loop=("needs the sum over the vocabulary of pi^2 at each token, which the trainer's vocabulary-chunked "
+                "scoring does not compute"))
 def optimal_token_baseline(
     token_rewards,
     mask,

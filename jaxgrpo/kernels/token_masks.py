@@ -19,7 +19,9 @@ from jaxgrpo.kernels.validation import broadcast_advantages, check_token_inputs
 Array = jax.Array
 
 
-@register("mask", "off_policy_sequence_mask", paper="DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models (2025)")
+@register("mask", "off_policy_sequence_mask", paper="DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models (2025)",
+          loop=("needs the trained policy's log-probs and the advantages at each token; the loss_mask stage masks"
+                " rows of rewards and groups before the advantages"))
 def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, threshold: float) -> Array:
     """Off-policy sequence masking: drop negative-advantage sequences that drifted too far.
 
@@ -52,7 +54,8 @@ def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, threshold:
     return jax.lax.stop_gradient(keep.astype(logp.dtype) * mask)
 
 
-@register("mask", "high_entropy_token_mask", paper="Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning (2025)")
+@register("mask", "high_entropy_token_mask", paper="Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning (2025)",
+          loop="needs the update's entropy at each token; the loss_mask stage masks rows before the update")
 def high_entropy_token_mask(entropy, mask, *, top_quantile: float = 0.2) -> Array:
     """Keep only the highest-entropy tokens ("forking tokens") in the policy loss.
 

@@ -4,6 +4,8 @@
 * `step`: the pure update `(TrainState, TrainBatch) -> (TrainState, metrics)` and its loss.
 * `rollout`: sampling, scoring and dynamic sampling of a step's groups (`Rollout`).
 * `batch`: a scored rollout to the update's `TrainBatch` (advantages, reference log-probs, GAE).
+* `inputs`, `stages`: the fields a kernel can read and the stages that select kernels by name.
+* `trackers`: stateful kernels, their per-prompt state kept in `TrainState.kernel_state`.
 * `warmup`, `evaluation`: supervised warm-up batches; held-out accuracy and pass@k.
 * `distributed`: every multi-host helper.
 * `loop`: `Trainer`, which runs a `Config`.

@@ -24,9 +24,10 @@ TASK_IDS = {"strata_ids": "strata_id", "bundle_ids": "bundle_id"}
 
 
 def batch_inputs(cfg: Config, rollout: Rollout, stats: RowStats, reward_weights: np.ndarray,
-                 tokens: dict[str, np.ndarray]) -> inputs_lib.BatchInputs:
+                 tokens: dict[str, np.ndarray], rows: dict | None = None) -> inputs_lib.BatchInputs:
     """The whole batch's fields from this host's rollout, the whole batch's `RowStats` and this host's
-    token fields `tokens` (gathered here: only the ones the host stages read are passed)."""
+    token fields `tokens` (gathered here: only the ones the host stages read are passed); `rows`: more
+    whole-batch row fields by name (e.g. a tracker's `baseline`)."""
     local = {name: np.array([e[key] for e in rollout.examples], np.int32)
              for name, key in TASK_IDS.items() if rollout.examples and all(key in e for e in rollout.examples)}
     whole = gather_rows({**local, **tokens}) if local or tokens else {}
@@ -36,7 +37,7 @@ def batch_inputs(cfg: Config, rollout: Rollout, stats: RowStats, reward_weights:
         num_groups=cfg.prompts_per_step, valid=stats.trains, lengths=stats.lengths.astype(np.float32),
         seq_logp=stats.seq_logp, mask=whole.get("mask"), sampler_logp=whole.get("sampler_logp"),
         trainer_logp=whole.get("trainer_logp"), values=whole.get("values"),
-        task_ids={name: whole[name] for name in local},
+        task_ids={**{name: whole[name] for name in local}, **(rows or {})},
     )
 
 
@@ -58,12 +59,13 @@ def gae_advantages(cfg: Config, rollout: Rollout, mask: np.ndarray, valid: np.nd
 
 
 def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forward: Callable,
-                stats: RowStats | None = None) -> TrainBatch:
+                stats: RowStats | None = None, rows: dict | None = None) -> TrainBatch:
     """The arrays the jitted update consumes for this host's rows of `rollout`.
 
     `forward(tokens, attention, positions, completion_len, which)` -> f32[n, C] for `which` in ("reference",
     "values", "policy"): the reference policy's log-probs, the value head's values, the current policy's
     log-probs. `stats`: the whole batch's `gather_rows(row_stats(rollout))`, if the caller already has it.
+    `rows`: more whole-batch row fields the host stages may read (`batch_inputs`).
     """
     if stats is None:
         stats = gather_rows(row_stats(rollout))
@@ -74,7 +76,7 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forwa
     if cfg.loss_mask:
         keep = kernels.get("mask", cfg.loss_mask)(
             jnp.asarray(stats.rewards), jnp.asarray(stats.group_ids), num_groups=cfg.prompts_per_step,
-            valid=jnp.asarray(stats.trains))
+            valid=jnp.asarray(stats.trains), **cfg.loss_mask_kwargs)
         valid = valid & np.asarray(keep)[process_block(len(stats.rewards))]
     mask = rollout.completion_mask * valid[:, None]
     old_logp = rollout.sampler_logp
@@ -89,7 +91,8 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forwa
     else:
         read = stages.token_fields_read(cfg) | ({"mask"} if "token_rewards" in stages.token_fields_read(cfg) else set())
         local_tokens = {"mask": mask, "sampler_logp": old_logp, "trainer_logp": score("policy") if "trainer_logp" in read else None}
-        inputs = batch_inputs(cfg, rollout, stats, reward_weights, {k: v for k, v in local_tokens.items() if k in read})
+        inputs = batch_inputs(cfg, rollout, stats, reward_weights, {k: v for k, v in local_tokens.items() if k in read},
+                              rows)
         token_advantages = stages.token_advantages(cfg, inputs, mask.shape[1])[process_block(len(stats.rewards))]
     row_fields = {}
     loss_reads = set(sum(inputs_lib.fields_read(kernels.get_loss(cfg.loss), cfg.loss_kwargs), []))

@@ -93,7 +93,8 @@ FIELDS: dict[str, Field] = {
     "boundaries": Field(TOKEN, "segment boundaries", "a segmenter of reasoning steps", None),
     "hits": Field("[N, K]", "relevance of each ranked item", "a ranking task (Rank-GRPO)", None),
     "baseline": Field(ROW, "tracked value of each row's prompt (SPO)",
-                      "the SPO value tracker (its state is not yet kept in the train state)", None),
+                      "cfg.value_tracker (SPO's value tracker, its state kept in the train state)",
+                      lambda cfg, examples: cfg.value_tracker is not None),
     "baseline_rewards": Field(ROW, "reward of a greedy completion of each row's prompt",
                               "a greedy-baseline rollout per prompt (ReMax)", None),
     "sum_pi_squared": Field(TOKEN, "sum over the vocabulary of pi^2 at each token",
@@ -111,11 +112,17 @@ FIELDS: dict[str, Field] = {
 LOSS_ROW_FIELDS = ("rewards", "group_ids", "valid")
 
 
+def _is_field(p: inspect.Parameter) -> bool:
+    """A parameter named like a field is one unless its default is a setting (a string, number or flag):
+    a field is an array, required or defaulting to None, while e.g. OPMD's `baseline="mean"` is a choice."""
+    return p.name in FIELDS and (p.default is p.empty or p.default is None)
+
+
 def fields_read(kernel: Callable, kwargs: dict = ()) -> tuple[list[str], list[str]]:
     """(required, optional) fields a kernel's signature names, less the keyword arguments the experiment sets."""
     required, optional = [], []
     for p in inspect.signature(kernel).parameters.values():
-        if p.name in FIELDS and p.name not in kwargs:
+        if _is_field(p) and p.name not in kwargs:
             (required if p.default is p.empty else optional).append(p.name)
     return required, optional
 
@@ -123,7 +130,7 @@ def fields_read(kernel: Callable, kwargs: dict = ()) -> tuple[list[str], list[st
 def hyperparameters(kernel: Callable) -> list[str]:
     """The keyword arguments an experiment may set: every parameter that is not a field."""
     return [p.name for p in inspect.signature(kernel).parameters.values()
-            if p.name not in FIELDS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if not _is_field(p) and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def unavailable(name: str, cfg: Config, examples) -> str | None:

@@ -54,8 +54,9 @@ from jaxgrpo.config import Config, validate
 from jaxgrpo.models import packing
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
-from jaxgrpo.train import evaluation, stages, rollout as rollout_lib, state as state_lib, step as step_lib, warmup as warmup_lib
-from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows
+from jaxgrpo.train import evaluation, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
+from jaxgrpo.train import warmup as warmup_lib
+from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
 from jaxgrpo.train.state import Policy, TrainState
 from jaxgrpo.train.step import TrainBatch
@@ -106,7 +107,6 @@ class Trainer:
         self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head), nnx.Param, ...)
         self.optimizer = state_lib.make_optimizer(cfg.optimizer)
         self.state = state_lib.init_state(params, self.optimizer, self.mesh)
-        self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
         self.ref_params = jax.tree.map(jnp.copy, params) if cfg.kl_coef else None
         self._updates: dict = {}  # packed shape -> jitted update (compiled on first use)
         self._forward = step_lib.make_forward_fn(cfg, self.graphdef, self.rest)
@@ -115,6 +115,11 @@ class Trainer:
 
         self.train_examples = self.task.load(cfg.task.train_split, data_dir=cfg.task.data_dir)
         stages.check_fields(cfg, self.train_examples)  # every field a stage's kernel reads, before compiling
+        if cfg.value_tracker:  # a state per prompt of the training split, kept in the train state
+            self.train_examples = trackers.indexed(self.train_examples)
+            kernel_state = trackers.init_state(cfg, len(self.train_examples))
+            self.state = self.state._replace(kernel_state=on_mesh(kernel_state, self.mesh))
+        self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
         self.prompts = PromptStream(self.train_examples, cfg.seed)
         self.eval_examples = (
             self.task.load(cfg.task.eval_split, data_dir=cfg.task.data_dir, num_examples=cfg.task.num_eval_examples)
@@ -152,16 +157,29 @@ class Trainer:
         return rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer, self.reward_fns,
                                    self.mesh)
 
+    def score(self, tokens, attention, positions, completion_len: int, which: str) -> np.ndarray:
+        """f32[n, C] for this host's rows: the "reference" or current ("policy") log-probs, or the "values"."""
+        params = self.ref_params if which == "reference" else self.state.params
+        outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
+        return local_rows(outputs[1 if which == "values" else 0], self.mesh)
+
     def train_batch(self, rollout: Rollout, stats: RowStats | None = None) -> TrainBatch:
         """The update's arrays for this host's rows (`batch.train_batch`)."""
-
-        def forward(tokens, attention, positions, completion_len, which: str):
-            params = self.ref_params if which == "reference" else self.state.params
-            outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
-            return local_rows(outputs[1 if which == "values" else 0], self.mesh)
-
+        rows = {}
+        if self.cfg.value_tracker:  # the tracked value of each row's prompt, from the steps before this one
+            prompt_ids = trackers.prompt_ids(rollout.examples)
+            rows["baseline"] = trackers.baseline(self.cfg, self.state.kernel_state, prompt_ids)
         weights = np.array([w for _, w in self.reward_fns], np.float32)
-        return batch_lib.train_batch(self.cfg, rollout, weights, forward, stats)
+        return batch_lib.train_batch(self.cfg, rollout, weights, self.score, stats, rows)
+
+    def track(self, rollout: Rollout, stats: RowStats, batch: TrainBatch) -> None:
+        """Folds the step's outcomes into the tracker's state, with each row's drift under the update."""
+        completion_len = batch.completion_mask.shape[-1]
+        new_logp = self.score(batch.tokens, batch.attention_mask, batch.positions, completion_len, "policy")
+        kl = gather_rows(trackers.drift(batch.old_logp, new_logp, batch.completion_mask))
+        kernel_state = trackers.update(self.cfg, self.state.kernel_state, trackers.prompt_ids(rollout.examples),
+                                       stats.correct, kl, stats.trains)
+        self.state = self.state._replace(kernel_state=kernel_state)
 
     def update(self, batch: TrainBatch) -> dict:
         """num_epochs x num_minibatches jitted updates over the batch (this host's rows); returns the mean metrics.
@@ -229,6 +247,8 @@ class Trainer:
         batch = self.train_batch(rollout, stats)
         t0 = time.perf_counter()
         metrics.update(self.update(batch))
+        if self.cfg.value_tracker:
+            self.track(rollout, stats, batch)
         metrics["time_train"] = time.perf_counter() - t0
         metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), time_step=time.perf_counter() - t_start)
         return metrics

@@ -1,6 +1,7 @@
 """The step's stages, each a kind of registered kernel the experiment picks by name with keyword arguments.
 
-    reward shaping -> advantage -> token credit -> row weights -> policy loss (+ KL, entropy, value) -> aggregation
+    loss mask -> reward shaping -> advantage -> token credit -> row weights -> policy loss (+ KL, entropy, value)
+    -> aggregation
 
 | stage (config field) | kernel kinds | what its output does |
 |---|---|---|
@@ -9,12 +10,15 @@
 | `token_credit` | credit | f32[N, T]: new advantages if the kernel reads `advantages`, else weights multiplying them |
 | `row_weights` | selection | f32[N] or f32[num_groups] (per group): weights multiplying each row's advantages |
 | `loss` | loss | the per-token policy loss; fields beyond (logp, old_logp, advantages, mask) by name |
-| `loss_mask` | mask | bool[N]: rows the loss sees |
+| `loss_mask` | mask | bool[N]: rows the loss sees (a mask of the batch's rewards and groups) |
+| `kl_kind` (`kl_kwargs`) | kl | the per-token KL to the reference, weighted by `kl_coef` in the loss (on when > 0) |
+| `value_tracker` | selection (a tracker) | a state per prompt, kept in the train state; provides `baseline` |
 
 Each kernel reads the fields its signature names (`jaxgrpo.train.inputs`). `check_config` refuses a
-stage given a kernel of the wrong kind and unknown keyword arguments (from the config alone);
-`check_fields` refuses a kernel reading a field the run cannot provide (with the task's examples).
-Both run before anything is compiled.
+stage given a kernel of the wrong kind, a kernel whose registration declares it cannot run in the
+loop (`KernelInfo.loop`), and unknown keyword arguments (from the config alone); `check_fields`
+refuses a kernel reading a field the run cannot provide (with the task's examples). Both run before
+anything is compiled.
 """
 
 from __future__ import annotations
@@ -26,13 +30,23 @@ import numpy as np
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
-from jaxgrpo.train import inputs as inputs_lib
+from jaxgrpo.train import inputs as inputs_lib, trackers
 
 
 class Stage(NamedTuple):
-    field: str  # the config field naming the kernel (its keyword arguments: field + "_kwargs")
+    field: str  # the config field naming the kernel
     kinds: tuple[str, ...]
+    kwargs: str = ""  # the config field of its keyword arguments ("" : field + "_kwargs")
+    #: The fields the stage passes its kernel (None: any field the run provides).
+    passes: tuple[str, ...] | None = None
 
+    @property
+    def kwargs_field(self) -> str:
+        return self.kwargs or self.field + "_kwargs"
+
+
+#: What the loss_mask stage passes its kernel: the whole batch's row statistics, before the host stages.
+ROW_MASK_INPUTS = ("rewards", "group_ids", "num_groups", "valid")
 
 STAGES = (
     Stage("reward_shaping", ("reward",)),
@@ -40,6 +54,9 @@ STAGES = (
     Stage("token_credit", ("credit",)),
     Stage("row_weights", ("selection",)),
     Stage("loss", ("loss",)),
+    Stage("loss_mask", ("mask",), passes=ROW_MASK_INPUTS),
+    Stage("kl_kind", ("kl",), kwargs="kl_kwargs", passes=("logp", "ref_logp", "old_logp", "mask")),
+    Stage("value_tracker", ("selection",), passes=("state", "prompt_ids", "rewards", "kl", "valid")),
 )
 
 #: Stages computed on the host before the update (the loss runs inside it).
@@ -50,12 +67,18 @@ LOSS_FIELDS = ("entropy", "num_groups", *inputs_lib.LOSS_ROW_FIELDS)
 
 def kernel_of(cfg: Config, stage: Stage):
     """The kernel a stage names (None when the stage is off), refusing a name of another kind."""
+    found = info_of(cfg, stage)
+    return None if found is None else found.fn
+
+
+def info_of(cfg: Config, stage: Stage):
+    """The registry entry (`KernelInfo`) of the kernel a stage names, or None when the stage is off."""
     name = getattr(cfg, stage.field)
     if name is None or (stage.field == "advantage" and cfg.value_head):  # a value head: GAE is the advantage
         return None
     for kind in stage.kinds:
         if name in {k.name for k in kernels.list_kernels(kind)}:
-            return kernels.get(kind, name)
+            return kernels.info(kind, name)
     elsewhere = [k.kind for k in kernels.list_kernels() if k.name == name]
     valid = ", ".join(k.name for kind in stage.kinds for k in kernels.list_kernels(kind))
     if elsewhere:
@@ -66,19 +89,34 @@ def kernel_of(cfg: Config, stage: Stage):
 
 
 def check_config(cfg: Config) -> None:
-    """Each stage names a kernel of its kinds, and its keyword arguments are the kernel's hyper-parameters."""
+    """Each stage names a kernel of its kinds that can run in the loop, and its keyword arguments are the
+    kernel's hyper-parameters."""
     for stage in STAGES:
-        kernel = kernel_of(cfg, stage)
-        if kernel is None:
+        found = info_of(cfg, stage)
+        if found is None:
             continue
-        kwargs = getattr(cfg, stage.field + "_kwargs")
+        kernel, name = found.fn, found.name
+        if stage.field == "value_tracker" and name not in trackers.TRACKERS:
+            raise ValueError(f"value_tracker={name!r} is not a tracker (state in, state out); valid names: "
+                             f"{', '.join(trackers.TRACKERS)}")
+        if found.loop:
+            raise ValueError(f"{stage.field}={name!r} cannot run in jaxgrpo's loop: it {found.loop}; pick another "
+                             f"{found.kind} kernel (or call it from a custom loop)")
+        kwargs = getattr(cfg, stage.kwargs_field)
         allowed = inputs_lib.hyperparameters(kernel)
+        if stage.passes is not None:
+            allowed = [a for a in allowed if a not in stage.passes]
+            needs = [p.name for p in inspect.signature(kernel).parameters.values() if p.default is p.empty
+                     and p.kind is not p.VAR_KEYWORD and p.name not in stage.passes and p.name not in kwargs]
+            if needs:
+                raise ValueError(f"{stage.field}={name!r} reads {', '.join(needs)}, but the {stage.field} stage "
+                                 f"passes only {', '.join(stage.passes)}; pick another {found.kind} kernel")
         if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values()):
             continue
         for key in kwargs:
             if key not in allowed:
                 why = "is passed by the trainer itself" if key in inputs_lib.FIELDS else "is not an argument"
-                raise ValueError(f"{stage.field}_kwargs key {key!r} {why} of {stage.field} {getattr(cfg, stage.field)!r}; "
+                raise ValueError(f"{stage.kwargs_field} key {key!r} {why} of {stage.field} {name!r}; "
                                  f"valid keys: {', '.join(allowed) or '(none)'}")
         missing = [p.name for p in inspect.signature(kernel).parameters.values()
                    if p.name in allowed and p.default is p.empty and p.name not in kwargs]
@@ -88,16 +126,16 @@ def check_config(cfg: Config) -> None:
                              f"{inputs_lib.unavailable(never[0], cfg, ())}; pick another kernel")
         if missing:
             raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {', '.join(missing)}; set "
-                             f"{stage.field}_kwargs={{{', '.join(repr(m) + ': ...' for m in missing)}}}")
+                             f"{stage.kwargs_field}={{{', '.join(repr(m) + ': ...' for m in missing)}}}")
 
 
 def check_fields(cfg: Config, examples) -> None:
     """Every field a configured kernel reads is one the run provides (config and task examples)."""
     for stage in STAGES:
         kernel = kernel_of(cfg, stage)
-        if kernel is None:
+        if kernel is None or stage.passes is not None:  # stages passing fixed fields: checked by check_config
             continue
-        required, _ = inputs_lib.fields_read(kernel, getattr(cfg, stage.field + "_kwargs"))
+        required, _ = inputs_lib.fields_read(kernel, getattr(cfg, stage.kwargs_field))
         if stage.field == "loss":
             required = [n for n in required if n not in ("logp", "old_logp", "advantages", "mask")]
             inside = [n for n in required if n not in LOSS_FIELDS and inputs_lib.FIELDS[n].available is not None]
@@ -121,7 +159,7 @@ def token_fields_read(cfg: Config) -> set[str]:
     for stage in STAGES:
         kernel = kernel_of(cfg, stage) if stage.field in HOST_STAGES else None
         if kernel is not None:
-            required, optional = inputs_lib.fields_read(kernel, getattr(cfg, stage.field + "_kwargs"))
+            required, optional = inputs_lib.fields_read(kernel, getattr(cfg, stage.kwargs_field))
             names.update(n for n in required + optional if inputs_lib.FIELDS[n].shape == inputs_lib.TOKEN)
     return names
 

@@ -49,6 +49,8 @@ class TrainState(NamedTuple):
     params: Any
     opt_state: Any
     step: Array
+    #: The state of stateful kernels by stage, e.g. {"value_tracker": SPOTrackerState} ({} without one).
+    kernel_state: Any = {}
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
@@ -117,9 +119,25 @@ def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainSt
     return on_mesh(TrainState(params, opt_state, jnp.zeros((), jnp.int32)), mesh)
 
 
+class _CheckpointedTrain(NamedTuple):
+    """The train state less its kernel state, laid out as checkpoints held it before stateful kernels."""
+
+    params: Any
+    opt_state: Any
+    step: Array
+
+
 def checkpoint_tree(state: TrainState, ref_params) -> dict:
-    """The arrays a checkpoint holds: the train state, and the reference policy when there is one."""
-    return {"train": state, **({"ref": ref_params} if ref_params is not None else {})}
+    """The arrays a checkpoint holds: the train state, stateful kernels' state when there is some, and the
+    reference policy when there is one (so checkpoints of runs without them restore as they always did)."""
+    return {"train": _CheckpointedTrain(state.params, state.opt_state, state.step),
+            **({"kernel_state": state.kernel_state} if state.kernel_state else {}),
+            **({"ref": ref_params} if ref_params is not None else {})}
+
+
+def state_of(tree: dict) -> TrainState:
+    """The `TrainState` of a restored `checkpoint_tree`."""
+    return TrainState(*tree["train"], kernel_state=tree.get("kernel_state", {}))
 
 
 def save(checkpointer, step: int, state: TrainState, ref_params, data_position: int, key: Array) -> None:
@@ -153,5 +171,5 @@ def restore(checkpointer, state: TrainState, ref_params) -> Restored | None:
                        checkpointer.directory, checkpointer.damaged_directory, step,
                        "; ".join(f"step {s}: {r}" for s, r in skipped))
     key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32))
-    return Restored(int(meta["step"]), restored["train"], restored.get("ref") if ref_params is not None else None,
+    return Restored(int(meta["step"]), state_of(restored), restored.get("ref") if ref_params is not None else None,
                     int(meta["data_position"]), key)

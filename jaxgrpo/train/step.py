@@ -1,7 +1,8 @@
 """The pure update: (TrainState, TrainBatch) -> (TrainState, metrics), jitted with the state donated.
 
 The loss is a sum of terms over the completion tokens, each from a registered kernel or a
-coefficient of the `Objective`: the policy loss (`cfg.loss`), a KL penalty to the reference policy,
+coefficient of the `Objective`: the policy loss (`cfg.loss`), a KL penalty to the reference policy
+(the registered estimator `cfg.kl_kind` with `cfg.kl_kwargs`, weighted by `cfg.kl_coef`),
 an entropy bonus, a clipped value loss (PPO), and a likelihood term (supervised warm-up, where it is
 the only term). The terms are aggregated with the registered aggregation mode, whose whole-minibatch
 denominator is computed before the micro-batch scan, so gradients accumulated over micro-batches
@@ -52,7 +53,8 @@ class Objective(NamedTuple):
     loss: str | None  # registered policy loss, or None for no policy term
     loss_kwargs: dict
     kl_coef: float
-    kl_kind: str
+    kl_kind: str  # a registered "kl" estimator
+    kl_kwargs: dict
     entropy_coef: float
     value_coef: float  # 0 without a value head
     likelihood_coef: float  # weight of -log p(token): teacher forcing on the batch's completions
@@ -63,14 +65,14 @@ class Objective(NamedTuple):
 
 def objective_of(cfg: Config) -> Objective:
     """The RL objective a config names."""
-    return Objective(cfg.loss, dict(cfg.loss_kwargs), cfg.kl_coef, cfg.kl_kind, cfg.entropy_coef,
+    return Objective(cfg.loss, dict(cfg.loss_kwargs), cfg.kl_coef, cfg.kl_kind, dict(cfg.kl_kwargs), cfg.entropy_coef,
                      cfg.value_coef if cfg.value_head else 0.0, 0.0, cfg.aggregation,
                      cfg.aggregation_max_len or cfg.sampling.max_new_tokens, cfg.sampling.temperature)
 
 
 def likelihood_objective(cfg: Config) -> Objective:
     """Supervised fine-tuning: the mean negative log-likelihood of the completion tokens at temperature 1."""
-    return Objective(None, {}, 0.0, cfg.kl_kind, 0.0, 0.0, 1.0, "token_mean",
+    return Objective(None, {}, 0.0, cfg.kl_kind, {}, 0.0, 0.0, 1.0, "token_mean",
                      cfg.aggregation_max_len or cfg.sampling.max_new_tokens, 1.0)
 
 
@@ -104,6 +106,7 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
     """
     o = objective or objective_of(cfg)
     policy_loss = kernels.get_loss(o.loss) if o.loss else None
+    kl_estimator = kernels.get("kl", o.kl_kind) if o.kl_coef else None
     with_values = bool(o.value_coef)
     required, optional = inputs_lib.fields_read(policy_loss, o.loss_kwargs) if policy_loss else ([], [])
     extra_fields = [n for n in required + optional if n not in ("logp", "old_logp", "advantages", "mask")]
@@ -136,7 +139,7 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
         if o.kl_coef:
             # old_logp: k3_unbiased weights k3 by pi / pi_old, pi_old being the policy that sampled the batch.
             # mask: padding never reaches the arithmetic, so garbage there cannot make the gradient NaN.
-            kl = kernels.kl_penalty(logp, batch.ref_logp, o.kl_kind, old_logp=batch.old_logp, mask=mask)
+            kl = kl_estimator(logp, batch.ref_logp, old_logp=batch.old_logp, mask=mask, **o.kl_kwargs)
             per_token = per_token + o.kl_coef * kl * mask
             metrics["kl"] = masked_mean(kl, mask)
         if o.entropy_coef:
@@ -188,7 +191,7 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
-        return TrainState(params, opt_state, state.step + 1), metrics
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
     in_shardings = (state_sharding, NamedSharding(mesh, P(None, BATCH_AXES)))
     if packed_shape:
