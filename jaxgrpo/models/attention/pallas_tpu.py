@@ -58,9 +58,11 @@ def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float |
     b = _block(length)
     sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
                               block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-    return splash.make_splash_mha(splash_mask.MultiHeadMask([mask] * heads), block_sizes=sizes, head_shards=1,
-                                  q_seq_shards=1, attn_logits_soft_cap=logit_soft_cap, interpret=interpret,
-                                  save_residuals=save_residuals)
+    # Concrete mask tables even when first built while tracing: the kernel is cached across traces.
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(splash_mask.MultiHeadMask([mask] * heads), block_sizes=sizes, head_shards=1,
+                                      q_seq_shards=1, attn_logits_soft_cap=logit_soft_cap, interpret=interpret,
+                                      save_residuals=save_residuals)
 
 
 def prepare(layout: AttentionLayout, positions: jax.Array, window: int | None) -> dict[str, jax.Array]:
