@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
 from jax.sharding import PartitionSpec
 
 from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, target_platform, xla
@@ -52,17 +53,24 @@ def _block(length: int) -> int:
 @functools.lru_cache(maxsize=64)
 def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float | None, interpret: bool,
             save_residuals: bool = False) -> splash.SplashAttentionKernel:
-    """A splash kernel over `heads` query heads and rows of `length` slots, causal or windowed."""
+    """A splash kernel over `heads` query heads and rows of `length` slots, causal or windowed.
+
+    What `make_splash_mha` builds, with its block tables kept as numpy arrays: constants in any trace, so
+    one kernel serves every trace and no tracer leaks from one into another (`make_splash_mha` stages them
+    into the trace it is called in)."""
     shape = (length, length)
     mask = splash_mask.CausalMask(shape) if window is None else splash_mask.LocalMask(shape, (window - 1, 0), 0)
+    mask = splash_mask.MultiHeadMask([mask] * heads)
     b = _block(length)
     sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
                               block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-    # Concrete mask tables even when first built while tracing: the kernel is cached across traces.
-    with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha(splash_mask.MultiHeadMask([mask] * heads), block_sizes=sizes, head_shards=1,
-                                      q_seq_shards=1, attn_logits_soft_cap=logit_soft_cap, interpret=interpret,
-                                      save_residuals=save_residuals)
+    forward, mask_function = splash_mask_info.process_mask(mask, (b, b))
+    dq, _ = splash_mask_info.process_mask(mask, (b, b))
+    dkv, _ = splash_mask_info.process_mask_dkv(mask, (b, b), shrink_grid=True)
+    return splash.SplashAttentionKernel(
+        forward, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=save_residuals,
+        mask_value=splash.DEFAULT_MASK_VALUE, attn_logits_soft_cap=logit_soft_cap, residual_checkpoint_name=None,
+        mask_function=mask_function, interpret=interpret)
 
 
 def prepare(layout: AttentionLayout, positions: jax.Array, window: int | None) -> dict[str, jax.Array]:
