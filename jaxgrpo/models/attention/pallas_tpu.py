@@ -160,17 +160,29 @@ def _splash_rows(q, k, v, masks, *, window, logit_soft_cap, interpret):
 
 
 def _per_shard(fn, q, k, v, masks, mesh):
-    """`fn(q, k, v, masks)` run per shard of rows and key/value heads on `mesh` (as is without one)."""
-    spec = None if mesh is None else activation_spec(("batch", "kv_heads", None, None, None), q.shape, mesh)
+    """`fn(q, k, v, masks)` run per shard of rows and key/value heads on `mesh` (as is without one).
+
+    A Pallas call cannot be partitioned by XLA, so on a mesh it always runs inside a `shard_map`: rows
+    over the batch axes (padded with fully masked rows to a multiple of their size when they do not
+    divide, e.g. 4 packed rows on 8 chips), key/value heads with their query heads over `model` where it
+    divides them."""
+    spec = None if mesh is None else activation_spec(
+        ("batch", "kv_heads", None, None, None), (q.shape[0] * mesh.size,) + q.shape[1:], mesh)
     if spec is None:
         return fn(q, k, v, masks)
     rows, heads = (None if axes is PartitionSpec.UNCONSTRAINED else axes for axes in spec[:2])
-    if rows is None and heads is None:
-        return fn(q, k, v, masks)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    shards = math.prod(sizes[a] for a in ((rows,) if isinstance(rows, str) else rows or ()))
+    batch = q.shape[0]
+    padded = -(-batch // shards) * shards
+    if padded != batch:
+        q, k, v = (_pad(x, 0, padded) for x in (q, k, v))
+        masks = jax.tree.map(lambda x: _pad(x, 0, padded, _PAD_QUERY), masks)
     q_spec, kv_spec = PartitionSpec(rows, heads, None, None, None), PartitionSpec(rows, heads, None, None)
     mask_specs = jax.tree.map(lambda x: PartitionSpec(rows, *(None,) * (x.ndim - 1)), masks)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_specs), out_specs=q_spec,
-                         check_vma=False)(q, k, v, masks)
+    out = jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_specs), out_specs=q_spec,
+                        check_vma=False)(q, k, v, masks)
+    return out[:batch]
 
 
 def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap: float | None = None, mesh=None):
