@@ -18,7 +18,6 @@ from jaxgrpo.models import Decoder, attention
 from jaxgrpo.models.attention import AttentionLayout
 from tests.tiny_models import llama_and_gemma3
 
-jax.config.update("jax_enable_x64", False)
 RTOL, ATOL = 1e-5, 2e-6
 
 

@@ -15,7 +15,7 @@ attention natively: head h reads key/value head h // G). The decoder's layouts m
   (segment, branch) (the trunk's queries see the whole of what they may see there), and, for a branch's
   queries, their segment's trunk. The two calls' outputs merge exactly through their log-sum-exps; the
   gradient is flash attention's backward of each call run with the merged output and log-sum-exp (the
-  probabilities of the union), summed. Sliding layers of this layout count their window in positions,
+  probabilities of the union), summed (`_union`, which every layout goes through: one call for the others). Sliding layers of this layout count their window in positions,
   which the trunk call cannot express with a static mask (a branch's slots are shifted from its positions
   by the earlier branches' lengths): those layers run the XLA form, the only place here that is quadratic.
 
@@ -27,6 +27,7 @@ interpreted (`interpret=True`): for tests, slowly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -51,9 +52,10 @@ def _block(length: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float | None, interpret: bool,
-            save_residuals: bool = False) -> splash.SplashAttentionKernel:
-    """A splash kernel over `heads` query heads and rows of `length` slots, causal or windowed.
+def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float | None,
+            interpret: bool) -> splash.SplashAttentionKernel:
+    """A splash kernel over `heads` query heads and rows of `length` slots, causal or windowed, returning its
+    log-sum-exp with the output (for `_union`).
 
     What `make_splash_mha` builds, with its block tables kept as numpy arrays: constants in any trace, so
     one kernel serves every trace and no tracer leaks from one into another (`make_splash_mha` stages them
@@ -68,7 +70,7 @@ def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float |
     dq, _ = splash_mask_info.process_mask(mask, (b, b))
     dkv, _ = splash_mask_info.process_mask_dkv(mask, (b, b), shrink_grid=True)
     return splash.SplashAttentionKernel(
-        forward, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=save_residuals,
+        forward, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=True,
         mask_value=splash.DEFAULT_MASK_VALUE, attn_logits_soft_cap=logit_soft_cap, residual_checkpoint_name=None,
         mask_function=mask_function, interpret=interpret)
 
@@ -100,39 +102,59 @@ def _pad(x: jax.Array, axis: int, length: int, value=0) -> jax.Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _merged_pair(own_kernel, trunk_kernel):
-    """Attention of one row over two disjoint key sets (own ids, trunk ids), merged exactly, with its gradient."""
+def _kernel_precision(dtype):
+    """The matmul precision the kernels are traced under: a narrow type's products are exact in float32
+    whatever it says, and Mosaic refuses a bfloat16 product asked for float32 precision (as a global
+    `jax_default_matmul_precision="highest"` asks); float32 keeps the caller's setting."""
+    return contextlib.nullcontext() if jnp.dtype(dtype).itemsize >= 4 else jax.default_matmul_precision("default")
 
-    def forward(q, k, v, own, trunk):
-        out_own, (lse_own,) = own_kernel(q, k, v, segment_ids=own)
-        out_trunk, (lse_trunk,) = trunk_kernel(q, k, v, segment_ids=trunk)
-        lse = jnp.logaddexp(lse_own, lse_trunk)
-        out = (jnp.exp(lse_own - lse)[..., None] * out_own.astype(jnp.float32)
-               + jnp.exp(lse_trunk - lse)[..., None] * out_trunk.astype(jnp.float32))
+
+def _flat_blocks(info):
+    """A mask table with its partial blocks as [blocks, block_q, block_kv], as the kernels take them."""
+    if info is None or info.partial_mask_blocks is None:
+        return info
+    return info._replace(partial_mask_blocks=info.partial_mask_blocks.reshape(-1, *info.partial_mask_blocks.shape[-2:]))
+
+
+def _union(kernel):
+    """Attention of one row over the union of disjoint key sets, one splash call each (each set given by
+    its `SegmentIds`), merged exactly through their log-sum-exps, with its gradient: flash attention's
+    backward of each call run with the union's output and log-sum-exp (the union's probabilities), summed.
+
+    `kernel` saves residuals (it returns the log-sum-exp). With one set this is splash attention itself,
+    its backward traced here too, under `_kernel_precision`."""
+
+    def forward(q, k, v, ids):
+        with _kernel_precision(q.dtype):
+            calls = [kernel(q, k, v, segment_ids=i) for i in ids]
+        if len(calls) == 1:
+            out, (lse,) = calls[0]
+            return out, lse
+        lse = functools.reduce(jnp.logaddexp, [part for _, (part,) in calls])
+        out = sum(jnp.exp(part - lse)[..., None] * o.astype(jnp.float32) for o, (part,) in calls)
         return out.astype(q.dtype), lse
 
     @jax.custom_vjp
-    def attention(q, k, v, own, trunk):
-        return forward(q, k, v, own, trunk)[0]
+    def attention(q, k, v, ids):
+        return forward(q, k, v, ids)[0]
 
-    def attention_fwd(q, k, v, own, trunk):
-        out, lse = forward(q, k, v, own, trunk)
-        return out, (q, k, v, own, trunk, out, lse)
+    def attention_fwd(q, k, v, ids):
+        out, lse = forward(q, k, v, ids)
+        return out, (q, k, v, ids, out, lse)
 
     def attention_bwd(residuals, d_out):
-        q, k, v, own, trunk, out, lse = residuals
+        q, k, v, ids, out, lse = residuals
+        options = kernel.kwargs
         dq, dk, dv = 0, 0, 0
-        for kernel, ids in ((own_kernel, own), (trunk_kernel, trunk)):
-            # Flash attention's backward with the union's output and log-sum-exp: each call's share of it.
-            options = kernel.kwargs
-            flat = lambda info: info if info is None or info.partial_mask_blocks is None else info._replace(  # noqa: E731
-                partial_mask_blocks=info.partial_mask_blocks.reshape(-1, *info.partial_mask_blocks.shape[-2:]))
-            saved = (q, k, v, ids, None, out, lse, flat(kernel.dq_mask_info), flat(kernel.dkv_mask_info))
-            grads = splash._splash_attention_bwd(
-                False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
-                options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
+        for segment_ids in ids:
+            saved = (q, k, v, segment_ids, None, out, lse, _flat_blocks(kernel.dq_mask_info),
+                     _flat_blocks(kernel.dkv_mask_info))
+            with _kernel_precision(q.dtype):
+                grads = splash._splash_attention_bwd(
+                    False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
+                    options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
             dq, dk, dv = dq + grads[3], dk + grads[4], dv + grads[5]
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), jax.tree.map(lambda _: None, ids)
 
     attention.defvjp(attention_fwd, attention_bwd)
     return attention
@@ -147,15 +169,11 @@ def _splash_rows(q, k, v, masks, *, window, logit_soft_cap, interpret):
            for name, x in masks.items() if x.ndim == 2}
     # Padding slots share the id _PAD_QUERY for queries and keys of the own call: they see each other only.
     ids["key"] = jnp.where(jnp.arange(padded) < length, ids["key"], _PAD_QUERY)
-    own = splash.SegmentIds(ids["query"], ids["key"])
-    if "trunk_query" not in ids:
-        kernel = _kernel(padded, heads, window, logit_soft_cap, interpret)
-        out = jax.vmap(kernel)(q, k, v, own)
-    else:
-        pair = _merged_pair(_kernel(padded, heads, window, logit_soft_cap, interpret, save_residuals=True),
-                            _kernel(padded, heads, window, logit_soft_cap, interpret, save_residuals=True))
-        trunk = splash.SegmentIds(ids["trunk_query"], ids["trunk_key"])
-        out = jax.vmap(pair)(q, k, v, own, trunk)
+    sets = [splash.SegmentIds(ids["query"], ids["key"])]
+    if "trunk_query" in ids:
+        sets.append(splash.SegmentIds(ids["trunk_query"], ids["trunk_key"]))
+    attention = _union(_kernel(padded, heads, window, logit_soft_cap, interpret))
+    out = jax.vmap(attention)(q, k, v, sets)
     return out[:, :, :length]
 
 
