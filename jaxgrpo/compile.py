@@ -125,7 +125,8 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
 
     config, dtype = decoder_config(cfg), getattr(jnp, cfg.dtype)
     policy = nnx.eval_shape(lambda: train.Policy(
-        Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat, rngs=nnx.Rngs(0)), value_head=cfg.value_head))
+        Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat, attention=cfg.attention, rngs=nnx.Rngs(0)),
+        value_head=cfg.value_head))
     graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
     leaves, treedef = jax.tree.flatten(params)
     variables = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -36,6 +36,8 @@ from typing import Any
 DTYPES = ("float32", "bfloat16")
 #: The float types optimizer state can be stored in (`OptimizerConfig.state_dtype`).
 STATE_DTYPES = ("float32", "bfloat16")
+#: Attention implementations `Config.attention` can name (`jaxgrpo.models.attention`: "auto" and its NAMES).
+ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "cpu")
 
 
 class _Fields:
@@ -113,6 +115,9 @@ class Config(_Fields):
     # What to train.
     model: str = "smollm2-135m-instruct"
     dtype: str = "float32"
+    #: The training/scoring attention implementation (jaxgrpo.models.attention): "auto" picks splash
+    #: attention on a TPU and the CPU kernels on a CPU; "xla", "pallas_tpu" or "cpu" choose one.
+    attention: str = "auto"
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     #: Reward functions by name (functions of `jaxgrpo.rewards`) and their weights;
     #: empty means the task's default rewards.
@@ -432,6 +437,8 @@ def _check_ranges(cfg: Config) -> None:
         (o.state_dtype in STATE_DTYPES,
          f"optimizer.state_dtype must be one of {', '.join(STATE_DTYPES)}, got {o.state_dtype!r}"),
         (cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}"),
+        (cfg.attention in ATTENTION_NAMES,
+         f"attention must be one of {', '.join(ATTENTION_NAMES)}, got {cfg.attention!r}"),
         (cfg.num_epochs >= 1, f"num_epochs must be >= 1, got {cfg.num_epochs}"),
         (cfg.num_minibatches >= 1, f"num_minibatches must be >= 1, got {cfg.num_minibatches}"),
         (cfg.micro_batch_size is None or cfg.micro_batch_size >= 1,

@@ -8,6 +8,7 @@ import sys
 
 import jax
 import pytest
+from flax import nnx
 
 from jaxgrpo import cli
 from jaxgrpo import compile as aot
@@ -226,3 +227,24 @@ def test_cpu_kernels_are_never_chosen_for_a_tpu_program():
     assert not cpu_matmul.use_for(jax.numpy.bfloat16, tpu.abstract_mesh)
     assert not cpu_attention.use_for(jax.numpy.bfloat16, 64, 1, tpu.abstract_mesh)
     assert cpu_matmul.use_for(jax.numpy.bfloat16, cpu.abstract_mesh) == cpu_matmul.available()
+
+
+def test_splash_attention_compiles_for_a_tpu_and_is_its_default():
+    """The toy's update (packed prompt groups: splash's two-call merge with its backward) compiled for a v5e-8
+    with libtpu's real Pallas kernels: the program calls them (`tpu_custom_call`), and only with attention
+    pallas_tpu, which "auto" picks for a TPU; the CPU implementation is refused there before anything compiles."""
+    _, devices = aot.topology_devices(ONE_HOST)
+    texts = {}
+    for name in ("pallas_tpu", "xla"):
+        cfg = _toy("mesh.data=1", "mesh.fsdp=-1", f"attention={name}")
+        mesh = train.make_mesh(cfg, devices)
+        lowered, _, _ = aot.lower_update(cfg, mesh, aot.abstract_train_state(cfg, mesh))
+        texts[name] = lowered.compile().as_text()
+    assert "tpu_custom_call" in texts["pallas_tpu"] and "tpu_custom_call" not in texts["xla"]
+    assert aot.host_transfers(texts["pallas_tpu"]) == []
+    # "auto" resolves by the platform of the mesh the program is laid out on.
+    tiny = nnx.eval_shape(lambda: train.MODEL_BUILDERS["toy-tiny"](dtype=jax.numpy.float32, remat=True)[0])
+    assert tiny.attention == "auto" and tiny.attention_implementation(mesh.abstract_mesh).name == "pallas_tpu"
+    cfg = _toy("mesh.data=1", "mesh.fsdp=-1", "attention=cpu")
+    with pytest.raises(ValueError, match="'cpu' does not run on tpu; available there: auto, xla, pallas_tpu"):
+        aot.lower_update(cfg, mesh, aot.abstract_train_state(cfg, mesh))

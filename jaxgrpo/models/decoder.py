@@ -37,6 +37,12 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   `model(..., packed_weights=packed)` multiplies by them through `cpu_matmul`'s kernel (bfloat16,
   unsharded, AVX512-BF16; None elsewhere, where passing None changes nothing). No derivative.
 
+The two purposes have their own entry points: `forward(tokens, positions, layout)` (training and scoring:
+hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
+cached call); `hidden_states` and `__call__` dispatch to them from the keyword arguments above. Training
+and scoring attention runs through an implementation of `jaxgrpo.models.attention` (`attention=` at
+construction: "auto" is splash attention on a TPU, the XLA math plus the CPU decode kernel on a CPU).
+
 Logits are float32 whatever the compute dtype.
 
 On a mesh (one set with `jax.set_mesh`, or the one the parameters are sharded on) activations are
@@ -55,14 +61,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxgrpo.models import attention as attention_implementations
 from jaxgrpo.models import cpu_attention, cpu_kernels, cpu_matmul
+from jaxgrpo.models.attention import AttentionLayout
+from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
+from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask  # noqa: F401 (re-exported)
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
-
-# Added to masked attention scores; finite so fully masked rows (padding queries) stay NaN-free.
-_MASKED_SCORE = -1e30
-
 
 class KVCache(NamedTuple):
     """Keys and values of every layer: `k`, `v` of shape [layers, batch, kv_heads, capacity, head_dim].
@@ -140,42 +146,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
-
-
-def build_attention_mask(
-    query_slots: jax.Array,
-    key_valid: jax.Array,
-    window: int | None = None,
-    query_segments: jax.Array | None = None,
-    key_segments: jax.Array | None = None,
-) -> jax.Array:
-    """bool[B, T, S]: query at slot `query_slots[t]` may attend to key slot s.
-
-    Causal in slot order, restricted to `key_valid` [B, S], to `query_slots[t] - s < window` when a
-    window is given, and to equal segments when segment ids [B, T] / [B, S] are given.
-    """
-    key_slots = jnp.arange(key_valid.shape[1])
-    distance = query_slots[:, None] - key_slots[None, :]
-    allowed = distance >= 0
-    if window is not None:
-        allowed &= distance < window
-    mask = allowed[None] & key_valid[:, None, :]
-    if query_segments is not None:
-        mask &= query_segments[:, :, None] == key_segments[:, None, :]
-    return mask
-
-
-def build_branch_mask(segment_ids: jax.Array, branch_ids: jax.Array, positions: jax.Array, window: int | None = None) -> jax.Array:
-    """bool[B, T, T] of packed prompt groups: causal in slot order within a segment (id 0 is padding),
-    a key visible if it is in the shared trunk (branch 0) or in the query's own branch, and, with a
-    window, fewer than `window` positions back (branches do not continue the trunk's slots)."""
-    slots = jnp.arange(segment_ids.shape[1])
-    mask = (slots[:, None] >= slots[None, :])[None]
-    mask &= (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids != 0)[:, None, :]
-    mask &= (branch_ids[:, None, :] == 0) | (branch_ids[:, :, None] == branch_ids[:, None, :])
-    if window is not None:
-        mask &= positions[:, :, None] - positions[:, None, :] < window
-    return mask
 
 
 def positions_from_mask(attention_mask: jax.Array | None, segment_ids: jax.Array | None, length: int) -> jax.Array:
@@ -433,7 +403,7 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
 
 
 def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, prefix=None, prefix_mask=None,
-                       mesh=None):
+                       mesh=None, cache_kernel=None):
     """Attention output [B, T, kv, G, D] over the shared prefix, the live cache and the T new tokens.
 
     q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
@@ -444,8 +414,9 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     static index slices them (differentiable, as the shared-prefix forward needs); a traced one
     runs over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length and not
     with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per (row, kv
-    head), with no transposes of the cache. On an unsharded CPU program (`mesh` None or one device)
-    a one-token call reads the live slots in place through `cpu_attention` instead, where it is built.
+    head), with no transposes of the cache. Where the attention implementation's `cache_kernel(cache
+    dtype, head_dim, T, mesh)` says so (the `cpu` one: a one-token call of an unsharded CPU program, where
+    the kernel is built), the live slots are read in place through `cpu_attention` instead.
     """
     cache_k, cache_v = cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape
@@ -488,7 +459,7 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         return finish(with_prefix(state))
 
     state = _softmax_block(new_scores, new_values)
-    if cpu_attention.use_for(cache_k.dtype, head_dim, length, mesh) and (
+    if cache_kernel is not None and cache_kernel(cache_k.dtype, head_dim, length, mesh) and (
             prefix is None or prefix[0].dtype == cache_k.dtype):
         if prefix is not None:
             prefix_block = cpu_attention.cache_block(q, _bits(prefix[0]), _bits(prefix[1]), layer, prefix_mask,
@@ -540,13 +511,16 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
+                 cache_kernel=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
-        With `cache` (every layer's k, v [L, B, kv_heads, C, head_dim]) the queries also attend to
-        layer `layer`'s cached slots below `cache_index`, and to the shared `prefix` (k, v) [L,
-        P_rows, kv_heads, P, head_dim] if given; `mask` is then (cached [B, T, C], new [B, T, T],
-        prefix [P_rows, T, P] or None).
+        Without a cache, `mask` is the attention implementation's `attend(q, k, v)` for this layer (the
+        layout bound: see `jaxgrpo.models.attention`). With `cache` (every layer's k, v [L, B, kv_heads,
+        C, head_dim]) the queries also attend to layer `layer`'s cached slots below `cache_index`, and to
+        the shared `prefix` (k, v) [L, P_rows, kv_heads, P, head_dim] if given; `mask` is then (cached
+        [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None), and `cache_kernel` the implementation's
+        predicate for the CPU cache kernel.
         `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
         c = self.config
@@ -563,20 +537,18 @@ class Attention(nnx.Module):
         groups = c.num_heads // c.num_kv_heads
         with jax.named_scope("attention"), jax.named_scope("core"):
             q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
-            scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
-            scores = constrain_activation(scores, ("batch", "kv_heads", None, None, None), mesh)
             if cache is None:
-                scores = jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
-                probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-                out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+                out = mask(q, k, v)
             else:
+                scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
+                scores = constrain_activation(scores, ("batch", "kv_heads", None, None, None), mesh)
                 # The cache is read-only here (the caller writes the new slots after the layer scan), and
                 # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
                 # whatever the capacity.
                 cache_mask, new_mask, prefix_mask = mask
                 scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
                 out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale,
-                                         self.dtype, prefix, prefix_mask, mesh)
+                                         self.dtype, prefix, prefix_mask, mesh, cache_kernel)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
             out = _product("bthk,hkd->btd", out, self.o[...], self.dtype)
@@ -619,10 +591,11 @@ class Block(nnx.Module):
             self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
             self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
+                 cache_kernel=None):
         rows = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         x = rows(x)
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index, mesh, prefix)
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index, mesh, prefix, cache_kernel)
         x = rows(x + (self.attn_out_norm(y) if self.gemma else y))
         y = self.mlp(self.mlp_norm(x), mesh)
         return rows(x + (self.mlp_out_norm(y) if self.gemma else y)), new_kv
@@ -652,14 +625,20 @@ class Decoder(nnx.Module):
       dtype: compute dtype (float32 or bfloat16); attention softmax, norms and logits run in float32.
       param_dtype: parameter dtype.
       remat: recompute each layer's activations in the backward pass instead of storing them.
+      attention: the training/scoring attention implementation, "auto" (the platform's: splash attention
+        on a TPU) or one of `jaxgrpo.models.attention.NAMES`; an unknown name is a ValueError here, one
+        that does not run on the program's platform at the first call.
       rngs: initializer randomness (loaders overwrite the values).
     """
 
-    def __init__(self, config: DecoderConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
+                 attention: str = attention_implementations.AUTO, rngs: nnx.Rngs):
+        attention_implementations.check_name(attention)
         c = config
         self.config = c
         self.dtype = dtype
         self.remat = remat
+        self.attention = attention
         self.embed = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), param_dtype)
         self.layers = Block(c, (c.num_layers,), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.final_norm = RMSNorm((), c.hidden_size, "norm", c, param_dtype)
@@ -723,6 +702,11 @@ class Decoder(nnx.Module):
                 f"token ids must lie in [0, {self.config.vocab_size}) for this vocabulary, got min {low} and max {high}"
             )
 
+    def attention_implementation(self, mesh=None) -> attention_implementations.AttentionImplementation:
+        """The attention implementation this model runs in a program laid out on `mesh` (None: the default
+        devices): `self.attention`, or with "auto" the platform's default (`jaxgrpo.models.attention`)."""
+        return attention_implementations.resolve(self.attention, attention_implementations.target_platform(mesh))
+
     def hidden_states(
         self,
         tokens: jax.Array,
@@ -742,9 +726,9 @@ class Decoder(nnx.Module):
 
         `branch_ids`: packed prompt groups, with `segment_ids` and `positions`; `prefix`/`prefix_mask`:
         a shared prefix for a cached call (see the module docstring); `packed_weights`: this model's
-        `pack_weights()`, multiplied by instead of the parameters (no derivative).
+        `pack_weights()`, multiplied by instead of the parameters (no derivative). Without a cache this is
+        `forward` with the layout the masks describe; with one, `decode_step`.
         """
-        c = self.config
         self._check_tokens(tokens)
         batch, length = tokens.shape
         _check_prefix(prefix, prefix_mask, batch)
@@ -754,71 +738,110 @@ class Decoder(nnx.Module):
             if branch_ids.shape != tokens.shape or segment_ids.shape != tokens.shape:
                 raise ValueError(f"branch_ids and segment_ids must be [batch, length] = {tokens.shape}, "
                                  f"got {branch_ids.shape} and {segment_ids.shape}")
-        if cache is None:
-            if prefix is not None:
-                raise ValueError("prefix is read by cached calls only: pass cache, cache_index and kv_mask with it")
-            if segment_ids is not None and attention_mask is not None:
-                raise ValueError("pass either attention_mask or segment_ids, not both (segment id 0 marks padding)")
-            if positions is None:
-                positions = positions_from_mask(attention_mask, segment_ids, length)
-            if segment_ids is not None:
-                key_valid = segment_ids != 0
-            elif attention_mask is not None:
-                key_valid = attention_mask.astype(bool)
-            else:
-                key_valid = jnp.ones((batch, length), bool)
-            query_slots = jnp.arange(length)
+        if cache is not None:
+            return self.decode_step(tokens, positions, cache=cache, cache_index=cache_index, kv_mask=kv_mask,
+                                    prefix=prefix, prefix_mask=prefix_mask, packed_weights=packed_weights)
+        if prefix is not None:
+            raise ValueError("prefix is read by cached calls only: pass cache, cache_index and kv_mask with it")
+        if segment_ids is not None and attention_mask is not None:
+            raise ValueError("pass either attention_mask or segment_ids, not both (segment id 0 marks padding)")
+        if positions is None:
+            positions = positions_from_mask(attention_mask, segment_ids, length)
+        if branch_ids is not None:
+            layout = AttentionLayout.branches(segment_ids, branch_ids)
+        elif segment_ids is not None:
+            layout = AttentionLayout.segments(segment_ids)
         else:
-            if cache_index is None or kv_mask is None:
-                raise ValueError("a cached call needs cache_index (first slot to write) and kv_mask [batch, capacity]")
-            if segment_ids is not None or attention_mask is not None:
-                raise ValueError("with a cache, mark padding through kv_mask, not attention_mask/segment_ids")
-            batch_and_capacity = (cache.k.shape[1], cache.k.shape[3])
-            if kv_mask.shape != batch_and_capacity:
-                raise ValueError(f"kv_mask must be [batch, capacity] = {batch_and_capacity}, got {kv_mask.shape}")
-            if positions is None:
-                positions = cache_index + jnp.arange(length)[None]
-            key_valid = kv_mask.astype(bool)
-            query_slots = cache_index + jnp.arange(length)
+            layout = AttentionLayout.padded(jnp.ones((batch, length), bool) if attention_mask is None else attention_mask)
+        return self.forward(tokens, positions, layout, packed_weights=packed_weights), None
+
+    def forward(self, tokens: jax.Array, positions: jax.Array, layout: AttentionLayout, *,
+                packed_weights: PackedWeights | None = None) -> jax.Array:
+        """Final-normalized hidden states [B, T, E] of a training or scoring forward (no cache).
+
+        `positions` [B, T] (or [1, T]) feed RoPE; `layout` says which keys each query sees (padded rows,
+        packed segments or packed prompt groups: `AttentionLayout`); the attention runs through this
+        model's implementation (`attention_implementation`).
+        """
+        c = self.config
+        self._check_tokens(tokens)
+        batch, length = tokens.shape
         positions = jnp.broadcast_to(positions, (batch, length))
-        # Activations are laid out on the active mesh (None on one device: no constraints at all).
+        mesh = active_mesh(self.embed[...])
+        implementation = self.attention_implementation(mesh)
+        rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
+        masks = jax.tree.map(rows, implementation.prepare(layout, positions, c.sliding_window))
+
+        def attention(sliding):
+            return functools.partial(implementation.attend, masks=masks, sliding=sliding, window=c.sliding_window,
+                                     scale=c.attention_scale, mesh=mesh)
+
+        hidden, _ = self._layers(tokens, positions, attention, mesh, packed_weights=packed_weights)
+        return hidden
+
+    def decode_step(self, tokens: jax.Array, positions: jax.Array | None = None, *, cache: KVCache,
+                    cache_index: jax.Array | int, kv_mask: jax.Array, prefix: KVCache | None = None,
+                    prefix_mask: jax.Array | None = None,
+                    packed_weights: PackedWeights | None = None) -> tuple[jax.Array, KVCache]:
+        """(final-normalized hidden states [B, T, E], updated cache) of a cached call: prefill or a decode
+        step (the module docstring's contract). Positions default to the slots written."""
+        self._check_tokens(tokens)
+        batch, length = tokens.shape
+        _check_prefix(prefix, prefix_mask, batch)
+        if cache_index is None or kv_mask is None:
+            raise ValueError("a cached call needs cache_index (first slot to write) and kv_mask [batch, capacity]")
+        batch_and_capacity = (cache.k.shape[1], cache.k.shape[3])
+        if kv_mask.shape != batch_and_capacity:
+            raise ValueError(f"kv_mask must be [batch, capacity] = {batch_and_capacity}, got {kv_mask.shape}")
+        if positions is None:
+            positions = cache_index + jnp.arange(length)[None]
+        positions = jnp.broadcast_to(positions, (batch, length))
         mesh = active_mesh(self.embed[...])
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
+        key_valid = kv_mask.astype(bool)
+        query_slots = cache_index + jnp.arange(length)
+        # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T], mask over the
+        # prefix [P_rows, T, P] or None); slots from cache_index on hold stale values until
+        # written, so only earlier ones count as cached.
+        old_valid = key_valid & (jnp.arange(key_valid.shape[1]) < cache_index)[None]
+        new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
 
-        segments = (segment_ids, segment_ids) if segment_ids is not None else (None, None)
-        if branch_ids is not None:
-            full_mask = build_branch_mask(segment_ids, branch_ids, positions)
-            sliding_mask = build_branch_mask(segment_ids, branch_ids, positions, c.sliding_window) if c.sliding_window else full_mask
-        elif cache is None:
-            full_mask = build_attention_mask(query_slots, key_valid, None, *segments)
-            sliding_mask = build_attention_mask(query_slots, key_valid, c.sliding_window, *segments) if c.sliding_window else full_mask
-        else:
-            # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T], mask over the
-            # prefix [P_rows, T, P] or None); slots from cache_index on hold stale values until
-            # written, so only earlier ones count as cached.
-            old_valid = key_valid & (jnp.arange(key_valid.shape[1]) < cache_index)[None]
-            new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
+        def prefix_attention_mask(window):
+            if prefix is None:
+                return None
+            prefix_length = prefix.k.shape[3]
+            allowed = jnp.ones((length, prefix_length), bool)
+            if window is not None:  # the prefix's slots come before the cache's
+                allowed = (prefix_length + query_slots)[:, None] - jnp.arange(prefix_length)[None] < window
+            return allowed[None] & prefix_mask.astype(bool)[:, None, :]
 
-            def prefix_attention_mask(window):
-                if prefix is None:
-                    return None
-                prefix_length = prefix.k.shape[3]
-                allowed = jnp.ones((length, prefix_length), bool)
-                if window is not None:  # the prefix's slots come before the cache's
-                    allowed = (prefix_length + query_slots)[:, None] - jnp.arange(prefix_length)[None] < window
-                return allowed[None] & prefix_mask.astype(bool)[:, None, :]
+        def cached_and_new(window):
+            return (build_attention_mask(query_slots, old_valid, window),
+                    build_attention_mask(jnp.arange(length), new_valid, window),
+                    prefix_attention_mask(window))
 
-            def cached_and_new(window):
-                return (build_attention_mask(query_slots, old_valid, window),
-                        build_attention_mask(jnp.arange(length), new_valid, window),
-                        prefix_attention_mask(window))
+        window = self.config.sliding_window
+        full_mask = jax.tree.map(rows, cached_and_new(None))
+        sliding_mask = jax.tree.map(rows, cached_and_new(window)) if window else full_mask
 
-            full_mask = cached_and_new(None)
-            sliding_mask = cached_and_new(c.sliding_window) if c.sliding_window else full_mask
+        def masks(sliding):
+            return jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
+
+        return self._layers(tokens, positions, masks, mesh, cache=cache, cache_index=cache_index, prefix=prefix,
+                            packed_weights=packed_weights)
+
+    def _layers(self, tokens, positions, attention, mesh, *, cache=None, cache_index=None, prefix=None,
+                packed_weights=None):
+        """Embedding, the layer scan and the final norm: (hidden [B, T, E], the updated cache or None).
+
+        `attention(sliding)` gives a layer's attention argument (`Attention.__call__`'s `mask`) from
+        whether that layer slides (a traced bool)."""
+        c = self.config
+        rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
         cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
         cos_sliding, sin_sliding = rope_tables(positions, rope_inverse_frequencies(c.rope_sliding or c.rope, c.head_dim))
-        cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask = jax.tree.map(
-            rows, (cos_full, sin_full, cos_sliding, sin_sliding, full_mask, sliding_mask))
+        cos_full, sin_full, cos_sliding, sin_sliding = jax.tree.map(rows, (cos_full, sin_full, cos_sliding, sin_sliding))
+        cache_kernel = self.attention_implementation(mesh).cache_kernel if cache is not None else None
 
         with jax.named_scope("embed"):
             x = _take_rows(self.embed[...], tokens).astype(self.dtype)
@@ -834,8 +857,7 @@ class Decoder(nnx.Module):
                                                        packed_weights.layers if packed_weights else None))
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
-            mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
-            x, new_kv = block(x, cos, sin, mask, cache, index, cache_index, mesh, prefix)
+            x, new_kv = block(x, cos, sin, attention(sliding), cache, index, cache_index, mesh, prefix, cache_kernel)
             return x, (None if cache is None else new_kv)
 
         if self.remat:

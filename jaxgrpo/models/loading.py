@@ -18,9 +18,12 @@ from jaxgrpo.models.weights import (WeightFileError, decoder_params, language_mo
                                     read_safetensors)
 
 
-def decoder_from_params(config: DecoderConfig, params, *, dtype=jnp.float32, remat: bool = False) -> Decoder:
-    """A `Decoder` whose parameters are `params` (nested dict of arrays, cast to `dtype`)."""
-    abstract = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)))
+def decoder_from_params(config: DecoderConfig, params, *, dtype=jnp.float32, remat: bool = False,
+                        attention: str = "auto") -> Decoder:
+    """A `Decoder` whose parameters are `params` (nested dict of arrays, cast to `dtype`), with the
+    attention implementation `attention` (`jaxgrpo.models.attention`)."""
+    abstract = nnx.eval_shape(lambda: Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, attention=attention,
+                                              rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     nnx.replace_by_pure_dict(state, jax.tree.map(lambda x: jnp.asarray(x, dtype), params))
     return nnx.merge(graphdef, state)
@@ -79,7 +82,7 @@ def load_config(source: str) -> DecoderConfig:
     return _read_hf_config(path)[0]
 
 
-def load(source: str, dtype=jnp.float32, *, remat: bool = False):
+def load(source: str, dtype=jnp.float32, *, remat: bool = False, attention: str = "auto"):
     """Load a checkpoint: `(Decoder, tokenizer or None)`.
 
     Args:
@@ -89,6 +92,7 @@ def load(source: str, dtype=jnp.float32, *, remat: bool = False):
         `$JAXGRPO_MODELS/<name>` (see `jaxgrpo.models.architectures`).
       dtype: parameter and compute dtype (float32 or bfloat16).
       remat: rematerialize each layer in the backward pass.
+      attention: the attention implementation, "auto" (the platform's) or a name of `jaxgrpo.models.attention`.
 
     A directory without tokenizer files loads with tokenizer None. Of an image-text Gemma 3 directory the
     text decoder is loaded.
@@ -110,6 +114,7 @@ def load(source: str, dtype=jnp.float32, *, remat: bool = False):
             tensors = language_model_tensors(tensors)
     else:
         raise WeightFileError(f"{path} does not exist (expected a model directory, a .gguf file or a registered name)")
-    model = decoder_from_params(config, decoder_params(tensors, config, path), dtype=dtype, remat=remat)
+    model = decoder_from_params(config, decoder_params(tensors, config, path), dtype=dtype, remat=remat,
+                                attention=attention)
     tokenizer = tokenizer_from_gguf_metadata(metadata, path) if path.endswith(".gguf") else load_tokenizer(path)
     return model, tokenizer

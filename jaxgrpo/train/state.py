@@ -80,15 +80,20 @@ def register_model_builder(name: str, builder: Callable[..., tuple]) -> None:
 
 
 def build_model(cfg: Config):
-    """(model, tokenizer) for `cfg.model`: a registered builder, else `jaxgrpo.models.load`."""
+    """(model, tokenizer) for `cfg.model`: a registered builder, else `jaxgrpo.models.load`; its attention
+    implementation is `cfg.attention`."""
     from jaxgrpo import models
+    from jaxgrpo.models import attention
 
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    attention.check_name(cfg.attention)
     dtype = getattr(jnp, cfg.dtype)
     if cfg.model in MODEL_BUILDERS:
-        return MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.remat)
-    return models.load(cfg.model, dtype=dtype, remat=cfg.remat)
+        model, tokenizer = MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.remat)
+        model.attention = cfg.attention
+        return model, tokenizer
+    return models.load(cfg.model, dtype=dtype, remat=cfg.remat, attention=cfg.attention)
 
 
 def make_mesh(cfg: Config, devices: Sequence | None = None) -> jax.sharding.Mesh:

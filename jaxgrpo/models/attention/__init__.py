@@ -1,0 +1,133 @@
+"""Attention implementations behind one interface, chosen by backend (`model.attention` overrides).
+
+The decoder's training and scoring forward describes which keys each query sees with an
+`AttentionLayout` (padded rows, packed segments, or packed prompt groups as a trunk and branches) and
+hands it, with the queries, keys and values, to one implementation:
+
+* `xla`: dense scores [B, kv, G, T, T] in float32, the reference and the test oracle (any backend);
+* `pallas_tpu`: splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`), memory linear in
+  T; on a TPU, and interpreted on a CPU (for tests: slow);
+* `cpu`: the XLA math, plus the C++ decode kernel (`cpu_attention`) for the sampler's cached steps.
+
+`default_for(platform)` picks `pallas_tpu` on a TPU, `cpu` on a CPU, `xla` elsewhere; `resolve(name,
+platform)` turns a configured name ("auto" or one of `NAMES`) into its implementation, with a one-line
+error listing the available ones for a name that does not exist or does not run there.
+
+An implementation is two pure functions, so the decoder computes what the layout needs once per call and
+the attention itself once per layer:
+
+    masks = implementation.prepare(layout, positions, window)      # arrays with a leading batch axis
+    out = implementation.attend(q, k, v, masks, sliding, window=..., scale=..., logit_soft_cap=..., mesh=...)
+
+with q [B, T, kv, G, D] (G query heads per key/value head, RoPE applied), k and v [B, T, kv, D], and
+`sliding` a (possibly traced) bool saying whether this layer uses the `window`. The output [B, T, kv, G, D]
+is in q's dtype. Outputs at padding slots are unspecified (implementations differ there); every real
+token's output, and so every gradient of a loss over real tokens, is the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+#: The implementations, by configured name.
+NAMES = ("xla", "pallas_tpu", "cpu")
+#: The configured name that picks `default_for` the program's platform.
+AUTO = "auto"
+
+
+class AttentionLayout(NamedTuple):
+    """Which keys each query of a training/scoring forward may see: causal in slot order, and
+
+    * padded: `valid` bool[B, T] (True on real tokens) restricts the keys;
+    * segments: `segment_ids` i32[B, T] (0 is padding) keeps packed sequences apart;
+    * branches: `segment_ids` with `branch_ids` i32[B, T] (0 on a segment's shared trunk, g >= 1 on its
+      g-th branch): a query sees its segment's trunk and its own branch (models/packing.py), and sliding
+      windows count positions, not slots.
+
+    Exactly one kind is set; `kind` names it (static under `jit`: it depends on which fields are None).
+    """
+
+    valid: jax.Array | None = None
+    segment_ids: jax.Array | None = None
+    branch_ids: jax.Array | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.branch_ids is not None:
+            return "branches"
+        return "segments" if self.segment_ids is not None else "padded"
+
+    @classmethod
+    def padded(cls, valid: jax.Array) -> AttentionLayout:
+        return cls(valid=valid.astype(bool))
+
+    @classmethod
+    def segments(cls, segment_ids: jax.Array) -> AttentionLayout:
+        return cls(segment_ids=segment_ids)
+
+    @classmethod
+    def branches(cls, segment_ids: jax.Array, branch_ids: jax.Array) -> AttentionLayout:
+        return cls(segment_ids=segment_ids, branch_ids=branch_ids)
+
+
+class AttentionImplementation(NamedTuple):
+    """One attention implementation (see the module docstring).
+
+    name: its configured name; platforms: where it runs; prepare, attend: the training/scoring attention;
+    cache_kernel: `(cache_dtype, head_dim, query_length, mesh) -> bool`, whether the cached decode path
+    should read the cache through `cpu_attention`'s C++ kernel (False but for `cpu`).
+    """
+
+    name: str
+    platforms: tuple[str, ...]
+    prepare: Callable[..., Any]
+    attend: Callable[..., jax.Array]
+    cache_kernel: Callable[..., bool]
+
+
+def get(name: str) -> AttentionImplementation:
+    """The implementation called `name` (one of `NAMES`)."""
+    if name not in NAMES:
+        raise ValueError(f"unknown attention implementation {name!r}; choose one of {', '.join((AUTO,) + NAMES)}")
+    return importlib.import_module(f"{__name__}.{name}").IMPLEMENTATION
+
+
+def available(platform: str) -> tuple[str, ...]:
+    """The implementations that run on `platform` ("cpu", "gpu", "tpu")."""
+    return tuple(name for name in NAMES if platform in get(name).platforms)
+
+
+def default_for(platform: str) -> str:
+    """The implementation `auto` picks on `platform`: splash attention on a TPU, the CPU kernels on a CPU."""
+    return {"tpu": "pallas_tpu", "cpu": "cpu"}.get(platform, "xla")
+
+
+def check_name(name: str) -> None:
+    """Raises the one-line error of `get` for a name that is neither "auto" nor an implementation."""
+    if name != AUTO:
+        get(name)
+
+
+def resolve(name: str, platform: str) -> AttentionImplementation:
+    """The implementation a configured `name` ("auto" or one of `NAMES`) runs on `platform`."""
+    if name == AUTO:
+        name = default_for(platform)
+    implementation = get(name)
+    if platform not in implementation.platforms:
+        raise ValueError(f"attention implementation {name!r} does not run on {platform}; available there: "
+                         f"{', '.join((AUTO,) + available(platform))}")
+    return implementation
+
+
+def target_platform(mesh) -> str:
+    """The platform a program laid out on `mesh` (None: the default devices) runs on. A CPU process can
+    compile for a TPU topology (`jaxgrpo.compile`): the mesh's devices, not the default backend, decide."""
+    device = getattr(mesh, "abstract_device", None)  # an AbstractMesh (as under `jit`) names its devices' kind
+    if device is not None:
+        return device.platform
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh.devices.flat[0].platform
+    return jax.default_backend()

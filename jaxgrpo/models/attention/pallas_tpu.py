@@ -1,0 +1,238 @@
+"""Training and scoring attention through splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`).
+
+Splash attention is flash attention for TPUs: it never holds a [T, T] score matrix, so memory grows
+linearly in T, and it skips the blocks of keys its static mask rules out (causal: half of them). Each
+row of the batch is one kernel call (vmapped); G query heads share each key/value head (grouped-query
+attention natively: head h reads key/value head h // G). The decoder's layouts map onto it as:
+
+* causal in slot order, and a sliding window of w slots: the static mask (`CausalMask`, or
+  `LocalMask` keeping keys q - w < s <= q);
+* padded rows: segment ids 1 on real tokens and 0 on padding, so real queries see real keys only;
+* packed segments: the segment ids themselves;
+* packed prompt groups (models/packing.py), where a query sees its segment's trunk and its own branch:
+  where the groups sit in a row is computed from the data under `jit`, so no static mask can say it.
+  The keys a query sees are two disjoint sets, each one splash call with segment ids: its own
+  (segment, branch) (the trunk's queries see the whole of what they may see there), and, for a branch's
+  queries, their segment's trunk. The two calls' outputs merge exactly through their log-sum-exps; the
+  gradient is flash attention's backward of each call run with the merged output and log-sum-exp (the
+  probabilities of the union), summed (`_union`, which every layout goes through: one call for the others). Sliding layers of this layout count their window in positions,
+  which the trunk call cannot express with a static mask (a branch's slots are shifted from its positions
+  by the earlier branches' lengths): those layers run the XLA form, the only place here that is quadratic.
+
+Rows are padded to a multiple of 128 slots (the kernel's block) with segment ids no real token shares.
+`attn_logits_soft_cap` soft-caps the scores (Gemma 2). On a mesh the kernel runs per shard (`shard_map`)
+over rows (`data`/`fsdp`) and key/value heads (`model`, where it divides them). On a CPU the kernels run
+interpreted (`interpret=True`): for tests, slowly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
+from jax.sharding import PartitionSpec
+
+from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, target_platform, xla
+from jaxgrpo.models.partitioning import activation_spec
+
+#: Slots per block of queries and keys: rows are padded to a multiple of the smallest.
+BLOCKS = (512, 256, 128)
+# Segment ids of the slots added to reach a multiple of the block: no real token has them.
+_PAD_QUERY, _PAD_KEY = -1, -2
+
+
+def _block(length: int) -> int:
+    return next(b for b in BLOCKS if length % b == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float | None,
+            interpret: bool) -> splash.SplashAttentionKernel:
+    """A splash kernel over `heads` query heads and rows of `length` slots, causal or windowed, returning its
+    log-sum-exp with the output (for `_union`).
+
+    What `make_splash_mha` builds, with its block tables kept as numpy arrays: constants in any trace, so
+    one kernel serves every trace and no tracer leaks from one into another (`make_splash_mha` stages them
+    into the trace it is called in)."""
+    shape = (length, length)
+    mask = splash_mask.CausalMask(shape) if window is None else splash_mask.LocalMask(shape, (window - 1, 0), 0)
+    mask = splash_mask.MultiHeadMask([mask] * heads)
+    b = _block(length)
+    sizes = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
+                              block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+    forward, mask_function = splash_mask_info.process_mask(mask, (b, b))
+    dq, _ = splash_mask_info.process_mask(mask, (b, b))
+    dkv, _ = splash_mask_info.process_mask_dkv(mask, (b, b), shrink_grid=True)
+    return splash.SplashAttentionKernel(
+        forward, dq, dkv, block_sizes=sizes, is_mqa=False, save_residuals=True,
+        mask_value=splash.DEFAULT_MASK_VALUE, attn_logits_soft_cap=logit_soft_cap, residual_checkpoint_name=None,
+        mask_function=mask_function, interpret=interpret)
+
+
+def prepare(layout: AttentionLayout, positions: jax.Array, window: int | None) -> dict[str, jax.Array]:
+    """Segment ids [B, T] for the splash calls (query and key ids; for branches, both calls'), and for
+    branches with a window the XLA form's window mask [B, T, T] (module docstring)."""
+    if layout.kind == "padded":
+        ids = layout.valid.astype(jnp.int32)
+        return {"query": ids, "key": ids}
+    segments = layout.segment_ids.astype(jnp.int32)
+    if layout.kind == "segments":
+        return {"query": segments, "key": segments}
+    branches = layout.branch_ids.astype(jnp.int32)
+    length = segments.shape[1]
+    own = segments * (length + 1) + branches  # one id per (segment, branch)
+    real = segments != 0
+    masks = {"query": own, "key": own,
+             "trunk_query": jnp.where(real & (branches > 0), segments, _PAD_QUERY),
+             "trunk_key": jnp.where(real & (branches == 0), segments, _PAD_KEY)}
+    if window:
+        masks["window_mask"] = xla.build_branch_mask(layout.segment_ids, layout.branch_ids, positions, window)
+    return masks
+
+
+def _pad(x: jax.Array, axis: int, length: int, value=0) -> jax.Array:
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _kernel_precision(dtype):
+    """The matmul precision the kernels are traced under: a narrow type's products are exact in float32
+    whatever it says, and Mosaic refuses a bfloat16 product asked for float32 precision (as a global
+    `jax_default_matmul_precision="highest"` asks); float32 keeps the caller's setting."""
+    return contextlib.nullcontext() if jnp.dtype(dtype).itemsize >= 4 else jax.default_matmul_precision("default")
+
+
+def _flat_blocks(info):
+    """A mask table with its partial blocks as [blocks, block_q, block_kv], as the kernels take them."""
+    if info is None or info.partial_mask_blocks is None:
+        return info
+    return info._replace(partial_mask_blocks=info.partial_mask_blocks.reshape(-1, *info.partial_mask_blocks.shape[-2:]))
+
+
+def _union(kernel):
+    """Attention of one row over the union of disjoint key sets, one splash call each (each set given by
+    its `SegmentIds`), merged exactly through their log-sum-exps, with its gradient: flash attention's
+    backward of each call run with the union's output and log-sum-exp (the union's probabilities), summed.
+
+    `kernel` saves residuals (it returns the log-sum-exp). With one set this is splash attention itself,
+    its backward traced here too, under `_kernel_precision`."""
+
+    def forward(q, k, v, ids):
+        with _kernel_precision(q.dtype):
+            calls = [kernel(q, k, v, segment_ids=i) for i in ids]
+        if len(calls) == 1:
+            out, (lse,) = calls[0]
+            return out, lse
+        lse = functools.reduce(jnp.logaddexp, [part for _, (part,) in calls])
+        out = sum(jnp.exp(part - lse)[..., None] * o.astype(jnp.float32) for o, (part,) in calls)
+        return out.astype(q.dtype), lse
+
+    @jax.custom_vjp
+    def attention(q, k, v, ids):
+        return forward(q, k, v, ids)[0]
+
+    def attention_fwd(q, k, v, ids):
+        out, lse = forward(q, k, v, ids)
+        return out, (q, k, v, ids, out, lse)
+
+    def attention_bwd(residuals, d_out):
+        q, k, v, ids, out, lse = residuals
+        options = kernel.kwargs
+        dq, dk, dv = 0, 0, 0
+        for segment_ids in ids:
+            saved = (q, k, v, segment_ids, None, out, lse, _flat_blocks(kernel.dq_mask_info),
+                     _flat_blocks(kernel.dkv_mask_info))
+            with _kernel_precision(q.dtype):
+                grads = splash._splash_attention_bwd(
+                    False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
+                    options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
+            dq, dk, dv = dq + grads[3], dk + grads[4], dv + grads[5]
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), jax.tree.map(lambda _: None, ids)
+
+    attention.defvjp(attention_fwd, attention_bwd)
+    return attention
+
+
+def _splash_rows(q, k, v, masks, *, window, logit_soft_cap, interpret):
+    """Splash attention of rows q [B, H, T, D], k and v [B, kv, T, D] with `prepare`'s ids; [B, H, T, D]."""
+    batch, heads, length, _ = q.shape
+    padded = -(-length // BLOCKS[-1]) * BLOCKS[-1]
+    q, k, v = (_pad(x, 2, padded) for x in (q, k, v))
+    ids = {name: _pad(x, 1, padded, _PAD_KEY if name.endswith("key") else _PAD_QUERY)
+           for name, x in masks.items() if x.ndim == 2}
+    # Padding slots share the id _PAD_QUERY for queries and keys of the own call: they see each other only.
+    ids["key"] = jnp.where(jnp.arange(padded) < length, ids["key"], _PAD_QUERY)
+    sets = [splash.SegmentIds(ids["query"], ids["key"])]
+    if "trunk_query" in ids:
+        sets.append(splash.SegmentIds(ids["trunk_query"], ids["trunk_key"]))
+    attention = _union(_kernel(padded, heads, window, logit_soft_cap, interpret))
+    out = jax.vmap(attention)(q, k, v, sets)
+    return out[:, :, :length]
+
+
+def _per_shard(fn, q, k, v, masks, mesh):
+    """`fn(q, k, v, masks)` run per shard of rows and key/value heads on `mesh` (as is without one).
+
+    A Pallas call cannot be partitioned by XLA, so on a mesh it always runs inside a `shard_map`: rows
+    over the batch axes (padded with fully masked rows to a multiple of their size when they do not
+    divide, e.g. 4 packed rows on 8 chips), key/value heads with their query heads over `model` where it
+    divides them."""
+    spec = None if mesh is None else activation_spec(
+        ("batch", "kv_heads", None, None, None), (q.shape[0] * mesh.size,) + q.shape[1:], mesh)
+    if spec is None:
+        return fn(q, k, v, masks)
+    rows, heads = (None if axes is PartitionSpec.UNCONSTRAINED else axes for axes in spec[:2])
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    shards = math.prod(sizes[a] for a in ((rows,) if isinstance(rows, str) else rows or ()))
+    batch = q.shape[0]
+    padded = -(-batch // shards) * shards
+    if padded != batch:
+        q, k, v = (_pad(x, 0, padded) for x in (q, k, v))
+        masks = jax.tree.map(lambda x: _pad(x, 0, padded, _PAD_QUERY), masks)
+    q_spec, kv_spec = PartitionSpec(rows, heads, None, None, None), PartitionSpec(rows, heads, None, None)
+    mask_specs = jax.tree.map(lambda x: PartitionSpec(rows, *(None,) * (x.ndim - 1)), masks)
+    out = jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_specs), out_specs=q_spec,
+                        check_vma=False)(q, k, v, masks)
+    return out[:batch]
+
+
+def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap: float | None = None, mesh=None):
+    """Splash attention of q [B, T, kv, G, D] over k, v [B, T, kv, D] with `prepare`'s masks; [B, T, kv, G, D]."""
+    batch, length, kv_heads, groups, head_dim = q.shape
+    interpret = target_platform(mesh) == "cpu"
+    dense = (q, k, v)  # for the XLA form
+    # Splash does not scale the scores: scale the queries (in float32, then back to the compute dtype).
+    q = jnp.transpose((q.astype(jnp.float32) * scale).astype(q.dtype), (0, 2, 3, 1, 4))  # [B, kv, G, T, D]
+    k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))  # [B, kv, T, D]
+    splash_masks = {name: x for name, x in masks.items() if name != "window_mask"}
+
+    def run(window):
+        def fn(q, k, v, masks):
+            rows, local_kv = q.shape[:2]
+            out = _splash_rows(q.reshape(rows, local_kv * groups, length, head_dim), k, v, masks, window=window,
+                               logit_soft_cap=logit_soft_cap, interpret=interpret)
+            return out.reshape(q.shape)
+        return jnp.transpose(_per_shard(fn, q, k, v, splash_masks, mesh), (0, 3, 1, 2, 4))
+
+    if not window:
+        return run(None)
+    if "window_mask" in masks:  # packed prompt groups' sliding layers: the XLA form (module docstring)
+        def windowed():
+            return xla.attend(*dense, (masks["window_mask"],) * 2, True, scale=scale,
+                              logit_soft_cap=logit_soft_cap, mesh=mesh)
+    else:
+        windowed = functools.partial(run, window)
+    if isinstance(sliding, bool):
+        return windowed() if sliding else run(None)
+    return jax.lax.cond(sliding, windowed, functools.partial(run, None))
+
+
+IMPLEMENTATION = AttentionImplementation(
+    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend, cache_kernel=lambda *args: False)
