@@ -47,7 +47,8 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     """Greedy accuracy and pass@k (k in `ks`) of `trainer`'s policy on `examples`.
 
     The random key is the trainer's evaluation key of `step` (`fold_in(key(seed + 1), step)`), so the
-    samples are those `Trainer.evaluate(step)` draws when max(ks) equals its `eval_pass_k`.
+    samples are those the training run's evaluation at `step` (`train.evaluation.evaluate`) draws when
+    max(ks) equals its `eval_pass_k`.
     """
     from jaxgrpo.evaluate import pass_at_k
     from jaxgrpo.train.evaluation import question_flags, well_formed_flags

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.train.warmup import supervised_warmup
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import packing
 from jaxgrpo.train import Trainer
@@ -81,7 +82,7 @@ def test_micro_batches_give_the_full_batch_update(tmp_path):
     """Accumulating gradients over 4 micro-batches equals one full-batch update (aggregation parts)."""
     cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=5", "task.num_eval_examples=0", "aggregation=token_mean")
     trainer = Trainer(cfg)
-    trainer.warmup(cfg.warmup_sft_steps)
+    supervised_warmup(trainer, cfg.warmup_sft_steps)
     rollout, _ = trainer.rollout(jax.random.key(3))
     batch = trainer.train_batch(rollout)
     start = trainer.state
@@ -103,7 +104,7 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
     cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=5", "task.num_eval_examples=0", "micro_batch_size=16",
                      *overrides)
     trainer = Trainer(cfg)
-    trainer.warmup(cfg.warmup_sft_steps)
+    supervised_warmup(trainer, cfg.warmup_sft_steps)
     rollout, _ = trainer.rollout(jax.random.key(3))
     rollout = rollout._replace(kept=rollout.kept & (rollout.group_ids != 1))  # a group that does not train
     batch = trainer.train_batch(rollout)

@@ -37,6 +37,7 @@ The result equals a single-process run on the same number of devices (`tests/tes
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -45,7 +46,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -206,39 +206,6 @@ class Trainer:
         metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
         return metrics
 
-    def warmup(self, steps: int, *, lr: float | None = None, batch_size: int | None = None) -> list[float]:
-        """Supervised warm-up on reference completions (teacher forcing); returns the losses.
-
-        The update's likelihood objective with its own Adam; the RL optimizer state is left untouched.
-        """
-        cfg = self.cfg
-        batch_size = batch_size or cfg.batch_size
-        optimizer = optax.adam(lr or cfg.warmup_sft_lr, eps=cfg.optimizer.eps)
-        state = state_lib.init_state(self.state.params, optimizer, self.mesh)
-        update = step_lib.make_update_fn(cfg, self.graphdef, self.rest, optimizer, self.mesh,
-                                         jax.tree.map(lambda x: x.sharding, state),
-                                         objective=step_lib.likelihood_objective(cfg))
-        stream = PromptStream(self.train_examples, cfg.seed + 12345)
-        rows = NamedSharding(self.mesh, P(None, BATCH_AXES))
-        losses = []
-        for _ in range(steps):
-            examples = stream.take(batch_size)
-            answers = [warmup_lib.reference_completion(self.task, self.tokenizer, e) for e in examples]
-            batch = warmup_lib.supervised_batch([self.prompt_ids(e) for e in examples], answers, self.pad_id)
-            # Every process holds the whole batch: each lays its devices' rows out as a global array.
-            batch = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, rows, lambda i, x=x: x[i]), batch)
-            with jax.set_mesh(self.mesh):
-                state, metrics = update(state, batch)
-            losses.append(float(metrics["loss"]))
-        self.state = self.state._replace(params=state.params)
-        if self.ref_params is not None:  # the KL anchor is the warmed-up policy
-            self.ref_params = jax.tree.map(jnp.copy, state.params)
-        return losses
-
-    def evaluate(self, step: int) -> dict:
-        """Greedy accuracy, and pass@1 / pass@k of `eval_pass_k` samples, on the held-out examples."""
-        return evaluation.evaluate(self.cfg, self.generate, self.tokenizer, self.reward_fns, self.eval_examples, step)
-
     def train_step(self, step: int, key: Array) -> dict:
         """One GRPO step: rollout, advantages, updates. Returns the step's metrics."""
         t_start = time.perf_counter()
@@ -281,12 +248,14 @@ class Trainer:
                 start, key = self._start(checkpointer, writer, resume)
                 run_directory.write_config(config)  # the run can start: this is now the config of its checkpoints
                 if start == 0 and cfg.warmup_sft_steps:
-                    losses = self.warmup(cfg.warmup_sft_steps)
+                    losses = warmup_lib.supervised_warmup(self, cfg.warmup_sft_steps)
                     if writer.enabled:  # process 0 speaks for a multi-host run
                         print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
                 evaluating = bool(self.eval_examples and cfg.eval_every)
+                evaluate = functools.partial(evaluation.evaluate, cfg, self.generate, self.tokenizer, self.reward_fns,
+                                             self.eval_examples)
                 if start == 0 and evaluating:
-                    writer.write(0, self.evaluate(0), file=EVAL_FILE, prefix="eval/")
+                    writer.write(0, evaluate(0), file=EVAL_FILE, prefix="eval/")
                 history = []
                 without_signal = 0  # consecutive steps in which no row trained
                 bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
@@ -301,7 +270,7 @@ class Trainer:
                     if without_signal:
                         check_signal(cfg, done, without_signal, warn=writer.enabled)
                     if evaluating and (done % cfg.eval_every == 0 or done == cfg.steps):
-                        writer.write(done, self.evaluate(done), file=EVAL_FILE, prefix="eval/")
+                        writer.write(done, evaluate(done), file=EVAL_FILE, prefix="eval/")
                     if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
                         state_lib.save(checkpointer, done, self.state, self.ref_params, self.prompts.position, key)
                     if on_step is not None:

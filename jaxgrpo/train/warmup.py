@@ -7,8 +7,15 @@ partial competence that makes group-relative RL work. The warm-up runs the same 
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxgrpo.train import state as state_lib, step as step_lib
+from jaxgrpo.train.distributed import BATCH_AXES
+from jaxgrpo.train.rollout import PromptStream
 from jaxgrpo.train.step import TrainBatch
 
 
@@ -37,3 +44,34 @@ def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id:
     positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
     zeros = np.zeros_like(mask)
     return TrainBatch(*(x[None] for x in (tokens, attention, positions, mask, zeros, zeros, zeros, zeros, zeros)))
+
+
+def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_size: int | None = None) -> list[float]:
+    """`steps` teacher-forced steps of a `Trainer`'s policy on reference completions; returns the losses.
+
+    The update's likelihood objective with its own Adam: the RL optimizer state is left untouched, and
+    the KL anchor (if any) becomes the warmed-up policy.
+    """
+    cfg = trainer.cfg
+    batch_size = batch_size or cfg.batch_size
+    optimizer = optax.adam(lr or cfg.warmup_sft_lr, eps=cfg.optimizer.eps)
+    state = state_lib.init_state(trainer.state.params, optimizer, trainer.mesh)
+    update = step_lib.make_update_fn(cfg, trainer.graphdef, trainer.rest, optimizer, trainer.mesh,
+                                     jax.tree.map(lambda x: x.sharding, state),
+                                     objective=step_lib.likelihood_objective(cfg))
+    stream = PromptStream(trainer.train_examples, cfg.seed + 12345)
+    rows = NamedSharding(trainer.mesh, P(None, BATCH_AXES))
+    losses = []
+    for _ in range(steps):
+        examples = stream.take(batch_size)
+        answers = [reference_completion(trainer.task, trainer.tokenizer, e) for e in examples]
+        batch = supervised_batch([trainer.prompt_ids(e) for e in examples], answers, trainer.pad_id)
+        # Every process holds the whole batch: each lays its devices' rows out as a global array.
+        batch = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, rows, lambda i, x=x: x[i]), batch)
+        with jax.set_mesh(trainer.mesh):
+            state, metrics = update(state, batch)
+        losses.append(float(metrics["loss"]))
+    trainer.state = trainer.state._replace(params=state.params)
+    if trainer.ref_params is not None:
+        trainer.ref_params = jax.tree.map(jnp.copy, state.params)
+    return losses
