@@ -128,9 +128,10 @@ class Gsm8kTask(_MathPrompting):
 class ArithmeticTask(_MathPrompting):
     """Procedural integer arithmetic (splits "train", "test"); see `jaxgrpo.data.arithmetic`.
 
-    The defaults are the embedded default task of the main training job, chosen
-    so that SmolLM2-135M-Instruct solves it often enough for groups of samples
-    to disagree (docs/tasks.md has the measurement).
+    The defaults (one-digit addition) are chosen so that SmolLM2-135M-Instruct
+    solves them often enough for groups of samples to disagree (docs/tasks.md
+    has the measurement); the main job (experiments/quickstart.py) sums three
+    one-digit numbers with half of the questions held out.
     """
 
     digits: int = 1
