@@ -187,7 +187,7 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
             new_token = jax.lax.broadcasted_iota(jnp.int32, allowed.shape, 0) % length
             allowed &= query_slot + new_token - slots < window
         if has_key_mask:
-            allowed &= mask_ref[:, pl.ds(pl.multiple_of(block * block_size, block_size), block_size)] != 0
+            allowed &= mask_ref[pl.ds(block, 1), :] != 0  # [1, block]: a row of the blocked mask
         for h in range(kv_heads):  # unrolled: one [Q, D] x [D, block] product per kv head
             keys, values = k_buffer[slot, h], v_buffer[slot, h]  # [block, D]
             # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only
@@ -244,8 +244,11 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     in_specs = [pl.BlockSpec((squeezed, kv_heads, stacked, head_dim), row)]
     operands = [queries]
     if key_mask is not None:  # one int32 per slot and row: 1/(2 kv D) of a bfloat16 cache's bytes
-        in_specs.append(pl.BlockSpec((squeezed, 1, capacity), lambda run, step, *_: (run * per_run + step, 0, 0)))
-        operands.append(key_mask.astype(jnp.int32).reshape(rows, 1, capacity))
+        # A row of the mask per block: the kernel reads block j's as row j, an aligned load whatever the block
+        # size (a lane slice at j * block_size is one only for multiples of 128; a prompt's P rarely is).
+        blocks = capacity // block_size
+        in_specs.append(pl.BlockSpec((squeezed, blocks, block_size), lambda run, step, *_: (run * per_run + step, 0, 0)))
+        operands.append(key_mask.astype(jnp.int32).reshape(rows, blocks, block_size))
     in_specs += [pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
     operands += [cache_k, cache_v]
     state_spec = pl.BlockSpec((squeezed, kv_heads, stacked, 1), row)
