@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo import compile as aot
 from jaxgrpo.models import Decoder, KVCache, architectures
-from jaxgrpo.models.attention import pallas_decode
+from jaxgrpo.models.attention import pallas_decode, pallas_tpu
 from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, live_blocks,
                                                     xla_cache_attention_state)
 from tests.tiny_models import llama_and_gemma3
@@ -338,14 +338,28 @@ def test_decoder_decode_steps_with_a_shared_prefix_through_the_kernel_equal_xla(
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_decoder_decode_step_compiles_for_tpu_with_the_kernel():
+def test_pallas_tpu_reads_a_cache_its_mesh_cannot_split_with_xla():
+    """A cache whose rows the mesh's row shards do not divide (2 prompts on 4 "data" devices) gets the same state
+    from pallas_tpu's `cache_state` through `xla_cache_attention_state` as the kernel gives unsharded."""
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
+    q, cache_k, cache_v, key_mask = _inputs(17, batch=4, rows=2)
+    read = functools.partial(pallas_tpu.cache_state, q, cache_k, cache_v, 1, 37, key_mask, True, window=20,
+                             scale=HEAD_DIM ** -0.5)
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda: read(mesh=mesh))()
+    _assert_states_close(got, jax.jit(read)(), 1e-6)
+
+
+@pytest.mark.parametrize("prompts", [8, 4])
+def test_decoder_decode_step_compiles_for_tpu_with_the_kernel(prompts):
     """The tiny Gemma 3's decode step (traced index, shared prefix, rows over a v5e-8's chips) compiled with
     libtpu's Mosaic: attention="pallas_tpu" calls the decode kernel (`tpu_custom_call` named
-    cache_attention_state), attention="xla" calls no kernel."""
+    cache_attention_state), attention="xla" calls no kernel. With 4 prompts on 8 chips the prefix is read by
+    XLA (its rows do not split over the chips), the row cache still by the kernel."""
     _, devices = aot.topology_devices("v5e:2x4")
     mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     config = llama_and_gemma3(sliding_window=3)["gemma3"]
-    rows, prompts, prompt_length, capacity = 16, 8, 8, 16
+    rows, prompt_length, capacity = 16, 8, 16
     texts = {}
     for name in ("pallas_tpu", "xla"):
         abstract = nnx.eval_shape(lambda: Decoder(config, attention=name, rngs=nnx.Rngs(0)))
@@ -356,7 +370,8 @@ def test_decoder_decode_step_compiles_for_tpu_with_the_kernel():
             shape, dtype, sharding=NamedSharding(mesh, PartitionSpec(*axes)))
         cache_shape = lambda r, c: (config.num_layers, r, config.num_kv_heads, c, config.head_dim)  # noqa: E731
         cache = KVCache(*(spec(cache_shape(rows, capacity), jnp.float32, None, "data") for _ in "kv"))
-        prefix = KVCache(*(spec(cache_shape(prompts, prompt_length), jnp.float32, None, "data") for _ in "kv"))
+        prompt_axis = "data" if prompts % len(devices) == 0 else None  # 4 prompts: replicated
+        prefix = KVCache(*(spec(cache_shape(prompts, prompt_length), jnp.float32, None, prompt_axis) for _ in "kv"))
 
         def step(state, tokens, positions, cache, cache_index, kv_mask, prefix, prefix_mask):
             return nnx.merge(graphdef, state)(tokens, positions, cache=cache, cache_index=cache_index,
@@ -364,7 +379,7 @@ def test_decoder_decode_step_compiles_for_tpu_with_the_kernel():
 
         args = (state, spec((rows, 1), jnp.int32, "data"), spec((rows, 1), jnp.int32, "data"), cache,
                 spec((), jnp.int32), spec((rows, capacity), jnp.bool_, "data"), prefix,
-                spec((prompts, prompt_length), jnp.bool_, "data"))
+                spec((prompts, prompt_length), jnp.bool_, prompt_axis))
         with jax.set_mesh(mesh):
             texts[name] = jax.jit(step).lower(*args).compile().as_text()
     assert "tpu_custom_call" in texts["pallas_tpu"] and "cache_attention_state" in texts["pallas_tpu"]

@@ -102,6 +102,14 @@ def default_block_size(capacity: int, largest: int = DEFAULT_BLOCK_SIZE) -> int:
     return capacity
 
 
+def row_shards(mesh) -> int:
+    """How many shards `cache_attention_state` splits a cache's rows into on `mesh` (None: one): the product of
+    its "data" and "fsdp" axes. A cache whose rows they do not divide cannot go through the kernel on it."""
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.axis_names)
+
+
 def _live_range(start, cache_index, query_slot, window, capacity):
     """[low, high): the slots of a cache row any of its queries may read (traced int32 scalars)."""
     low = jnp.maximum(start, 0)
@@ -320,10 +328,10 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
     if mesh is None or mesh.size == 1:
         return kernel(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask)
     row_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or None
-    row_shards = math.prod(mesh.shape[a] for a in row_axes or ())
+    shards = row_shards(mesh)
     head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
-    if cache_k.shape[1] % row_shards:
-        raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {row_shards} row shards "
+    if cache_k.shape[1] % shards:
+        raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {shards} row shards "
                          f"({row_axes}); pass a cache whose rows they divide, or mesh=None")
     valid_start = jnp.zeros((cache_k.shape[1],), jnp.int32) if valid_start is None else valid_start
     rows_spec, cache_spec = PartitionSpec(row_axes), PartitionSpec(None, row_axes, head_axis)

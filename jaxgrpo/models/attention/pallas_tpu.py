@@ -247,13 +247,21 @@ def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, w
     first valid slot, so left padding is never copied. A layer that slides (`sliding`, a bool or the layer
     scan's traced flag) reads only the last `window` slots before each query (`query_slot`: new token 0's
     slot, `cache_index` by default); with a traced flag both kernels are traced, one runs (`lax.cond`).
+
+    A cache whose rows the mesh's row shards do not divide (the sampler's prompt cache of 8 prompts on 16
+    chips) cannot be split for the kernel: its state is `pallas_decode.xla_cache_attention_state`, the same
+    state in XLA (one masked block over the capacity, as the decoder's own TPU form), partitioned by XLA.
     """
     valid_start = jnp.argmax(key_mask, axis=1).astype(jnp.int32)  # 0 for a row with no key: masked anyway
+    if cache_k.shape[1] % pallas_decode.row_shards(mesh):
+        state = pallas_decode.xla_cache_attention_state
+    else:
+        state = functools.partial(pallas_decode.cache_attention_state, mesh=mesh,
+                                  interpret=target_platform(mesh) == "cpu")
 
     def run(window):
-        return pallas_decode.cache_attention_state(
-            q, cache_k, cache_v, layer, cache_index, scale, valid_start=valid_start, key_mask=key_mask,
-            window=window, query_slot=query_slot, mesh=mesh, interpret=target_platform(mesh) == "cpu")
+        return state(q, cache_k, cache_v, layer, cache_index, scale, valid_start=valid_start, key_mask=key_mask,
+                     window=window, query_slot=query_slot)
 
     if not window:
         return run(None)
