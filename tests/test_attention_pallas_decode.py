@@ -3,7 +3,9 @@ its online-softmax state equals the jnp reference at several cache fill levels, 
 slots, sliding windows, grouped-query heads, one and four new tokens, bfloat16 caches and a shared prefix; the
 reference equals attention computed element by element in float64; only blocks holding live slots are copied;
 rows and heads sharded over devices give the unsharded state; the kernel compiles for TPU topologies (libtpu, no
-TPU) for Qwen3-1.7B's batch-128 decode, reading the cache in place; and the decode roofline script counts right."""
+TPU) for Qwen3-1.7B's batch-128 decode, reading the cache in place; the decode roofline script counts right; and
+a Decoder with attention="pallas_tpu" decodes through the kernel with the same logits as attention="xla" (left
+padding, masked slots, sliding windows, a shared prefix), its decode step compiling for a v5e-8 with the kernel."""
 
 import functools
 import importlib.util

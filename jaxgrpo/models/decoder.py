@@ -41,7 +41,8 @@ The two purposes have their own entry points: `forward(tokens, positions, layout
 hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
 cached call); `hidden_states` and `__call__` dispatch to them from the keyword arguments above. Training
 and scoring attention runs through an implementation of `jaxgrpo.models.attention` (`attention=` at
-construction: "auto" is splash attention on a TPU, the XLA math plus the CPU decode kernel on a CPU).
+construction: "auto" is splash attention on a TPU, with the Pallas decode kernel for the sampler's decode steps,
+and the XLA math plus the CPU decode kernel on a CPU).
 
 Logits are float32 whatever the compute dtype.
 
