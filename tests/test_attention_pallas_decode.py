@@ -3,7 +3,9 @@ its online-softmax state equals the jnp reference at several cache fill levels, 
 slots, sliding windows, grouped-query heads, one and four new tokens, bfloat16 caches and a shared prefix; the
 reference equals attention computed element by element in float64; only blocks holding live slots are copied;
 rows and heads sharded over devices give the unsharded state; the kernel compiles for TPU topologies (libtpu, no
-TPU) for Qwen3-1.7B's batch-128 decode, reading the cache in place; and the decode roofline script counts right."""
+TPU) for Qwen3-1.7B's batch-128 decode, reading the cache in place; the decode roofline script counts right; and
+a Decoder with attention="pallas_tpu" decodes through the kernel with the same logits as attention="xla" (left
+padding, masked slots, sliding windows, a shared prefix), its decode step compiling for a v5e-8 with the kernel."""
 
 import functools
 import importlib.util
@@ -15,13 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo import compile as aot
-from jaxgrpo.models import architectures
-from jaxgrpo.models.attention import pallas_decode
+from jaxgrpo.models import Decoder, KVCache, architectures
+from jaxgrpo.models.attention import pallas_decode, pallas_tpu
 from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, live_blocks,
                                                     xla_cache_attention_state)
+from tests.tiny_models import llama_and_gemma3
 
 LAYERS, ROWS, KV_HEADS, CAPACITY, HEAD_DIM, BLOCK = 2, 4, 2, 64, 16, 16
 # Row 0 unpadded, row 1 from the third block (empty below 41 slots: a live row follows an empty one), row 2
@@ -244,3 +248,141 @@ def test_decode_roofline_counts_by_hand():
     # Prompt slots [3, 8): blocks 0 and 1 (8 slots); each row's [0, 3): block 0 (4 slots); queries 8 B in, 24 out.
     assert figures["kernel_cache"] == 16 * (8 + 2 * 4) + 2 * 2 * (8 + 24)
     assert figures["xla_cache"] == 16 * (8 + 2 * 8)
+
+
+# The decoder reading its cache through the kernel (attention="pallas_tpu", interpreted on this CPU) against its
+# XLA math (attention="xla"): every real row's logits at each decode step.
+DECODE_STEPS = 4
+
+
+def _decode_logits(name, config, run):
+    """`run(model, step)`'s logits per decode step, `step` one jitted cached call of `model` (attention `name`),
+    and whether that step traces a Pallas kernel."""
+    model = Decoder(config, attention=name, rngs=nnx.Rngs(0))
+
+    @nnx.jit
+    def step(model, tokens, positions, cache, cache_index, kv_mask, prefix, prefix_mask):
+        return model(tokens, positions, cache=cache, cache_index=cache_index, kv_mask=kv_mask, prefix=prefix,
+                     prefix_mask=prefix_mask)
+
+    uses_kernel = []
+
+    def traced_step(*args):
+        graphdef, state = nnx.split(model)
+        jaxpr = jax.make_jaxpr(lambda state, *a: nnx.merge(graphdef, state)(
+            a[0], a[1], cache=a[2], cache_index=a[3], kv_mask=a[4], prefix=a[5], prefix_mask=a[6]))(state, *args)
+        uses_kernel.append("pallas_call" in str(jaxpr))
+        return step(model, *args)
+
+    return run(model, traced_step), any(uses_kernel)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_decoder_decode_steps_through_the_kernel_equal_xla(family):
+    """Left-padded prompts prefilled (a static index: the XLA math for both), then decode steps with a traced
+    cache index at fill levels 5..8 of a 12-slot cache, one row with a masked slot (kv_mask reaches the
+    kernel), Gemma 3's sliding layer (window 3) cut by the fill: the same logits as attention="xla"."""
+    config = llama_and_gemma3(sliding_window=3)[family]
+    prompt_length, capacity = 5, 12
+    prompt = jax.random.randint(jax.random.key(1), (2, prompt_length), 0, config.vocab_size)
+    prompt_valid = jnp.asarray([[False, False] + [True] * 3, [True] * 5])
+    upcoming = jax.random.randint(jax.random.key(2), (2, DECODE_STEPS), 0, config.vocab_size)
+
+    def run(model, step):
+        cache = model.init_cache(2, capacity)
+        kv_mask = jnp.zeros((2, capacity), bool).at[:, :prompt_length].set(prompt_valid)
+        positions = jnp.maximum(jnp.cumsum(prompt_valid, axis=1) - 1, 0)
+        _, cache = model(prompt, positions, cache=cache, cache_index=0, kv_mask=kv_mask)
+        kv_mask = kv_mask.at[1, 3].set(False)  # a hole: row 1 no longer reads its slot 3
+        logits = []
+        for i in range(DECODE_STEPS):
+            slot = prompt_length + i
+            kv_mask = kv_mask.at[:, slot].set(True)
+            step_positions = positions[:, -1:] + 1 + i
+            out, cache = step(upcoming[:, i:i + 1], step_positions, cache, jnp.int32(slot), kv_mask, None, None)
+            logits.append(out)
+        return jnp.stack(logits)
+
+    want, xla_uses_kernel = _decode_logits("xla", config, run)
+    got, pallas_uses_kernel = _decode_logits("pallas_tpu", config, run)
+    assert pallas_uses_kernel and not xla_uses_kernel
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_decode_steps_with_a_shared_prefix_through_the_kernel_equal_xla():
+    """The sampler's layout: two left-padded prompts prefilled once (the shared prefix, [L, 2, kv, P, D]), four
+    rows (two per prompt) decoding into their own cache with a traced index; Gemma 3's sliding window (3)
+    reaches back into the prefix at the first steps and not at the later ones: the same logits as "xla"."""
+    config = llama_and_gemma3(sliding_window=3)["gemma3"]
+    prompt_length, capacity, share = 4, 8, 2
+    prompt = jax.random.randint(jax.random.key(3), (2, prompt_length), 0, config.vocab_size)
+    prompt_valid = jnp.asarray([[False] + [True] * 3, [True] * 4])
+    upcoming = jax.random.randint(jax.random.key(4), (2 * share, DECODE_STEPS), 0, config.vocab_size)
+
+    def run(model, step):
+        prefix = model.init_cache(2, prompt_length)
+        positions = jnp.maximum(jnp.cumsum(prompt_valid, axis=1) - 1, 0)
+        _, prefix = model(prompt, positions, cache=prefix, cache_index=0, kv_mask=prompt_valid)
+        cache = model.init_cache(2 * share, capacity)
+        kv_mask = jnp.zeros((2 * share, capacity), bool)
+        first_positions = jnp.repeat(positions[:, -1:] + 1, share, axis=0)
+        logits = []
+        for i in range(DECODE_STEPS):
+            kv_mask = kv_mask.at[:, i].set(True)
+            out, cache = step(upcoming[:, i:i + 1], first_positions + i, cache, jnp.int32(i), kv_mask, prefix,
+                              prompt_valid)
+            logits.append(out)
+        return jnp.stack(logits)
+
+    want, _ = _decode_logits("xla", config, run)
+    got, pallas_uses_kernel = _decode_logits("pallas_tpu", config, run)
+    assert pallas_uses_kernel
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pallas_tpu_reads_a_cache_its_mesh_cannot_split_with_xla():
+    """A cache whose rows the mesh's row shards do not divide (2 prompts on 4 "data" devices) gets the same state
+    from pallas_tpu's `cache_state` through `xla_cache_attention_state` as the kernel gives unsharded."""
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
+    q, cache_k, cache_v, key_mask = _inputs(17, batch=4, rows=2)
+    read = functools.partial(pallas_tpu.cache_state, q, cache_k, cache_v, 1, 37, key_mask, True, window=20,
+                             scale=HEAD_DIM ** -0.5)
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda: read(mesh=mesh))()
+    _assert_states_close(got, jax.jit(read)(), 1e-6)
+
+
+@pytest.mark.parametrize("prompts", [8, 4])
+def test_decoder_decode_step_compiles_for_tpu_with_the_kernel(prompts):
+    """The tiny Gemma 3's decode step (traced index, shared prefix, rows over a v5e-8's chips) compiled with
+    libtpu's Mosaic: attention="pallas_tpu" calls the decode kernel (`tpu_custom_call` named
+    cache_attention_state), attention="xla" calls no kernel. With 4 prompts on 8 chips the prefix is read by
+    XLA (its rows do not split over the chips), the row cache still by the kernel."""
+    _, devices = aot.topology_devices("v5e:2x4")
+    mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+    config = llama_and_gemma3(sliding_window=3)["gemma3"]
+    rows, prompt_length, capacity = 16, 8, 16
+    texts = {}
+    for name in ("pallas_tpu", "xla"):
+        abstract = nnx.eval_shape(lambda: Decoder(config, attention=name, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
+        spec = lambda shape, dtype, *axes: jax.ShapeDtypeStruct(  # noqa: E731
+            shape, dtype, sharding=NamedSharding(mesh, PartitionSpec(*axes)))
+        cache_shape = lambda r, c: (config.num_layers, r, config.num_kv_heads, c, config.head_dim)  # noqa: E731
+        cache = KVCache(*(spec(cache_shape(rows, capacity), jnp.float32, None, "data") for _ in "kv"))
+        prompt_axis = "data" if prompts % len(devices) == 0 else None  # 4 prompts: replicated
+        prefix = KVCache(*(spec(cache_shape(prompts, prompt_length), jnp.float32, None, prompt_axis) for _ in "kv"))
+
+        def step(state, tokens, positions, cache, cache_index, kv_mask, prefix, prefix_mask):
+            return nnx.merge(graphdef, state)(tokens, positions, cache=cache, cache_index=cache_index,
+                                              kv_mask=kv_mask, prefix=prefix, prefix_mask=prefix_mask)
+
+        args = (state, spec((rows, 1), jnp.int32, "data"), spec((rows, 1), jnp.int32, "data"), cache,
+                spec((), jnp.int32), spec((rows, capacity), jnp.bool_, "data"), prefix,
+                spec((prompts, prompt_length), jnp.bool_, prompt_axis))
+        with jax.set_mesh(mesh):
+            texts[name] = jax.jit(step).lower(*args).compile().as_text()
+    assert "tpu_custom_call" in texts["pallas_tpu"] and "cache_attention_state" in texts["pallas_tpu"]
+    assert "tpu_custom_call" not in texts["xla"]

@@ -41,7 +41,8 @@ The two purposes have their own entry points: `forward(tokens, positions, layout
 hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
 cached call); `hidden_states` and `__call__` dispatch to them from the keyword arguments above. Training
 and scoring attention runs through an implementation of `jaxgrpo.models.attention` (`attention=` at
-construction: "auto" is splash attention on a TPU, the XLA math plus the CPU decode kernel on a CPU).
+construction: "auto" is splash attention on a TPU, with the Pallas decode kernel for the sampler's decode steps,
+and the XLA math plus the CPU decode kernel on a CPU).
 
 Logits are float32 whatever the compute dtype.
 
@@ -403,7 +404,7 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
 
 
 def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, prefix=None, prefix_mask=None,
-                       mesh=None, cache_kernel=None):
+                       mesh=None, cache_kernel=None, cache_blocks=None):
     """Attention output [B, T, kv, G, D] over the shared prefix, the live cache and the T new tokens.
 
     q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
@@ -416,7 +417,9 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per (row, kv
     head), with no transposes of the cache. Where the attention implementation's `cache_kernel(cache
     dtype, head_dim, T, mesh)` says so (the `cpu` one: a one-token call of an unsharded CPU program, where
-    the kernel is built), the live slots are read in place through `cpu_attention` instead.
+    the kernel is built), the live slots are read in place through `cpu_attention` instead. With a traced
+    index and `cache_blocks` (`Decoder.decode_step`'s, from the implementation's `cache_state`: pallas_tpu's
+    decode kernel), `cache_blocks(q, layer)` gives the cached slots' and the prefix's state together.
     """
     cache_k, cache_v = cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape
@@ -459,6 +462,8 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         return finish(with_prefix(state))
 
     state = _softmax_block(new_scores, new_values)
+    if cache_blocks is not None:
+        return finish(_merge_blocks(state, cache_blocks(q, layer)))
     if cache_kernel is not None and cache_kernel(cache_k.dtype, head_dim, length, mesh) and (
             prefix is None or prefix[0].dtype == cache_k.dtype):
         if prefix is not None:
@@ -519,8 +524,9 @@ class Attention(nnx.Module):
         layout bound: see `jaxgrpo.models.attention`). With `cache` (every layer's k, v [L, B, kv_heads,
         C, head_dim]) the queries also attend to layer `layer`'s cached slots below `cache_index`, and to
         the shared `prefix` (k, v) [L, P_rows, kv_heads, P, head_dim] if given; `mask` is then (cached
-        [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None), and `cache_kernel` the implementation's
-        predicate for the CPU cache kernel.
+        [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None, and the implementation's reader of the
+        cached and prefix blocks or None: `_attend_with_cache`'s `cache_blocks`), and `cache_kernel` the
+        implementation's predicate for the CPU cache kernel.
         `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
         c = self.config
@@ -545,10 +551,10 @@ class Attention(nnx.Module):
                 # The cache is read-only here (the caller writes the new slots after the layer scan), and
                 # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
                 # whatever the capacity.
-                cache_mask, new_mask, prefix_mask = mask
+                cache_mask, new_mask, prefix_mask, cache_blocks = mask
                 scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
                 out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale,
-                                         self.dtype, prefix, prefix_mask, mesh, cache_kernel)
+                                         self.dtype, prefix, prefix_mask, mesh, cache_kernel, cache_blocks)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
             out = _product("bthk,hkd->btd", out, self.o[...], self.dtype)
@@ -824,8 +830,28 @@ class Decoder(nnx.Module):
         full_mask = jax.tree.map(rows, cached_and_new(None))
         sliding_mask = jax.tree.map(rows, cached_and_new(window)) if window else full_mask
 
+        implementation = self.attention_implementation(mesh)
+        # A decode step (run-time cache index) of an implementation with its own cache reader (pallas_tpu's
+        # kernel) reads the cached slots and the prefix through it; any other call, the XLA math below.
+        kernel = None if isinstance(cache_index, (int, np.integer)) else implementation.cache_state
+
+        def kernel_blocks(sliding):
+            """(q, layer) -> the online-softmax state of the cached slots and the prefix, by `kernel`."""
+            read = functools.partial(kernel, sliding=sliding, window=window, scale=self.config.attention_scale,
+                                     mesh=mesh)
+
+            def blocks(q, layer):
+                state = read(q, cache.k, cache.v, layer, cache_index, kv_mask.astype(bool))
+                if prefix is None:
+                    return state
+                prefix_length = prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
+                return _merge_blocks(state, read(q, prefix.k, prefix.v, layer, prefix_length,
+                                                 prefix_mask.astype(bool), query_slot=prefix_length + cache_index))
+            return blocks
+
         def masks(sliding):
-            return jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
+            layer_masks = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
+            return (*layer_masks, None if kernel is None else kernel_blocks(sliding))
 
         return self._layers(tokens, positions, masks, mesh, cache=cache, cache_index=cache_index, prefix=prefix,
                             packed_weights=packed_weights)

@@ -9,6 +9,9 @@ hands it, with the queries, keys and values, to one implementation:
   T; on a TPU, and interpreted on a CPU (for tests: slow);
 * `cpu`: the XLA math, plus the C++ decode kernel (`cpu_attention`) for the sampler's cached steps.
 
+`pallas_tpu` also reads the sampler's cached decode steps through a Pallas kernel (`cache_state`,
+`pallas_decode`); the others read them with the decoder's XLA math.
+
 `default_for(platform)` picks `pallas_tpu` on a TPU, `cpu` on a CPU, `xla` elsewhere; `resolve(name,
 platform)` turns a configured name ("auto" or one of `NAMES`) into its implementation, with a one-line
 error listing the available ones for a name that does not exist or does not run there.
@@ -78,7 +81,12 @@ class AttentionImplementation(NamedTuple):
 
     name: its configured name; platforms: where it runs; prepare, attend: the training/scoring attention;
     cache_kernel: `(cache_dtype, head_dim, query_length, mesh) -> bool`, whether the cached decode path
-    should read the cache through `cpu_attention`'s C++ kernel (False but for `cpu`).
+    should read the cache through `cpu_attention`'s C++ kernel (False but for `cpu`);
+    cache_state: None (the decoder's XLA math reads the cache), or for a decode step with a run-time cache
+    index `(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, window, scale, query_slot, mesh)
+    -> (top, total, out)`, the online-softmax state of the queries [B, T, kv, G, D] over one cache's live
+    slots [L, R, kv, C, D] (the row cache, or a shared prefix with R dividing B), as
+    `pallas_decode.cache_attention_state` defines it (`pallas_tpu`).
     """
 
     name: str
@@ -86,6 +94,7 @@ class AttentionImplementation(NamedTuple):
     prepare: Callable[..., Any]
     attend: Callable[..., jax.Array]
     cache_kernel: Callable[..., bool]
+    cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
 
 
 def get(name: str) -> AttentionImplementation:

@@ -102,6 +102,14 @@ def default_block_size(capacity: int, largest: int = DEFAULT_BLOCK_SIZE) -> int:
     return capacity
 
 
+def row_shards(mesh) -> int:
+    """How many shards `cache_attention_state` splits a cache's rows into on `mesh` (None: one): the product of
+    its "data" and "fsdp" axes. A cache whose rows they do not divide cannot go through the kernel on it."""
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.axis_names)
+
+
 def _live_range(start, cache_index, query_slot, window, capacity):
     """[low, high): the slots of a cache row any of its queries may read (traced int32 scalars)."""
     low = jnp.maximum(start, 0)
@@ -187,7 +195,7 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
             new_token = jax.lax.broadcasted_iota(jnp.int32, allowed.shape, 0) % length
             allowed &= query_slot + new_token - slots < window
         if has_key_mask:
-            allowed &= mask_ref[:, pl.ds(pl.multiple_of(block * block_size, block_size), block_size)] != 0
+            allowed &= mask_ref[pl.ds(block, 1), :] != 0  # [1, block]: a row of the blocked mask
         for h in range(kv_heads):  # unrolled: one [Q, D] x [D, block] product per kv head
             keys, values = k_buffer[slot, h], v_buffer[slot, h]  # [block, D]
             # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only
@@ -244,8 +252,11 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     in_specs = [pl.BlockSpec((squeezed, kv_heads, stacked, head_dim), row)]
     operands = [queries]
     if key_mask is not None:  # one int32 per slot and row: 1/(2 kv D) of a bfloat16 cache's bytes
-        in_specs.append(pl.BlockSpec((squeezed, 1, capacity), lambda run, step, *_: (run * per_run + step, 0, 0)))
-        operands.append(key_mask.astype(jnp.int32).reshape(rows, 1, capacity))
+        # A row of the mask per block: the kernel reads block j's as row j, an aligned load whatever the block
+        # size (a lane slice at j * block_size is one only for multiples of 128; a prompt's P rarely is).
+        blocks = capacity // block_size
+        in_specs.append(pl.BlockSpec((squeezed, blocks, block_size), lambda run, step, *_: (run * per_run + step, 0, 0)))
+        operands.append(key_mask.astype(jnp.int32).reshape(rows, blocks, block_size))
     in_specs += [pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
     operands += [cache_k, cache_v]
     state_spec = pl.BlockSpec((squeezed, kv_heads, stacked, 1), row)
@@ -317,10 +328,10 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
     if mesh is None or mesh.size == 1:
         return kernel(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask)
     row_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or None
-    row_shards = math.prod(mesh.shape[a] for a in row_axes or ())
+    shards = row_shards(mesh)
     head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
-    if cache_k.shape[1] % row_shards:
-        raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {row_shards} row shards "
+    if cache_k.shape[1] % shards:
+        raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {shards} row shards "
                          f"({row_axes}); pass a cache whose rows they divide, or mesh=None")
     valid_start = jnp.zeros((cache_k.shape[1],), jnp.int32) if valid_start is None else valid_start
     rows_spec, cache_spec = PartitionSpec(row_axes), PartitionSpec(None, row_axes, head_axis)

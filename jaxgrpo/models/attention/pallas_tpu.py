@@ -23,6 +23,9 @@ Rows are padded to a multiple of 128 slots (the kernel's block) with segment ids
 `attn_logits_soft_cap` soft-caps the scores (Gemma 2). On a mesh the kernel runs per shard (`shard_map`)
 over rows (`data`/`fsdp`) and key/value heads (`model`, where it divides them). On a CPU the kernels run
 interpreted (`interpret=True`): for tests, slowly.
+
+The sampler's decode steps (a run-time cache index) read the cache and a shared prefix through
+`pallas_decode`'s kernel (`cache_state`), which copies only a row's live blocks.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
 from jax.sharding import PartitionSpec
 
-from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, target_platform, xla
+from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, pallas_decode, target_platform, xla
 from jaxgrpo.models.partitioning import activation_spec
 
 #: Slots per block of queries and keys: rows are padded to a multiple of the smallest.
@@ -234,5 +237,39 @@ def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap
     return jax.lax.cond(sliding, windowed, functools.partial(run, None))
 
 
+def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, window=None, scale: float,
+                query_slot=None, mesh=None):
+    """Online-softmax state (top, total [B, kv, G, T], out [B, kv, G, T, D]) of a decode step's queries
+    q [B, T, kv, G, D] over layer `layer`'s live slots of one cache [L, R, kv, C, D] (the row cache, or a
+    shared prefix read by B // R rows each), through `pallas_decode.cache_attention_state`.
+
+    `key_mask` bool [R, C] says which slots hold keys; its first True slot per row is passed as the row's
+    first valid slot, so left padding is never copied. A layer that slides (`sliding`, a bool or the layer
+    scan's traced flag) reads only the last `window` slots before each query (`query_slot`: new token 0's
+    slot, `cache_index` by default); with a traced flag both kernels are traced, one runs (`lax.cond`).
+
+    A cache whose rows the mesh's row shards do not divide (the sampler's prompt cache of 8 prompts on 16
+    chips) cannot be split for the kernel: its state is `pallas_decode.xla_cache_attention_state`, the same
+    state in XLA (one masked block over the capacity, as the decoder's own TPU form), partitioned by XLA.
+    """
+    valid_start = jnp.argmax(key_mask, axis=1).astype(jnp.int32)  # 0 for a row with no key: masked anyway
+    if cache_k.shape[1] % pallas_decode.row_shards(mesh):
+        state = pallas_decode.xla_cache_attention_state
+    else:
+        state = functools.partial(pallas_decode.cache_attention_state, mesh=mesh,
+                                  interpret=target_platform(mesh) == "cpu")
+
+    def run(window):
+        return state(q, cache_k, cache_v, layer, cache_index, scale, valid_start=valid_start, key_mask=key_mask,
+                     window=window, query_slot=query_slot)
+
+    if not window:
+        return run(None)
+    if isinstance(sliding, bool):
+        return run(window if sliding else None)
+    return jax.lax.cond(sliding, functools.partial(run, window), functools.partial(run, None))
+
+
 IMPLEMENTATION = AttentionImplementation(
-    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend, cache_kernel=lambda *args: False)
+    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend, cache_kernel=lambda *args: False,
+    cache_state=cache_state)
