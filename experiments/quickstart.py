@@ -4,7 +4,7 @@ One-digit sums of three numbers ("What is 4 + 7 + 9?"): 1000 possible questions,
 (`test_share=2`), so the 300 evaluation examples hold 216 distinct questions that training never sees.
 `jaxgrpo-train experiments/quickstart.py` evaluates them greedily before and after training (accuracy,
 and the shares of well-formed and of well-formed-but-wrong answers) and prints where its curves and
-checkpoints are. Sized to finish in about 15 minutes on a 2-core CPU.
+checkpoints are. About 12 minutes on an idle 2-core CPU (11 min 46 s measured).
 """
 
 from jaxgrpo.config import Config
