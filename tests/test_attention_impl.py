@@ -3,7 +3,8 @@
 Splash attention (pallas_tpu) runs interpreted on this CPU: its values and gradients must equal the dense
 XLA math on every real query for packed segments, packed prompt groups (trunk + branches, the two-call
 merge and its custom backward), grouped-query heads, sliding windows, soft-capped scores and left-padded
-rows; and a whole Decoder must give the same logits and parameter gradients with either. Shapes are tiny:
+rows, on fixed and on randomly drawn shapes and layouts; and a whole Decoder must give the same logits and
+parameter gradients with either. Shapes are tiny:
 interpreted kernels are slow.
 """
 
@@ -89,6 +90,47 @@ def test_prefix_grouper_sliding_layer_counts_positions_like_xla():
     segments, branches, positions = _branch_row([(6, [3, 5])], 16)
     layout = AttentionLayout.branches(segments, branches)
     _assert_same_attention(layout, positions, segments != 0, kv_heads=1, groups=2, window=3)
+
+
+def _random_layout(rng: np.random.Generator, batch: int, length: int):
+    """(layout, positions, real queries) of one kind drawn by `rng`: left-padded rows, packed segments of
+    random lengths, or packed prompt groups with random trunks and branches."""
+    kind = rng.choice(["padded", "segments", "branches"])
+    if kind == "padded":
+        pads = rng.integers(0, length // 2, batch)
+        valid = jnp.asarray(np.arange(length)[None] >= pads[:, None])
+        return AttentionLayout.padded(valid), jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0), valid
+    if kind == "segments":
+        rows = []
+        for _ in range(batch):
+            cuts = np.sort(rng.choice(np.arange(1, length), size=rng.integers(1, 4), replace=False))
+            rows.append(np.repeat(np.arange(1, len(cuts) + 2), np.diff(np.r_[0, cuts, length])))
+            rows[-1][rng.integers(length - 3, length + 1):] = 0  # a padded tail, sometimes empty
+        segment_ids = jnp.asarray(np.stack(rows), jnp.int32)
+        positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+        return AttentionLayout.segments(segment_ids), positions, segment_ids != 0
+    groups, used = [], 0
+    while used < length - 6:
+        trunk, branches = int(rng.integers(1, 5)), [int(n) for n in rng.integers(1, 4, rng.integers(1, 4))]
+        if used + trunk + sum(branches) > length:
+            break  # the first group always fits: at most 4 + 3 x 3 = 13 slots, and length >= 20 here
+        groups.append((trunk, branches))
+        used += trunk + sum(branches)
+    rows = [_branch_row(groups, length) for _ in range(batch)]
+    segments, branches, positions = (jnp.concatenate(parts) for parts in zip(*rows))
+    return AttentionLayout.branches(segments, branches), positions, segments != 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_shapes_and_layouts_match_xla(seed):
+    """Random batch, length, heads per key/value head, window and soft cap, over a random layout kind."""
+    rng = np.random.default_rng(seed)
+    batch, length = int(rng.integers(1, 3)), int(rng.choice([20, 29, 37]))
+    layout, positions, real = _random_layout(rng, batch, length)
+    window = None if layout.kind == "branches" or rng.random() < 0.4 else int(rng.integers(2, 8))
+    soft_cap = None if rng.random() < 0.5 else float(rng.uniform(1.0, 5.0))
+    _assert_same_attention(layout, positions, real, kv_heads=int(rng.integers(1, 3)), groups=int(rng.choice([1, 2, 4])),
+                           window=window, soft_cap=soft_cap, seed=seed)
 
 
 def test_decoder_with_splash_attention_equals_xla():
