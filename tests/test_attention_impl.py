@@ -4,8 +4,7 @@ Splash attention (pallas_tpu) runs interpreted on this CPU: its values and gradi
 XLA math on every real query for packed segments, packed prompt groups (trunk + branches, the two-call
 merge and its custom backward), grouped-query heads, sliding windows, soft-capped scores and left-padded
 rows, on fixed and on randomly drawn shapes and layouts; and a whole Decoder must give the same logits and
-parameter gradients with either. Shapes are tiny:
-interpreted kernels are slow.
+parameter gradients with either. Shapes are tiny: interpreted kernels are slow.
 """
 
 import jax
