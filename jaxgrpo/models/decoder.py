@@ -76,6 +76,7 @@ from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 if TYPE_CHECKING:
     from jaxgrpo.models.cpu_forms import PackedWeights
 
+
 class KVCache(NamedTuple):
     """Keys and values of every layer: `k`, `v` of shape [layers, batch, kv_heads, capacity, head_dim].
 
@@ -193,8 +194,8 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms):
     """Online-softmax state [B, kv, G, T(, D)] of the queries over their rows' shared prefix.
 
     q [B, T, kv, G, D]; prefix (k, v) [L, P_rows, kv, P, D], of which layer `layer` is read (through
-    `forms.read_slots`); prefix_mask [P_rows, T, P]. Row r reads prefix row r // share: the share rows of a prefix row
-    stack their queries into one [share * G * T, D] x [D, P] product per (prefix row, kv head).
+    `forms.read_slots`); prefix_mask [P_rows, T, P]. Row r reads prefix row r // share: the share rows of a
+    prefix row stack their queries into one [share * G * T, D] x [D, P] product per (prefix row, kv head).
     """
     prefix_k, prefix_v = prefix
     _, prefix_rows, kv_heads, prefix_length, head_dim = prefix_k.shape
@@ -241,8 +242,9 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     [D, S] product per (row, kv head), with no transposes of the cache. Where the attention
     implementation's `cache_reader(cache dtype, head_dim, T, mesh)` gives a reader (the `cpu` one's C++
     kernel: a one-token call of an unsharded CPU program, where the kernel is built), the reader gives the
-    cached slots' and the prefix's online-softmax states instead. With a traced index and `cache_blocks` (`Decoder.decode_step`'s, from the implementation's `cache_state`: pallas_tpu's
-    decode kernel), `cache_blocks(q, layer)` gives the cached slots' and the prefix's state together.
+    cached slots' and the prefix's online-softmax states instead. With a traced index and `cache_blocks`
+    (`Decoder.decode_step`'s, from the implementation's `cache_state`: pallas_tpu's decode kernel),
+    `cache_blocks(q, layer)` gives the cached slots' and the prefix's state together.
     """
     cache_k, cache_v = cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape

@@ -75,7 +75,8 @@ PLAIN = MemoryForms(
     from_carry=lambda cache, dtype: cache,
     take_rows=lambda table, ids: table[ids],
     layer_weights=_layer_weights,
-    product=lambda spec, x, weight, dtype: jnp.einsum(spec, x, weight.astype(dtype), preferred_element_type=jnp.float32),
+    product=lambda spec, x, weight, dtype: jnp.einsum(spec, x, weight.astype(dtype),
+                                                      preferred_element_type=jnp.float32),
     read_slots=jax.lax.dynamic_slice,
     write_slots=jax.lax.dynamic_update_slice,
     # A TPU reads the whole cache in one masked block: its vector units gain nothing from smaller steps.
