@@ -34,8 +34,7 @@ from flax import nnx
 
 import jaxgrpo.models
 from jaxgrpo import sampler
-from jaxgrpo.models import cpu_matmul, registry
-from jaxgrpo.models.decoder import _product
+from jaxgrpo.models import cpu_forms, cpu_matmul, registry
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
 DTYPE = "float32"
@@ -164,10 +163,14 @@ def weight_products(config, rows: int, repeats: int, dtype=jnp.float32) -> list[
 
     @jax.jit
     def products(x, w):  # the loop index scales x, so the product cannot be hoisted out of the loop
-        # The decoder's product (float32 accumulation, result in the compute dtype); `w` is packed
+        # The decoder's product on a CPU (float32 accumulation, result in the compute dtype); `w` is packed
         # (cpu_matmul) where a decode packs it.
         columns = w.out_shape[0] if isinstance(w, cpu_matmul.PackedWeight) else w.shape[1]
-        return jax.lax.fori_loop(0, calls, lambda i, acc: acc + _product("ri,io->ro", x * i.astype(x.dtype), w, x.dtype),
+
+        def product(x):
+            return cpu_forms.FORMS.product("ri,io->ro", x, w, x.dtype).astype(x.dtype)
+
+        return jax.lax.fori_loop(0, calls, lambda i, acc: acc + product(x * i.astype(x.dtype)),
                                  jnp.zeros((x.shape[0], columns), x.dtype))
 
     c = config

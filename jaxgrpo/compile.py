@@ -473,10 +473,10 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
 
 def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS, cpu_forms: bool = False) -> Report:
     """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
-    `cpu_forms` traces the decoder's CPU-specific forms (`decoder.cpu_forms`) too, to compare them."""
-    from jaxgrpo.models import decoder
+    `cpu_forms` traces the decoder's CPU-specific forms (`memory_forms.force_cpu_forms`) too, to compare them."""
+    from jaxgrpo.models import memory_forms
 
-    with decoder.cpu_forms(cpu_forms):
+    with memory_forms.force_cpu_forms(cpu_forms):
         return _compile_experiment(cfg, topology, programs)
 
 

@@ -50,7 +50,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo.models import partitioning
+from jaxgrpo.models import memory_forms, partitioning
 from jaxgrpo.train.distributed import global_rows
 
 logger = logging.getLogger(__name__)
@@ -353,8 +353,8 @@ class _DecodeState(NamedTuple):
     prompt_lengths: jax.Array
     kv_mask: jax.Array  # bool[B*G, N] the completion slots written so far
     keys: jax.Array
-    cache: Any  # the rows' completion keys and values, KVCache [L, B*G, kv, N, D] (as_bits)
-    prompt_cache: Any  # each prompt's keys and values, stored once: KVCache [L, B, kv, P, D] (as_bits)
+    cache: Any  # the rows' completion keys and values, KVCache [L, B*G, kv, N, D] (as the memory forms carry it)
+    prompt_cache: Any  # each prompt's keys and values, stored once: KVCache [L, B, kv, P, D] (likewise)
     prompt_mask: jax.Array  # bool[B, P]
 
 
@@ -437,6 +437,7 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
     def first_column(x, fill):
         return layout.constrain_rows(jnp.full((rows, n), fill, x.dtype).at[:, 0].set(x))
 
+    forms = memory_forms.for_program()
     return _DecodeState(
         step=jnp.int32(1),
         tokens=first_column(tokens, pad_id),
@@ -448,8 +449,8 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
         prompt_lengths=jnp.repeat(prompt_mask.sum(axis=1, dtype=jnp.int32), g),
         kv_mask=layout.constrain_rows(jnp.zeros((rows, n), bool)),
         keys=keys,
-        cache=layout.constrain_cache(model.init_cache(rows, n)).as_bits(),
-        prompt_cache=layout.constrain_cache(prompt_cache).as_bits(),
+        cache=forms.to_carry(layout.constrain_cache(model.init_cache(rows, n))),
+        prompt_cache=forms.to_carry(layout.constrain_cache(prompt_cache)),
         prompt_mask=prompt_mask,
     )
 
@@ -470,6 +471,7 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
     rows = carry.tokens.shape[0]
     # On CPU, bfloat16 weights packed once for the one-token products (cpu_matmul); None elsewhere.
     packed_weights = model.pack_weights()
+    forms = memory_forms.for_program()
 
     def keep_going(s: _DecodeState):
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -479,11 +481,12 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
         slot = s.step - 1
         kv_mask = jax.lax.dynamic_update_slice(s.kv_mask, jnp.ones((rows, 1), bool), (0, slot))
         positions = (s.prompt_lengths + s.step - 1)[:, None]
-        # The caches ride the loop as bits (KVCache.as_bits): no whole-cache copy per step on XLA:CPU.
-        logits, cache = model(previous, positions, cache=s.cache.from_bits(model.dtype), cache_index=slot,
-                              kv_mask=kv_mask, prefix=s.prompt_cache.from_bits(model.dtype), prefix_mask=s.prompt_mask,
-                              packed_weights=packed_weights)
-        cache = layout.constrain_cache(cache).as_bits()
+        # The caches ride the loop as the memory forms carry them (on a CPU, a bfloat16 cache as its bits:
+        # no whole-cache copy per step on XLA:CPU).
+        logits, cache = model(previous, positions, cache=forms.from_carry(s.cache, model.dtype), cache_index=slot,
+                              kv_mask=kv_mask, prefix=forms.from_carry(s.prompt_cache, model.dtype),
+                              prefix_mask=s.prompt_mask, packed_weights=packed_weights)
+        cache = forms.to_carry(layout.constrain_cache(cache))
         tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits[:, 0], layout.sampling)
         live = ~s.done
         stopped = live & _is_done(tokens, stop_tokens)

@@ -4,6 +4,7 @@ move nothing through the host (the decode loop included); whole-program FLOPs co
 bfloat16 optimizer state halves the moments; bad input gets one-line errors."""
 
 import json
+import re
 import sys
 
 import jax
@@ -248,3 +249,51 @@ def test_splash_attention_compiles_for_a_tpu_and_is_its_default():
     cfg = _toy("mesh.data=1", "mesh.fsdp=-1", "attention=cpu")
     with pytest.raises(ValueError, match="'cpu' does not run on tpu; available there: auto, xla, pallas_tpu"):
         aot.lower_update(cfg, mesh, aot.abstract_train_state(cfg, mesh))
+
+
+def test_the_cpu_memory_forms_are_in_cpu_programs_only():
+    """The decoder's XLA:CPU forms (bfloat16 read as its bits behind optimization barriers:
+    `jaxgrpo.models.cpu_forms`) are traced for a program laid out on CPUs and left out of the same program for
+    a TPU (`v5e:2x4`), unless forced: the toy's bfloat16 update and a decode step with a run-time cache index
+    and a shared prefix (the XLA cache reads, attention="xla"; pallas_tpu reads the cache through its kernel).
+    The update also holds barriers of its own (`jax.checkpoint`'s, around recomputed log-prob chunks) and
+    other bitcasts (the float tricks of `kernels/segments.py`): there the CPU forms are the bfloat16 bits and
+    the barriers they add."""
+    from jaxgrpo.models import memory_forms
+
+    _, tpu_devices = aot.topology_devices(ONE_HOST)
+
+    def programs(devices, attention):
+        cfg = _toy("dtype=bfloat16", "mesh.data=1", "mesh.fsdp=-1", f"attention={attention}")
+        mesh = train.make_mesh(cfg, devices)
+        abstract = aot.abstract_train_state(cfg, mesh)
+        update = aot.lower_update(cfg, mesh, abstract)[0].as_text()
+        graphdef, state = nnx.split(nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder)
+        rows, capacity = 8, 32
+        cache = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(rows, capacity))
+        prefix = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(rows // 2, 16))
+
+        def step(state, tokens, cache, index, kv_mask, prefix, prefix_mask):
+            return nnx.merge(graphdef, state)(tokens, cache=cache, cache_index=index, kv_mask=kv_mask, prefix=prefix,
+                                              prefix_mask=prefix_mask)
+
+        shape = jax.ShapeDtypeStruct
+        with jax.set_mesh(mesh):
+            decode = jax.jit(step).lower(state, shape((rows, 1), jax.numpy.int32), cache, shape((), jax.numpy.int32),
+                                         shape((rows, capacity), bool), prefix, shape((rows // 2, 16), bool)).as_text()
+        return {"update": update, "decode step": decode}
+
+    def bits_and_barriers(text):
+        bits = len(re.findall(r"bitcast_convert [^\n]*(?:bf16[^\n]*ui16|ui16[^\n]*bf16)", text))
+        return bits, text.count("stablehlo.optimization_barrier")
+
+    cpu = programs(jax.devices("cpu")[:1], "xla")
+    with memory_forms.force_cpu_forms(True):
+        forced = programs(tpu_devices, "xla")
+    for attention in ("xla", "pallas_tpu"):
+        tpu = programs(tpu_devices, attention)
+        assert bits_and_barriers(tpu["decode step"]) == (0, 0), attention
+        bits, barriers = bits_and_barriers(tpu["update"])
+        assert bits == 0 and barriers < bits_and_barriers(forced["update"])[1], attention
+    for name in cpu:
+        assert min(bits_and_barriers(cpu[name])) > 0 and min(bits_and_barriers(forced[name])) > 0, name

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import jaxgrpo.models.decoder as dec
-from jaxgrpo.models import cpu_attention
+from jaxgrpo.models import cpu_attention, cpu_forms
+from jaxgrpo.models.attention import cpu as cpu_implementation
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(),
                                 reason="the kernel needs a C++ compiler and an AVX-512 CPU")
@@ -21,8 +22,11 @@ def _attend(inputs, use_kernel, monkeypatch):
         patch.setattr(cpu_attention, "use_for", lambda *a: use_kernel and original(*a))
         q, new_scores, v, cache, prefix, layer, mask, prefix_mask, live, dtype = inputs
         fn = jax.jit(lambda cache, prefix, layer, live: dec._attend_with_cache(
-            q, new_scores, v, cache, layer, mask, live, 0.125, dtype, prefix, prefix_mask))
-        return np.asarray(fn(cache, prefix, jnp.int32(layer), jnp.int32(live)).astype(jnp.float32))
+            q, new_scores, v, cache, layer, mask, live, 0.125, dtype, cpu_forms.FORMS, prefix, prefix_mask,
+            cache_reader=cpu_implementation.cache_reader))
+        args = (cache, prefix, jnp.int32(layer), jnp.int32(live))
+        assert (cpu_attention.TARGET in fn.lower(*args).as_text()) == use_kernel  # the kernel runs, or not
+        return np.asarray(fn(*args).astype(jnp.float32))
 
 
 def _inputs(dtype, head_dim, live, layer, share, seed=0):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models import Decoder, DecoderConfig, cpu_forms, memory_forms
 from jaxgrpo.models.decoder import KVCache
 
 LLAMA = DecoderConfig(family="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -154,29 +154,31 @@ def test_a_shared_prefix_is_checked():
         model(tokens, prefix=prefix, prefix_mask=jnp.ones((2, 4), bool))
 
 
-def test_a_cache_round_trips_through_its_bits():
+def test_a_cache_round_trips_through_its_bits_on_a_cpu():
+    # The CPU forms carry a bfloat16 cache through a decode loop as its bits; the plain forms as it is.
+    forms = cpu_forms.FORMS
     cache = KVCache(jnp.arange(6, dtype=jnp.bfloat16).reshape(1, 1, 1, 6, 1), -jnp.ones((1, 1, 1, 6, 1), jnp.bfloat16))
-    bits = cache.as_bits()
-    assert bits.k.dtype == bits.v.dtype == jnp.uint16
-    back = bits.from_bits(jnp.bfloat16)
+    bits = forms.to_carry(cache)
+    assert isinstance(bits, KVCache) and bits.k.dtype == bits.v.dtype == jnp.uint16
+    back = forms.from_carry(bits, jnp.bfloat16)
     assert back.k.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(back.k, np.float32), np.asarray(cache.k, np.float32))
     np.testing.assert_array_equal(np.asarray(back.v, np.float32), np.asarray(cache.v, np.float32))
     wide = KVCache(jnp.ones((2, 3)), jnp.zeros((2, 3)))
-    assert wide.as_bits() is not wide and wide.as_bits().k is wide.k  # 32-bit caches are kept as they are
-    assert wide.as_bits().from_bits(jnp.float32).k is wide.k
-    with pytest.raises(ValueError, match="k holds float32, not the bits of bfloat16"):
-        wide.from_bits(jnp.bfloat16)
+    assert forms.to_carry(wide).k is wide.k  # 32-bit caches are kept as they are
+    assert forms.from_carry(forms.to_carry(wide), jnp.float32).k is wide.k
+    with pytest.raises(ValueError, match="cache's k holds float32, not the bits of bfloat16"):
+        forms.from_carry(wide, jnp.bfloat16)
     with pytest.raises(ValueError, match="uint16, not the bits of float32"):
-        bits.from_bits(jnp.float32)
+        forms.from_carry(bits, jnp.float32)
+    assert memory_forms.PLAIN.to_carry(cache) is cache
 
 
 @pytest.mark.parametrize("remat", [False, True], ids=["stored", "remat"])
 def test_bfloat16_weights_read_through_their_bits_have_the_plain_derivatives(remat, monkeypatch):
-    # The layer scan slices bfloat16 weights, and the embedding gathers its rows, through their bits (XLA:CPU
-    # would otherwise convert them whole to float32); values and gradients are bit-identical to plain reads.
-    from jaxgrpo.models import decoder
-
+    # On a CPU the layer scan slices bfloat16 weights, and the embedding gathers its rows, through their bits
+    # (XLA:CPU would otherwise convert them whole to float32); values and gradients are bit-identical to the
+    # plain forms' reads.
     model = Decoder(LLAMA, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, remat=remat, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, LLAMA.vocab_size)
@@ -185,10 +187,13 @@ def test_bfloat16_weights_read_through_their_bits_have_the_plain_derivatives(rem
         logits = nnx.merge(graphdef, p)(tokens)
         return (jax.nn.log_softmax(logits)[..., 5]).sum()
 
+    assert memory_forms.for_program() is cpu_forms.FORMS
+    text = jax.jit(jax.value_and_grad(loss)).lower(params).as_text()
+    assert "optimization_barrier" in text and "bitcast_convert" in text
     value, grads = jax.jit(jax.value_and_grad(loss))(params)
-    monkeypatch.setattr(decoder, "_layer_weights", lambda params, stacks, index, packed=None: params)
-    monkeypatch.setattr(decoder, "_take_rows", lambda table, ids: table[ids])
-    monkeypatch.setattr(decoder, "_read_inside", lambda arrays, varying: (arrays, varying))
+    monkeypatch.setattr(memory_forms, "for_program", lambda: memory_forms.PLAIN)
+    text = jax.jit(jax.value_and_grad(loss)).lower(params).as_text()
+    assert "optimization_barrier" not in text and "bitcast_convert" not in text
     plain_value, plain_grads = jax.jit(jax.value_and_grad(loss))(params)
     assert float(value) == float(plain_value)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):

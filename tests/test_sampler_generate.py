@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from jaxgrpo import sampler
-from jaxgrpo.models import Decoder, DecoderConfig, cpu_matmul
+from jaxgrpo.models import Decoder, DecoderConfig, cpu_forms, cpu_matmul
 from jaxgrpo.models.partitioning import shard_model
 
 _SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, head_dim=16)
@@ -244,11 +244,11 @@ _DISTINCT_SIZES = dict(num_layers=3, layer_types=("full_attention",) * 3, num_kv
 def test_compiled_decode_loop_never_copies_the_cache(dtype):
     # The cost of a decode step must not grow with the cache capacity beyond attention reading it: no
     # instruction makes a whole cache (a prompt or completion cache, in any layout, of any element type)
-    # except in place: the loop carries it (a bfloat16 cache as its bits, KVCache.as_bits) and updates
+    # except in place: the loop carries it (a bfloat16 cache as its bits, the CPU memory forms' to_carry) and updates
     # it with dynamic-update-slice. XLA's CPU backend slices bfloat16 arrays in float32, and copies a
     # bfloat16 cache whole to reinterpret its bits unless the loop carries the bits.
     graphdef, state, carry, args, layout = _decode_inputs(dtype, **_DISTINCT_SIZES)
-    assert carry.cache.from_bits(dtype).k.dtype == dtype
+    assert cpu_forms.FORMS.from_carry(carry.cache, dtype).k.dtype == dtype
     assert carry.cache.k.dtype == (jnp.uint16 if dtype == jnp.bfloat16 else dtype)
     hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
     whole = {carry.cache.k.size, carry.prompt_cache.k.size}

@@ -34,8 +34,11 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   Each prompt's keys are then read once per step for all its rows, with their queries stacked
   into one product, and stored once.
 * Packed weights (a decode loop on CPU): `packed = model.pack_weights()` once before the loop, then
-  `model(..., packed_weights=packed)` multiplies by them through `cpu_matmul`'s kernel (bfloat16,
-  unsharded, AVX512-BF16; None elsewhere, where passing None changes nothing). No derivative.
+  `model(..., packed_weights=packed)` multiplies by them through a CPU kernel (`jaxgrpo.models.cpu_forms`:
+  bfloat16, unsharded, AVX512-BF16; None elsewhere, where passing None changes nothing). No derivative.
+* Memory forms: the weights and the cache are read and written through `memory_forms.for_program()`,
+  the plain `lax` operations on accelerators and forms tuned for XLA:CPU in programs that run on CPUs
+  (`jaxgrpo.models.memory_forms`); the math here is the same on every backend.
 
 The two purposes have their own entry points: `forward(tokens, positions, layout)` (training and scoring:
 hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
@@ -53,9 +56,8 @@ the MLP hidden over `model`; without one nothing is constrained and the numerics
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -63,13 +65,17 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.models import attention as attention_implementations
-from jaxgrpo.models import cpu_attention, cpu_kernels, cpu_matmul
+from jaxgrpo.models import memory_forms
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
 from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask  # noqa: F401 (re-exported)
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
+
+if TYPE_CHECKING:
+    from jaxgrpo.models.cpu_forms import PackedWeights
+
 
 class KVCache(NamedTuple):
     """Keys and values of every layer: `k`, `v` of shape [layers, batch, kv_heads, capacity, head_dim].
@@ -79,40 +85,6 @@ class KVCache(NamedTuple):
 
     k: jax.Array
     v: jax.Array
-
-    def as_bits(self) -> KVCache:
-        """This cache with a 16-bit float type (bfloat16) held as its bits (uint16); wider types as they are.
-
-        A loop that carries a bfloat16 cache from step to step should carry its bits, and hand the model
-        `from_bits(dtype)` each step: XLA:CPU then reads and writes the cache in place instead of copying
-        it whole every step (see `_read_slots`). A bitcast costs nothing on any backend.
-        """
-        return KVCache(_bits(self.k), _bits(self.v))
-
-    def from_bits(self, dtype) -> KVCache:
-        """The cache `as_bits` returned, read back as `dtype` (a cache already of `dtype` as it is)."""
-        dtype = jnp.dtype(dtype)
-        for name, x in zip(self._fields, self):
-            if x.dtype != dtype and (jnp.issubdtype(x.dtype, jnp.floating) or x.dtype.itemsize != dtype.itemsize):
-                raise ValueError(f"KVCache.from_bits: {name} holds {x.dtype}, not the bits of {dtype}")
-        return KVCache(_from_bits(self.k, dtype), _from_bits(self.v, dtype))
-
-
-class PackedWeights(NamedTuple):
-    """The weights a decode step multiplies by, packed for `cpu_matmul` (`Decoder.pack_weights`).
-
-    layers: {(module, parameter), e.g. ("attn", "q"): the layer stack packed}; unembedding: the output
-    projection packed.
-    """
-
-    layers: dict[tuple[str, str], cpu_matmul.PackedWeight]
-    unembedding: cpu_matmul.PackedWeight
-
-
-# The layers' weights that multiply activations, with how many of their axes (after the layer axis)
-# the product contracts: q/k/v [E, heads, D], o [heads, D, E], gate/up [E, F], down [F, E].
-_PRODUCT_WEIGHTS = {("attn", "q"): 1, ("attn", "k"): 1, ("attn", "v"): 1, ("attn", "o"): 2,
-                    ("mlp", "gate"): 1, ("mlp", "up"): 1, ("mlp", "down"): 1}
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
@@ -193,13 +165,6 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
-# Slots of the KV cache read per iteration when the live length is only known at run time: a decode
-# step reads the live slots rounded up to a chunk. On a 2-core CPU, SmolLM2's batch-32 decode of 128
-# tokens ran ~1.2x faster with 64 than with 128; 32 then measured 5-11% faster than 64 in bfloat16
-# (4 of 4 alternating runs; 16 was slower) and no different in float32 (docs/sampler.md).
-CACHE_CHUNK = 32
-
-
 def _softmax_block(scores: jax.Array, values_fn) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A block of keys as (max, normalizer, unnormalized output), the online-softmax state.
 
@@ -217,161 +182,20 @@ def _merge_blocks(a, b):
     return top, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a[..., None] + b[2] * scale_b[..., None]
 
 
-# A cache of a narrow float type (bfloat16) is read and written through its bits. XLA's CPU backend
-# runs bfloat16 slicing in float32: it converts the whole cache to float32 and back around each decode
-# step's one-slot write, and converts it again (hoisted out of the layer loop) to read it. Through the
-# bits, a write into a 30-layer, 32-row, 960-slot cache took 1.6 ms instead of 13 ms here, and the
-# reads of a step 11 ms instead of 42. A loop that carries a bfloat16 cache should carry its bits
-# (`KVCache.as_bits`), as the sampler does: XLA:CPU otherwise copies the whole cache's bits once per
-# step to read them. Derivatives are those of the plain slice and update (the shared-prefix forward
-# takes them).
-
-
-# The CPU forms above (reads through bits behind barriers, CACHE_CHUNK) answer XLA:CPU's costs; they are
-# traced only for a program that runs on CPUs, as the active mesh's devices say (a CPU process compiling
-# for a TPU gets the plain forms). `cpu_forms(True)` forces them on any target, to compare both compiled.
-_FORCE_CPU_FORMS = [False]
-
-
-@contextlib.contextmanager
-def cpu_forms(enabled: bool = True):
-    """Within this context, trace the CPU-specific forms whatever the target (see above)."""
-    previous, _FORCE_CPU_FORMS[0] = _FORCE_CPU_FORMS[0], enabled
-    try:
-        yield
-    finally:
-        _FORCE_CPU_FORMS[0] = previous
-
-
-def _cpu_forms() -> bool:
-    return _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh())
-
-
-def _is_narrow(x: jax.Array) -> bool:
-    """Whether x is of a float type narrower than 32 bits (bfloat16, float16) in a CPU program: read
-    through its bits."""
-    return x.dtype.itemsize < 4 and jnp.issubdtype(x.dtype, jnp.floating) and _cpu_forms()
-
-
-def _bits(x: jax.Array) -> jax.Array:
-    if not _is_narrow(x):
-        return x
-    return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
-
-
-def _from_bits(x: jax.Array, dtype) -> jax.Array:
-    return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _read_slots(buffer: jax.Array, start, sizes) -> jax.Array:
-    """`lax.dynamic_slice(buffer, start, sizes)` of a cache (see above)."""
-    return _from_bits(jax.lax.dynamic_slice(_bits(buffer), start, sizes), buffer.dtype)
-
-
-@_read_slots.defjvp
-def _read_slots_jvp(sizes, primals, tangents):
-    (buffer, start), (buffer_dot, _) = primals, tangents
-    return _read_slots(buffer, start, sizes), jax.lax.dynamic_slice(buffer_dot, start, sizes)
-
-
-@jax.custom_jvp
-def _write_slots(buffer: jax.Array, update: jax.Array, start) -> jax.Array:
-    """`lax.dynamic_update_slice(buffer, update, start)` into a cache, in place when donated (see above)."""
-    return _from_bits(jax.lax.dynamic_update_slice(_bits(buffer), _bits(update), start), buffer.dtype)
-
-
-@_write_slots.defjvp
-def _write_slots_jvp(primals, tangents):
-    (buffer, update, start), (buffer_dot, update_dot, _) = primals, tangents
-    return _write_slots(buffer, update, start), jax.lax.dynamic_update_slice(buffer_dot, update_dot, start)
-
-
-# Weights of a narrow float type meet the same XLA:CPU float32 fallback: slicing a layer's weights out of
-# the stack (the layer scan) or gathering embedding rows converts the whole bfloat16 stack or table to
-# float32 (once per call, hoisted out of the decode loop), and every product then runs in float32. So
-# the layer scan slices the weights' bits and the embedding gathers its rows' bits; derivatives are
-# those of the plain slice and gather.
-#
-# The bits are read inside the loop that uses them, behind an optimization barrier with a value that
-# changes every iteration (the layer index, the token ids). Otherwise XLA hoists the bitcast out of the
-# loop, and XLA:CPU then writes every stack's bits to a new buffer once per call: 270 MB for SmolLM2 in
-# each sampler call, ~80,000 freshly faulted pages, ~0.1 s of a 0.46 s prefill. Behind the barrier the
-# bitcast fuses into the slice or gather, which reads the parameter in place.
-
-
-def _read_inside(arrays, varying):
-    """`arrays` as a loop body sees them, tied to `varying` (a value of this iteration): computations on
-    them stay in the loop instead of being hoisted out of it (see above). No data moves."""
-    return jax.lax.optimization_barrier((arrays, varying))
-
-
-@jax.custom_jvp
-def _as_stored(value: jax.Array, bits: jax.Array) -> jax.Array:
-    """`value` (a layer's weight, sliced by the scan), computed from `bits` (the same slice of the
-    weight's bits); only the tangent of `value` is used, so XLA drops its unused float slice."""
-    return _from_bits(bits, value.dtype)
-
-
-@_as_stored.defjvp
-def _as_stored_jvp(primals, tangents):
-    (value, bits), (value_dot, _) = primals, tangents
-    return _as_stored(value, bits), value_dot
-
-
-def _layer_weights(params, stacks, index, packed=None):
-    """Layer `index`'s weights: `params` (the scan's slices of the stacked weights), each narrow-float one
-    read from the bits of its stack in `stacks` (the whole stacked weights) inside the loop, and each one
-    named in `packed` (`PackedWeights.layers`) replaced by its packed stack at `index`."""
-    with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
-    leaves = [leaf for _, leaf in with_paths]
-    stack_leaves = treedef.flatten_up_to(stacks)
-    if packed:
-        names = [tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey)) for path, _ in with_paths]
-        for i, name in enumerate(names):
-            if name in packed:
-                leaves[i] = packed[name].at(index)
-    narrow = [i for i, x in enumerate(stack_leaves)
-              if _is_narrow(x) and not isinstance(leaves[i], cpu_matmul.PackedWeight)]
-    if narrow:
-        frozen, index = _read_inside([jax.lax.stop_gradient(stack_leaves[i]) for i in narrow], index)
-        for i, stack in zip(narrow, frozen):
-            leaves[i] = _as_stored(leaves[i], jax.lax.dynamic_index_in_dim(_bits(stack), index, keepdims=False))
-    return jax.tree.unflatten(treedef, leaves)
-
-
-@jax.custom_jvp
-def _take_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
-    """`table[ids]` (the embedding lookup), gathered through the table's bits."""
-    if not _is_narrow(table):
-        return table[ids]
-    frozen, ids = _read_inside(table, ids)
-    return _from_bits(_bits(frozen)[ids], table.dtype)
-
-
-@_take_rows.defjvp
-def _take_rows_jvp(primals, tangents):
-    (table, ids), (table_dot, _) = primals, tangents
-    return _take_rows(table, ids), table_dot[ids]
-
-
-def _product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
+def _product(spec: str, x: jax.Array, weight, dtype, forms: memory_forms.MemoryForms) -> jax.Array:
     """`einsum(spec, x, weight)` in `dtype`, accumulated and returned by the kernel in float32, then cast:
     XLA:CPU runs a bfloat16 x bfloat16 -> float32 product natively (AVX512-BF16), but converts both
     operands to float32 for a bfloat16 result. The same rounding as a bfloat16 product on accelerators.
-    A `cpu_matmul.PackedWeight` (a decode's packed weights) multiplies through the CPU kernel, which
-    contracts x's trailing axes as every `spec` here does."""
-    if isinstance(weight, cpu_matmul.PackedWeight):
-        return weight.product(x).astype(dtype)
-    return jnp.einsum(spec, x, weight.astype(dtype), preferred_element_type=jnp.float32).astype(dtype)
+    A decode's packed weight multiplies through its kernel (`forms.product`)."""
+    return forms.product(spec, x, weight, dtype).astype(dtype)
 
 
-def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
+def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms):
     """Online-softmax state [B, kv, G, T(, D)] of the queries over their rows' shared prefix.
 
-    q [B, T, kv, G, D]; prefix (k, v) [L, P_rows, kv, P, D], of which layer `layer` is read;
-    prefix_mask [P_rows, T, P]. Row r reads prefix row r // share: the share rows of a prefix row
-    stack their queries into one [share * G * T, D] x [D, P] product per (prefix row, kv head).
+    q [B, T, kv, G, D]; prefix (k, v) [L, P_rows, kv, P, D], of which layer `layer` is read (through
+    `forms.read_slots`); prefix_mask [P_rows, T, P]. Row r reads prefix row r // share: the share rows of a
+    prefix row stack their queries into one [share * G * T, D] x [D, P] product per (prefix row, kv head).
     """
     prefix_k, prefix_v = prefix
     _, prefix_rows, kv_heads, prefix_length, head_dim = prefix_k.shape
@@ -382,7 +206,7 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
     q_rows = q_rows.reshape(prefix_rows, kv_heads, queries, head_dim)
 
     def read(buffer):  # [P_rows, kv, P, D]
-        return _read_slots(buffer, (layer, 0, 0, 0, 0), (1,) + buffer.shape[1:])[0].astype(dtype)
+        return forms.read_slots(buffer, (layer, 0, 0, 0, 0), (1,) + buffer.shape[1:])[0].astype(dtype)
 
     scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, read(prefix_k), preferred_element_type=jnp.float32) * scale
     scores = scores.reshape(prefix_rows, kv_heads, share, groups, length, prefix_length)
@@ -403,23 +227,24 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype):
     return to_rows(top), to_rows(total), to_rows(out)
 
 
-def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, prefix=None, prefix_mask=None,
-                       mesh=None, cache_kernel=None, cache_blocks=None):
+def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, forms, prefix=None,
+                       prefix_mask=None, mesh=None, cache_reader=None, cache_blocks=None):
     """Attention output [B, T, kv, G, D] over the shared prefix, the live cache and the T new tokens.
 
     q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
     whole (k, v) [L, B, kv, C, D], of which layer `layer` is read; cache_mask [B, T, C]; prefix
     (k, v) [L, P_rows, kv, P, D] with prefix_mask [P_rows, T, P], or None. The blocks of keys
     (prefix, cached slots, new tokens) combine exactly through their online-softmax states. Only
-    slots below `cache_index` are read, straight from the whole cache (never a per-layer copy): a
-    static index slices them (differentiable, as the shared-prefix forward needs); a traced one
-    runs over CACHE_CHUNK-slot chunks, so a decode step's work grows with the live length and not
-    with the capacity. Scores against the cache are one [G*T, D] x [D, S] product per (row, kv
-    head), with no transposes of the cache. Where the attention implementation's `cache_kernel(cache
-    dtype, head_dim, T, mesh)` says so (the `cpu` one: a one-token call of an unsharded CPU program, where
-    the kernel is built), the live slots are read in place through `cpu_attention` instead. With a traced
-    index and `cache_blocks` (`Decoder.decode_step`'s, from the implementation's `cache_state`: pallas_tpu's
-    decode kernel), `cache_blocks(q, layer)` gives the cached slots' and the prefix's state together.
+    slots below `cache_index` are read (`forms.read_slots`), straight from the whole cache (never a
+    per-layer copy): a static index slices them (differentiable, as the shared-prefix forward needs); a
+    traced one runs over chunks of `forms.cache_chunk(capacity)` slots (on a CPU, a decode step's work then
+    grows with the live length and not with the capacity). Scores against the cache are one [G*T, D] x
+    [D, S] product per (row, kv head), with no transposes of the cache. Where the attention
+    implementation's `cache_reader(cache dtype, head_dim, T, mesh)` gives a reader (the `cpu` one's C++
+    kernel: a one-token call of an unsharded CPU program, where the kernel is built), the reader gives the
+    cached slots' and the prefix's online-softmax states instead. With a traced index and `cache_blocks`
+    (`Decoder.decode_step`'s, from the implementation's `cache_state`: pallas_tpu's decode kernel),
+    `cache_blocks(q, layer)` gives the cached slots' and the prefix's state together.
     """
     cache_k, cache_v = cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape
@@ -427,7 +252,7 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     q_rows = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, groups * length, head_dim)
 
     def read(buffer, start, size):  # layer `layer`'s slots [start, start + size): [B, kv, size, D]
-        return _read_slots(buffer, (layer, 0, 0, start, 0), (1, batch, kv_heads, size, head_dim))[0].astype(dtype)
+        return forms.read_slots(buffer, (layer, 0, 0, start, 0), (1, batch, kv_heads, size, head_dim))[0].astype(dtype)
 
     def cached_scores(keys, mask):  # [B, kv, G, T, S] scaled, masked
         scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, keys, preferred_element_type=jnp.float32) * scale
@@ -449,7 +274,7 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     def with_prefix(state):  # merged with the shared prefix's block, if any
         if prefix is None:
             return state
-        return _merge_blocks(state, _prefix_block(q, prefix, layer, prefix_mask, scale, dtype))
+        return _merge_blocks(state, _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms))
 
     if isinstance(cache_index, (int, np.integer)):
         live = int(cache_index)
@@ -464,17 +289,13 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
     state = _softmax_block(new_scores, new_values)
     if cache_blocks is not None:
         return finish(_merge_blocks(state, cache_blocks(q, layer)))
-    if cache_kernel is not None and cache_kernel(cache_k.dtype, head_dim, length, mesh) and (
-            prefix is None or prefix[0].dtype == cache_k.dtype):
+    reader = None if cache_reader is None else cache_reader(cache_k.dtype, head_dim, length, mesh)
+    if reader is not None and (prefix is None or prefix[0].dtype == cache_k.dtype):
         if prefix is not None:
-            prefix_block = cpu_attention.cache_block(q, _bits(prefix[0]), _bits(prefix[1]), layer, prefix_mask,
-                                                     prefix[0].shape[3], scale)
-            state = _merge_blocks(state, prefix_block)
-        cache_block = cpu_attention.cache_block(q, _bits(cache_k), _bits(cache_v), layer, cache_mask, cache_index, scale)
-        return finish(_merge_blocks(state, cache_block))
+            state = _merge_blocks(state, reader(q, prefix[0], prefix[1], layer, prefix_mask, prefix[0].shape[3], scale))
+        return finish(_merge_blocks(state, reader(q, cache_k, cache_v, layer, cache_mask, cache_index, scale)))
     state = with_prefix(state)
-    # A TPU reads the whole cache in one masked block: its vector units gain nothing from 32-slot steps.
-    chunk = min(CACHE_CHUNK, capacity) if _cpu_forms() else capacity
+    chunk = forms.cache_chunk(capacity)
 
     def one_chunk(i, state):
         start = i * chunk
@@ -510,14 +331,14 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
             self.k_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
 
-    def _project(self, x, name):
-        y = _product("btd,dhk->bthk", x, getattr(self, name)[...], self.dtype)
+    def _project(self, x, name, forms):
+        y = _product("btd,dhk->bthk", x, getattr(self, name)[...], self.dtype, forms)
         if self.config.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
-                 cache_kernel=None):
+    def __call__(self, x, cos, sin, mask, forms, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
+                 cache_reader=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
         Without a cache, `mask` is the attention implementation's `attend(q, k, v)` for this layer (the
@@ -525,15 +346,15 @@ class Attention(nnx.Module):
         C, head_dim]) the queries also attend to layer `layer`'s cached slots below `cache_index`, and to
         the shared `prefix` (k, v) [L, P_rows, kv_heads, P, head_dim] if given; `mask` is then (cached
         [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None, and the implementation's reader of the
-        cached and prefix blocks or None: `_attend_with_cache`'s `cache_blocks`), and `cache_kernel` the
-        implementation's predicate for the CPU cache kernel.
-        `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
+        cached and prefix blocks or None: `_attend_with_cache`'s `cache_blocks`), and `cache_reader` the
+        implementation's (`_attend_with_cache`'s). `forms` (`memory_forms`) multiplies the weights and reads
+        the cache. `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
         c = self.config
         heads = lambda y, name: constrain_activation(y, ("batch", None, name, None), mesh)  # noqa: E731
         # Named scopes label the parts in profiles (jaxgrpo.profiling).
         with jax.named_scope("attention"), jax.named_scope("qkv"):
-            q, k, v = self._project(x, "q"), self._project(x, "k"), self._project(x, "v")
+            q, k, v = self._project(x, "q", forms), self._project(x, "k", forms), self._project(x, "v", forms)
             if c.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -554,10 +375,10 @@ class Attention(nnx.Module):
                 cache_mask, new_mask, prefix_mask, cache_blocks = mask
                 scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
                 out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale,
-                                         self.dtype, prefix, prefix_mask, mesh, cache_kernel, cache_blocks)
+                                         self.dtype, forms, prefix, prefix_mask, mesh, cache_reader, cache_blocks)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
-            out = _product("bthk,hkd->btd", out, self.o[...], self.dtype)
+            out = _product("bthk,hkd->btd", out, self.o[...], self.dtype, forms)
             return constrain_activation(out, ("batch", None, None), mesh), new_kv
 
 
@@ -574,12 +395,12 @@ class MLP(nnx.Module):
         self.down = _param(rngs, (*stack, f, e), lead + ("mlp", "embed"), param_dtype)
 
     @jax.named_scope("mlp")
-    def __call__(self, x, mesh=None):
+    def __call__(self, x, forms, mesh=None):
         hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
-        gate = hidden(_product("bte,ef->btf", x, self.gate[...], self.dtype))
+        gate = hidden(_product("bte,ef->btf", x, self.gate[...], self.dtype, forms))
         gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
-        out = _product("btf,fe->bte", gate * hidden(_product("bte,ef->btf", x, self.up[...], self.dtype)), self.down[...],
-                       self.dtype)
+        up = hidden(_product("bte,ef->btf", x, self.up[...], self.dtype, forms))
+        out = _product("btf,fe->bte", gate * up, self.down[...], self.dtype, forms)
         return constrain_activation(out, ("batch", None, None), mesh)
 
 
@@ -597,13 +418,14 @@ class Block(nnx.Module):
             self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
             self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
 
-    def __call__(self, x, cos, sin, mask, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
-                 cache_kernel=None):
+    def __call__(self, x, cos, sin, mask, forms, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
+                 cache_reader=None):
         rows = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         x = rows(x)
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, cache_index, mesh, prefix, cache_kernel)
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, forms, cache, layer, cache_index, mesh, prefix,
+                              cache_reader)
         x = rows(x + (self.attn_out_norm(y) if self.gemma else y))
-        y = self.mlp(self.mlp_norm(x), mesh)
+        y = self.mlp(self.mlp_norm(x), forms, mesh)
         return rows(x + (self.mlp_out_norm(y) if self.gemma else y)), new_kv
 
 
@@ -664,32 +486,23 @@ class Decoder(nnx.Module):
         return weight.astype(self.dtype)
 
     def pack_weights(self) -> PackedWeights | None:
-        """The weights packed for a decode loop's one-token calls through `cpu_matmul` (pass them as
-        `packed_weights=`), or None where that kernel does not apply (see `cpu_matmul.use_for`).
+        """The weights packed for a decode loop's one-token calls (pass them as `packed_weights=`), by this
+        program's memory forms: on a CPU, for a C++ kernel where it applies (`cpu_forms.pack_weights`); else
+        None, which changes nothing.
 
         An XLA computation, run once before the loop (a copy of the weights, 270 MB for SmolLM2)."""
-        if not cpu_matmul.use_for(self.dtype, active_mesh(self.embed[...])):
-            return None
-        layers = {name: cpu_matmul.pack(getattr(getattr(self.layers, name[0]), name[1])[...], in_dims)
-                  for name, in_dims in _PRODUCT_WEIGHTS.items()}
-        if self.config.tie_word_embeddings:
-            unembedding = cpu_matmul.pack(self.embed[...][None], 1, out_first=True)
-        else:
-            unembedding = cpu_matmul.pack(self.lm_head[...][None], 1)
-        return PackedWeights(layers, unembedding)
+        return memory_forms.for_program().pack_weights(self)
 
     @jax.named_scope("unembed")
     def logits_from_hidden(self, hidden: jax.Array, packed_weights: PackedWeights | None = None) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
+        forms = memory_forms.for_program()
         if packed_weights is not None:
-            logits = packed_weights.unembedding.product(hidden.astype(self.dtype))
+            logits = forms.product("...e,ev->...v", hidden.astype(self.dtype), packed_weights.unembedding, self.dtype)
         elif self.config.tie_word_embeddings:
             # Contract the embedding's hidden axis in place: XLA:CPU transposes a bfloat16 [V, E] table in
-            # float32 (58 against 8 ms a call for SmolLM2's at batch 32), a float32 one for free; and read
-            # the table inside the decode loop, or XLA hoists a transposed copy of it out of the loop.
-            table = self.embed[...].astype(self.dtype)
-            if _cpu_forms():
-                table, hidden = _read_inside(table, hidden)
+            # float32 (58 against 8 ms a call for SmolLM2's at batch 32), a float32 one for free.
+            table, hidden = forms.unembedding_table(self.embed[...].astype(self.dtype), hidden)
             logits = jnp.einsum("...e,ve->...v", hidden, table, preferred_element_type=jnp.float32)
         else:
             logits = jnp.matmul(hidden, self.unembedding(), preferred_element_type=jnp.float32)
@@ -735,22 +548,20 @@ class Decoder(nnx.Module):
         `pack_weights()`, multiplied by instead of the parameters (no derivative). Without a cache this is
         `forward` with the layout the masks describe; with one, `decode_step`.
         """
-        self._check_tokens(tokens)
-        batch, length = tokens.shape
-        _check_prefix(prefix, prefix_mask, batch)
-        if branch_ids is not None:
-            if cache is not None or segment_ids is None or positions is None:
-                raise ValueError("branch_ids (packed prompt groups) need segment_ids and positions, and no cache")
-            if branch_ids.shape != tokens.shape or segment_ids.shape != tokens.shape:
-                raise ValueError(f"branch_ids and segment_ids must be [batch, length] = {tokens.shape}, "
-                                 f"got {branch_ids.shape} and {segment_ids.shape}")
-        if cache is not None:
+        if branch_ids is not None and (cache is not None or segment_ids is None or positions is None):
+            raise ValueError("branch_ids (packed prompt groups) need segment_ids and positions, and no cache")
+        if cache is not None:  # decode_step checks the tokens and the prefix
             return self.decode_step(tokens, positions, cache=cache, cache_index=cache_index, kv_mask=kv_mask,
                                     prefix=prefix, prefix_mask=prefix_mask, packed_weights=packed_weights)
-        if prefix is not None:
+        if prefix is not None or prefix_mask is not None:
             raise ValueError("prefix is read by cached calls only: pass cache, cache_index and kv_mask with it")
         if segment_ids is not None and attention_mask is not None:
             raise ValueError("pass either attention_mask or segment_ids, not both (segment id 0 marks padding)")
+        self._check_tokens(tokens)
+        batch, length = tokens.shape
+        if branch_ids is not None and (branch_ids.shape != tokens.shape or segment_ids.shape != tokens.shape):
+            raise ValueError(f"branch_ids and segment_ids must be [batch, length] = {tokens.shape}, "
+                             f"got {branch_ids.shape} and {segment_ids.shape}")
         if positions is None:
             positions = positions_from_mask(attention_mask, segment_ids, length)
         if branch_ids is not None:
@@ -759,7 +570,7 @@ class Decoder(nnx.Module):
             layout = AttentionLayout.segments(segment_ids)
         else:
             layout = AttentionLayout.padded(jnp.ones((batch, length), bool) if attention_mask is None else attention_mask)
-        return self.forward(tokens, positions, layout, packed_weights=packed_weights), None
+        return self._forward(tokens, positions, layout, packed_weights), None
 
     def forward(self, tokens: jax.Array, positions: jax.Array, layout: AttentionLayout, *,
                 packed_weights: PackedWeights | None = None) -> jax.Array:
@@ -769,8 +580,12 @@ class Decoder(nnx.Module):
         packed segments or packed prompt groups: `AttentionLayout`); the attention runs through this
         model's implementation (`attention_implementation`).
         """
-        c = self.config
         self._check_tokens(tokens)
+        return self._forward(tokens, positions, layout, packed_weights)
+
+    def _forward(self, tokens, positions, layout, packed_weights):
+        """`forward` of tokens already checked."""
+        c = self.config
         batch, length = tokens.shape
         positions = jnp.broadcast_to(positions, (batch, length))
         mesh = active_mesh(self.embed[...])
@@ -804,7 +619,25 @@ class Decoder(nnx.Module):
         positions = jnp.broadcast_to(positions, (batch, length))
         mesh = active_mesh(self.embed[...])
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
+        window = self.config.sliding_window
+        implementation = self.attention_implementation(mesh)
+        # A decode step (run-time cache index) of an implementation with its own cache reader (pallas_tpu's
+        # kernel) reads the cached slots and the prefix through it; any other call, the XLA math of
+        # `_attend_with_cache`, with dense masks over the cached slots and the prefix.
+        kernel = None if isinstance(cache_index, (int, np.integer)) else implementation.cache_state
         key_valid = kv_mask.astype(bool)
+        if kernel is not None:
+            new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
+            full_new = rows(build_attention_mask(jnp.arange(length), new_valid, None))
+            sliding_new = rows(build_attention_mask(jnp.arange(length), new_valid, window)) if window else full_new
+
+            def kernel_masks(sliding):  # the layer's (cached, new, prefix, reader) as `Attention` takes them
+                new_mask = jnp.where(sliding, sliding_new, full_new)
+                return None, new_mask, None, self._cache_blocks(kernel, sliding, cache, cache_index, kv_mask, prefix,
+                                                                prefix_mask, mesh)
+
+            return self._layers(tokens, positions, kernel_masks, mesh, cache=cache, cache_index=cache_index,
+                                prefix=prefix, packed_weights=packed_weights)
         query_slots = cache_index + jnp.arange(length)
         # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T], mask over the
         # prefix [P_rows, T, P] or None); slots from cache_index on hold stale values until
@@ -826,35 +659,30 @@ class Decoder(nnx.Module):
                     build_attention_mask(jnp.arange(length), new_valid, window),
                     prefix_attention_mask(window))
 
-        window = self.config.sliding_window
         full_mask = jax.tree.map(rows, cached_and_new(None))
         sliding_mask = jax.tree.map(rows, cached_and_new(window)) if window else full_mask
 
-        implementation = self.attention_implementation(mesh)
-        # A decode step (run-time cache index) of an implementation with its own cache reader (pallas_tpu's
-        # kernel) reads the cached slots and the prefix through it; any other call, the XLA math below.
-        kernel = None if isinstance(cache_index, (int, np.integer)) else implementation.cache_state
-
-        def kernel_blocks(sliding):
-            """(q, layer) -> the online-softmax state of the cached slots and the prefix, by `kernel`."""
-            read = functools.partial(kernel, sliding=sliding, window=window, scale=self.config.attention_scale,
-                                     mesh=mesh)
-
-            def blocks(q, layer):
-                state = read(q, cache.k, cache.v, layer, cache_index, kv_mask.astype(bool))
-                if prefix is None:
-                    return state
-                prefix_length = prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
-                return _merge_blocks(state, read(q, prefix.k, prefix.v, layer, prefix_length,
-                                                 prefix_mask.astype(bool), query_slot=prefix_length + cache_index))
-            return blocks
-
         def masks(sliding):
             layer_masks = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
-            return (*layer_masks, None if kernel is None else kernel_blocks(sliding))
+            return (*layer_masks, None)
 
         return self._layers(tokens, positions, masks, mesh, cache=cache, cache_index=cache_index, prefix=prefix,
                             packed_weights=packed_weights)
+
+    def _cache_blocks(self, kernel, sliding, cache, cache_index, kv_mask, prefix, prefix_mask, mesh):
+        """(q, layer) -> the online-softmax state of the cached slots and the prefix, read by `kernel` (an
+        attention implementation's `cache_state`)."""
+        read = functools.partial(kernel, sliding=sliding, window=self.config.sliding_window,
+                                 scale=self.config.attention_scale, mesh=mesh)
+
+        def blocks(q, layer):
+            state = read(q, cache.k, cache.v, layer, cache_index, kv_mask.astype(bool))
+            if prefix is None:
+                return state
+            prefix_length = prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
+            return _merge_blocks(state, read(q, prefix.k, prefix.v, layer, prefix_length,
+                                             prefix_mask.astype(bool), query_slot=prefix_length + cache_index))
+        return blocks
 
     def _layers(self, tokens, positions, attention, mesh, *, cache=None, cache_index=None, prefix=None,
                 packed_weights=None):
@@ -867,10 +695,11 @@ class Decoder(nnx.Module):
         cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
         cos_sliding, sin_sliding = rope_tables(positions, rope_inverse_frequencies(c.rope_sliding or c.rope, c.head_dim))
         cos_full, sin_full, cos_sliding, sin_sliding = jax.tree.map(rows, (cos_full, sin_full, cos_sliding, sin_sliding))
-        cache_kernel = self.attention_implementation(mesh).cache_kernel if cache is not None else None
+        cache_reader = self.attention_implementation(mesh).cache_reader if cache is not None else None
+        forms = memory_forms.for_program()
 
         with jax.named_scope("embed"):
-            x = _take_rows(self.embed[...], tokens).astype(self.dtype)
+            x = forms.take_rows(self.embed[...], tokens).astype(self.dtype)
             if c.is_gemma:
                 x = x * jnp.asarray(c.embedding_scale, self.dtype)
         x = rows(x)
@@ -879,11 +708,12 @@ class Decoder(nnx.Module):
 
         def layer(x, inputs):
             params, index, sliding = inputs
-            block = nnx.merge(graphdef, _layer_weights(params, layer_params, index,
-                                                       packed_weights.layers if packed_weights else None))
+            block = nnx.merge(graphdef, forms.layer_weights(params, layer_params, index,
+                                                            packed_weights.layers if packed_weights else None))
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
-            x, new_kv = block(x, cos, sin, attention(sliding), cache, index, cache_index, mesh, prefix, cache_kernel)
+            x, new_kv = block(x, cos, sin, attention(sliding), forms, cache, index, cache_index, mesh, prefix,
+                              cache_reader)
             return x, (None if cache is None else new_kv)
 
         if self.remat:
@@ -899,8 +729,8 @@ class Decoder(nnx.Module):
             start = (0, 0, 0, cache_index, 0)
             heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]
             with jax.named_scope("kv_cache_write"):
-                cache = KVCache(_write_slots(cache.k, heads_major(new_kv[0], cache.k), start),
-                                _write_slots(cache.v, heads_major(new_kv[1], cache.v), start))
+                cache = KVCache(forms.write_slots(cache.k, heads_major(new_kv[0], cache.k), start),
+                                forms.write_slots(cache.v, heads_major(new_kv[1], cache.v), start))
         return rows(self.final_norm(stream(x))), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None,

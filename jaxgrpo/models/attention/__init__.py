@@ -80,8 +80,11 @@ class AttentionImplementation(NamedTuple):
     """One attention implementation (see the module docstring).
 
     name: its configured name; platforms: where it runs; prepare, attend: the training/scoring attention;
-    cache_kernel: `(cache_dtype, head_dim, query_length, mesh) -> bool`, whether the cached decode path
-    should read the cache through `cpu_attention`'s C++ kernel (False but for `cpu`);
+    cache_reader: `(cache_dtype, head_dim, query_length, mesh) -> reader or None`: for a cached call with a
+    run-time cache index, a reader `(q, cache_k, cache_v, layer, mask, live, scale) -> (top, total, out)` of
+    the online-softmax state of the queries [B, T, kv, G, D] over one cache's slots below `live` that `mask`
+    [R, T, C] keeps (the row cache, or a shared prefix of R rows), or None for the decoder's XLA math
+    (`cpu`: its C++ kernel where it applies; None for the others);
     cache_state: None (the decoder's XLA math reads the cache), or for a decode step with a run-time cache
     index `(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, window, scale, query_slot, mesh)
     -> (top, total, out)`, the online-softmax state of the queries [B, T, kv, G, D] over one cache's live
@@ -93,7 +96,7 @@ class AttentionImplementation(NamedTuple):
     platforms: tuple[str, ...]
     prepare: Callable[..., Any]
     attend: Callable[..., jax.Array]
-    cache_kernel: Callable[..., bool]
+    cache_reader: Callable[..., Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None]
     cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
 
 

@@ -271,5 +271,5 @@ def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, w
 
 
 IMPLEMENTATION = AttentionImplementation(
-    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend, cache_kernel=lambda *args: False,
+    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend, cache_reader=lambda *args: None,
     cache_state=cache_state)

@@ -1,0 +1,108 @@
+"""How the decoder reads and writes its weights and KV cache: one interface, a plain form for every backend
+and a form for XLA:CPU.
+
+The decoder's math reads the same on every backend. A few of its memory accesses cost XLA:CPU far more
+than they cost an accelerator (bfloat16 slices and gathers run through float32, loop-invariant bitcasts
+are hoisted out of loops into whole copies, weight products stream slowly), so for programs that run on
+CPUs they are written differently. The decoder makes those accesses through a `MemoryForms`:
+
+* `PLAIN`: the plain `lax` / `jax.numpy` operations, for GPU and TPU programs;
+* `jaxgrpo.models.cpu_forms.FORMS`: the XLA:CPU forms (bits behind optimization barriers, custom-JVP
+  slices, 32-slot cache chunks, packed weights), each with the measurement that justifies it.
+
+`for_program()` picks them for the program being traced: the CPU forms when it runs on CPUs (the active
+mesh's devices say so: a CPU process compiling for a TPU topology gets the plain forms), the plain forms
+elsewhere. `force_cpu_forms(True)` traces the CPU forms on any target, to compile both and compare
+(`jaxgrpo-compile --cpu-forms`). Values and derivatives are the same with either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo.models import cpu_kernels
+from jaxgrpo.models.partitioning import active_mesh
+
+
+class MemoryForms(NamedTuple):
+    """The decoder's memory accesses, each a function with the plain operation's meaning:
+
+    name: "plain" or "cpu".
+    to_carry: cache -> cache, as a decode loop carries it from step to step (a pytree of arrays);
+    from_carry: (cache, dtype) -> cache: what `to_carry` gave, read back as `dtype` for the model.
+    take_rows: (table, ids) -> table[ids], the embedding lookup.
+    layer_weights: (params, stacks, index, packed) -> layer `index`'s weights, from `params` (the layer scan's
+      slices of the stacked weights `stacks`), with those named in `packed` (packed weights' layers, or None)
+      replaced by their packed stack at `index`.
+    product: (spec, x, weight, dtype) -> einsum(spec, x, weight in `dtype`) accumulated in float32 (a packed
+      weight multiplies by its kernel).
+    read_slots: (buffer, start, sizes) -> lax.dynamic_slice of a cache;
+    write_slots: (buffer, update, start) -> lax.dynamic_update_slice into a cache (in place when donated).
+    cache_chunk: capacity -> the slots a decode step reads per iteration when the live length is only known
+      at run time (the live slots, rounded up to a chunk, are read).
+    unembedding_table: (table, hidden) -> (table, hidden), the tied unembedding's operands as the decode
+      loop's body reads them.
+    pack_weights: model -> the weights its one-token decode calls multiply by, packed, or None.
+    """
+
+    name: str
+    to_carry: Callable[[Any], Any]
+    from_carry: Callable[[Any, Any], Any]
+    take_rows: Callable[[jax.Array, jax.Array], jax.Array]
+    layer_weights: Callable[..., Any]
+    product: Callable[[str, jax.Array, Any, Any], jax.Array]
+    read_slots: Callable[..., jax.Array]
+    write_slots: Callable[..., jax.Array]
+    cache_chunk: Callable[[int], int]
+    unembedding_table: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+    pack_weights: Callable[[Any], Any]
+
+
+def _layer_weights(params, stacks, index, packed=None):
+    if packed:
+        raise ValueError("packed weights are multiplied by CPU programs only (Decoder.pack_weights gives None "
+                         "elsewhere): pass packed_weights=None")
+    return params
+
+
+PLAIN = MemoryForms(
+    name="plain",
+    to_carry=lambda cache: cache,
+    from_carry=lambda cache, dtype: cache,
+    take_rows=lambda table, ids: table[ids],
+    layer_weights=_layer_weights,
+    product=lambda spec, x, weight, dtype: jnp.einsum(spec, x, weight.astype(dtype),
+                                                      preferred_element_type=jnp.float32),
+    read_slots=jax.lax.dynamic_slice,
+    write_slots=jax.lax.dynamic_update_slice,
+    # A TPU reads the whole cache in one masked block: its vector units gain nothing from smaller steps.
+    cache_chunk=lambda capacity: capacity,
+    unembedding_table=lambda table, hidden: (table, hidden),
+    pack_weights=lambda model: None,
+)
+
+_FORCE_CPU_FORMS = [False]
+
+
+@contextlib.contextmanager
+def force_cpu_forms(enabled: bool = True):
+    """Within this context `for_program()` gives the CPU forms whatever the target (see the module docstring)."""
+    previous, _FORCE_CPU_FORMS[0] = _FORCE_CPU_FORMS[0], enabled
+    try:
+        yield
+    finally:
+        _FORCE_CPU_FORMS[0] = previous
+
+
+def for_program() -> MemoryForms:
+    """The forms of the program being traced: the CPU forms for one that runs on CPUs (or within
+    `force_cpu_forms`), else `PLAIN`."""
+    if _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh()):
+        from jaxgrpo.models import cpu_forms  # it builds on this module's interface
+
+        return cpu_forms.FORMS
+    return PLAIN
