@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # CPU programs; with libtpu installed, jax would probe for a TPU
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
