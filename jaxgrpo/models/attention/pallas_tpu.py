@@ -22,7 +22,9 @@ attention natively: head h reads key/value head h // G). The decoder's layouts m
 Rows are padded to a multiple of 128 slots (the kernel's block) with segment ids no real token shares.
 `attn_logits_soft_cap` soft-caps the scores (Gemma 2). On a mesh the kernel runs per shard (`shard_map`)
 over rows (`data`/`fsdp`) and key/value heads (`model`, where it divides them). On a CPU the kernels run
-interpreted (`interpret=True`): for tests, slowly.
+interpreted (`interpret=True`): for tests, slowly. Splash's calls state no cost, so the ones traced here
+carry an analytic `cost_estimate` (`splash_cost_estimates`: the blocks the mask visits), which the compile
+report (`jaxgrpo.compile.count_products`) counts.
 
 The sampler's decode steps (a run-time cache index) read the cache and a shared prefix through
 `pallas_decode`'s kernel (`cache_state`), which copies only a row's live blocks.
@@ -136,7 +138,8 @@ def splash_cost_estimates(kernel: splash.SplashAttentionKernel, q_shape, kv_shap
     (`block_mask`, concrete numpy: causal at 8 blocks visits 36 of 64), each `SPLASH_PRODUCTS[kernel]`
     products of 2 * block^2 * D FLOPs and block^2 exponentials. HBM bytes: the per-row arrays it reads and
     writes once (q and out, with the float32 log-sum-exp; dq: q, dO, dq, log-sum-exp and di; dkv: k, v, dk,
-    dv), and per visited triple the two blocks it streams (forward and dq: k and v; dkv: q and dO).
+    dv), and per visited triple the blocks it streams (forward and dq: k and v; dkv: q and dO, with the
+    log-sum-exp and di as [8, block] float32).
     Segment ids and the mask's own tables are left out (a few bytes per slot)."""
     heads, length, head_dim = q_shape
     kv_heads = kv_shape[0]
@@ -151,6 +154,8 @@ def splash_cost_estimates(kernel: splash.SplashAttentionKernel, q_shape, kv_shap
         # Mask info shared by all heads has one head; else one per head.
         visited = np.count_nonzero(info.block_mask) * heads // info.block_mask.shape[0]
         elements, extra_bytes = per_row[name]
+        if name == "dkv":
+            extra_bytes += visited * 2 * splash.NUM_SUBLANES * block * f32
         costs[name] = pl.CostEstimate(
             flops=int(visited * SPLASH_PRODUCTS[name] * 2 * block * block * head_dim),
             transcendentals=int(visited * block * block),
