@@ -6,7 +6,9 @@
 
 A decode step is memory-bound: every chip reads the weights and its rows' live keys and values once per
 token. The estimate here is analytic, because XLA's cost analysis counts nothing inside a Pallas call (it
-charges the call its operands' whole size: the whole cache, every layer). Per chip and step:
+charges the call its operands' whole size: the whole cache, every layer); `jaxgrpo-compile` counts the
+kernel at the cost it states, a full cache (`pallas_decode.full_cache_cost_estimate`), the worst case of
+a completion, where this script follows the live length. Per chip and step:
 
 * roofline: the weights (each chip multiplies its rows by every weight: it reads the whole parameter set,
   the all-gathered copy under FSDP) + each prompt's live keys and values once for its G samples (the

@@ -14,11 +14,14 @@ shows the collectives. Programs compiled here, each at the experiment's shapes:
   groups at their worst case, one group per row, when `packing` is on).
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
-scan, the decoder's layer scan, the decode loop), and nothing inside a Pallas call: its FLOPs and time are
-lower bounds. So the report also counts the traced program's matrix products with every scan body times
-its length (`count_products`: remat's recomputation and attention included), estimates the time as those
-products' roofline, each at max(FLOPs / peak, bytes / HBM bandwidth), and gives the MFU that time implies
-for the model's analytic FLOPs (2·N per token forward, 6·N per token trained). A `while` loop whose trip
+scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower bounds. So the report also
+counts the traced program's matrix products with every scan body times its length (`count_products`:
+remat's recomputation and attention included), and each Pallas call at the analytic `cost_estimate` it
+states (splash attention: the blocks its mask visits, `pallas_tpu.splash_cost_estimates`; the decode
+kernel: a full cache, `pallas_decode.full_cache_cost_estimate`), estimates the time as their roofline,
+each at max(FLOPs / peak, bytes / HBM bandwidth), with the Pallas calls' share apart (`pallas_seconds`),
+and gives the MFU that time implies for the model's analytic FLOPs (2·N per token forward, 6·N per token
+trained). A `while` loop whose trip
 count is known only at run time (the decode loop) is counted once: its figures are one step's.
 For the decode loop, whose body is one step, it also gives the step's HBM floor: the parameters and the
 whole cache a chip holds, read once per token at the chip's bandwidth.
@@ -280,19 +283,26 @@ class ProductCount(NamedTuple):
     """A traced program's matrix products with every loop body times its trip count: FLOPs, the bytes
     their operands and results take, the roofline seconds of the products one at a time (each at
     max(FLOPs / peak, bytes / HBM bandwidth)), and the `while` loops whose trip count is only known at run
-    time (counted once)."""
+    time (counted once). Pallas calls are in the totals at their `cost_estimate` (FLOPs and HBM bytes the
+    kernel states, e.g. splash attention's visited blocks, `pallas_tpu.splash_cost_estimates`), and apart
+    in `pallas_flops` and `pallas_seconds`; a call that states none counts nothing and is counted in
+    `pallas_calls_without_estimate`."""
 
     flops: float
     bytes: float
     roofline_seconds: float
     loops_counted_once: int
+    pallas_flops: float = 0.0
+    pallas_seconds: float = 0.0
+    pallas_calls_without_estimate: int = 0
 
 
 def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCount:
-    """`ProductCount` of a (closed) jaxpr: `dot_general` and convolutions, scans times their length,
-    branches at their largest, the primal of custom derivatives (the transposed program is in the
-    jaxpr already), a `while` once. Shapes are global; a Pallas call counts nothing."""
-    totals = [0.0, 0.0, 0.0, 0]
+    """`ProductCount` of a (closed) jaxpr: `dot_general` and convolutions, Pallas calls at their
+    `cost_estimate`, scans times their length, branches at their largest, the primal of custom derivatives
+    (the transposed program is in the jaxpr already), a `while` once. Shapes are global: inside a
+    `shard_map`, where shapes are one shard's, each product counts once per shard of its manual axes."""
+    totals = [0.0, 0.0, 0.0, 0, 0.0, 0.0, 0]
 
     def product(eqn) -> tuple[float, float]:
         (lhs, rhs), (out,) = [v.aval for v in eqn.invars[:2]], [v.aval for v in eqn.outvars]
@@ -305,15 +315,31 @@ def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCou
         moved = sum(math.prod(a.shape) * _itemsize(a.dtype) for a in (lhs, rhs, out))
         return flops, moved
 
+    def add(flops: float, moved: float, times: float, pallas: bool = False):
+        seconds = times * max(flops / peak_flops, moved / hbm_bandwidth)
+        totals[0] += times * flops
+        totals[1] += times * moved
+        totals[2] += seconds
+        if pallas:
+            totals[4] += times * flops
+            totals[5] += seconds
+
     def walk(closed, times: float):
         inner = getattr(closed, "jaxpr", closed)
         for eqn in inner.eqns:
             name = eqn.primitive.name
             if name in ("dot_general", "conv_general_dilated"):
-                flops, moved = product(eqn)
-                totals[0] += times * flops
-                totals[1] += times * moved
-                totals[2] += times * max(flops / peak_flops, moved / hbm_bandwidth)
+                add(*product(eqn), times)
+            elif name == "pallas_call":
+                cost = eqn.params.get("cost_estimate")
+                if cost is None:
+                    totals[6] += 1
+                else:
+                    add(float(cost.flops), float(cost.bytes_accessed), times, pallas=True)
+            elif name == "shard_map":
+                mesh = eqn.params["mesh"]
+                shards = math.prod(mesh.shape[axis] for axis in eqn.params["newly_manual_axes"])
+                walk(eqn.params["jaxpr"], times * shards)
             elif name == "scan":
                 walk(eqn.params["jaxpr"], times * eqn.params["length"])
             elif name == "while":
@@ -326,6 +352,9 @@ def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCou
                 totals[1] += times * widest.bytes
                 totals[2] += times * widest.roofline_seconds
                 totals[3] += widest.loops_counted_once
+                totals[4] += times * widest.pallas_flops
+                totals[5] += times * widest.pallas_seconds
+                totals[6] += widest.pallas_calls_without_estimate
             else:
                 for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
                     sub = eqn.params.get(key)
@@ -357,8 +386,11 @@ class ProgramReport:
     model_flops_seconds: float  # model_flops at the chip's peak
     hbm_roofline_seconds: float  # bytes_accessed at the chip's HBM bandwidth
     step_floor_seconds: float | None  # decode: parameters + cache per chip at the chip's HBM bandwidth, per token
-    program_flops: float  # per chip: the traced program's matrix products, loop bodies times their trip counts
-    estimated_seconds: float  # per chip: those products' roofline (`count_products`); decode: one step
+    program_flops: float  # per chip: the traced program's matrix products and Pallas calls, loop bodies times
+    # their trip counts
+    estimated_seconds: float  # per chip: their roofline (`count_products`); decode: one step
+    pallas_flops: float  # per chip: the Pallas calls' part of program_flops (their stated cost estimates)
+    pallas_seconds: float  # the Pallas calls' part of estimated_seconds
     mfu: float | None  # model FLOPs / (peak x estimated_seconds); None where a loop was counted once (decode)
     loops_counted_once: int  # `while` loops of run-time trip count (decode's token loop), counted once
     largest_values: list  # the largest arrays the compiled program computes (`largest_values`)
@@ -366,6 +398,7 @@ class ProgramReport:
     host_transfers: list
     compile_seconds: float
     error: str | None = None  # why the compiler refused the program (it does not fit), else None
+    pallas_calls_without_estimate: int = 0  # Pallas calls that state no cost estimate: not in the estimate
 
 
 @dataclasses.dataclass
@@ -378,6 +411,7 @@ class Report:
     model: str
     num_params: int
     programs: list
+    attention: str  # the attention implementation the programs were traced with ("auto" resolved)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -385,12 +419,14 @@ class Report:
     def table(self) -> str:
         """A human-readable summary, one line per program."""
         lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters) on {self.topology}: {self.chips} x {self.chip}, "
-                 f"{self.hosts} host(s), mesh {self.mesh}"]
+                 f"{self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
         for p in self.programs:
             estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
             step = "" if p.step_floor_seconds is None else f", a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
             per_step = f" ({p.loops_counted_once} run-time loop(s) counted once)" if p.loops_counted_once else ""
             mfu = "" if p.mfu is None else f", MFU {100 * p.mfu:.0f}%"
+            if p.pallas_calls_without_estimate:
+                per_step += f" ({p.pallas_calls_without_estimate} Pallas call(s) without a cost estimate, not counted)"
             if p.error:
                 lines.append(f"  {p.program:8s} DOES NOT FIT: the compiler refused it: {p.error}")
                 continue
@@ -402,8 +438,9 @@ class Report:
                 f"{p.temp_bytes / GiB:.2f}, outputs {p.output_bytes / GiB:.2f}, donated {p.alias_bytes / GiB:.2f}); "
                 f"model FLOPs {p.model_flops:.3g} per chip = {p.model_flops_seconds * 1e3:.2f} ms at peak; compiler: "
                 f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {estimate} "
-                f"(loop bodies once); products with loops x trip counts: {p.program_flops:.3g} FLOPs, "
-                f"{p.estimated_seconds * 1e3:.2f} ms at their roofline{per_step}{mfu}{step}; "
+                f"(loop bodies once); products and Pallas calls with loops x trip counts: {p.program_flops:.3g} "
+                f"FLOPs, {p.estimated_seconds * 1e3:.2f} ms at their roofline (Pallas {p.pallas_flops:.3g} FLOPs, "
+                f"{p.pallas_seconds * 1e3:.2f} ms){per_step}{mfu}{step}; "
                 f"collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
                 f"compiled in {p.compile_seconds:.1f} s")
         return "\n".join(lines)
@@ -443,9 +480,11 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
             bytes_accessed=0.0, compiler_seconds=None, model_flops=model_flops / chips,
             model_flops_seconds=model_flops / chips / chip.peak_flops, hbm_roofline_seconds=0.0,
             step_floor_seconds=None if step_floor_bytes is None else step_floor_bytes / chip.hbm_bandwidth,
-            program_flops=products.flops / chips, estimated_seconds=products.roofline_seconds, mfu=None,
+            program_flops=products.flops / chips, estimated_seconds=products.roofline_seconds,
+            pallas_flops=products.pallas_flops / chips, pallas_seconds=products.pallas_seconds, mfu=None,
             loops_counted_once=products.loops_counted_once, largest_values=[], collectives={}, host_transfers=[],
-            compile_seconds=seconds, error=compiled.message)
+            compile_seconds=seconds, error=compiled.message,
+            pallas_calls_without_estimate=products.pallas_calls_without_estimate)
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -466,9 +505,11 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
         model_flops_seconds=flops_per_chip / chip.peak_flops, hbm_roofline_seconds=bytes_accessed / chip.hbm_bandwidth,
         step_floor_seconds=None if step_floor_bytes is None else step_floor_bytes / chip.hbm_bandwidth,
         program_flops=products.flops / chips, estimated_seconds=estimated,
+        pallas_flops=products.pallas_flops / chips, pallas_seconds=products.pallas_seconds,
         mfu=(flops_per_chip / chip.peak_flops / estimated) if estimated > 0 and not products.loops_counted_once else None,
         loops_counted_once=products.loops_counted_once, largest_values=largest_values(text),
-        collectives=collectives(text), host_transfers=host_transfers(text), compile_seconds=seconds)
+        collectives=collectives(text), host_transfers=host_transfers(text), compile_seconds=seconds,
+        pallas_calls_without_estimate=products.pallas_calls_without_estimate)
 
 
 def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS, cpu_forms: bool = False) -> Report:
@@ -506,7 +547,10 @@ def _compile_experiment(cfg: Config, topology: str, programs) -> Report:
         lowered, tokens, jaxpr = lower_update(cfg, mesh, abstract)
         reports.append(_program_report("update", *_compile(lowered), jaxpr, chip, chips, 6 * n * tokens))
     hosts = len({d.process_index for d in devices})
-    return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports)
+    policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
+    attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name
+    return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports,
+                  attention)
 
 
 def fits_everywhere(report: Report) -> bool:

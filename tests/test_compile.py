@@ -108,7 +108,11 @@ def test_quickstart_programs_and_their_collectives_on_one_host(reports):
 def test_program_flops_count_every_layer_and_micro_batch(reports):
     """The compiler counts the layer scan's and the micro-batch scan's bodies once; the traced program's
     products, with loops times their trip counts, come to at least 6 FLOPs per non-embedding parameter
-    per trained token (forward 2, backward 4; remat's recomputed forward and attention come on top)."""
+    per trained token (forward 2, backward 4; remat's recomputed forward and attention come on top).
+    Splash attention's calls (the TPU default) count apart, golden by hand: each micro-batch's 2 packed
+    groups of 64 + 4 x 64 = 320 slots, padded to 384 (3 blocks of 128, causal: 6 visited) and to one row
+    per chip (8 rows: the padded rows run too), 2 calls per row (own branch and trunk), 28 layers x 16
+    heads, 11 products of 2·128³ per visited block (forward 2, remat's recomputed forward 2, backward 3 + 4)."""
     from jaxgrpo import models
 
     cfg, report = reports(QWEN, ONE_HOST)
@@ -117,7 +121,10 @@ def test_program_flops_count_every_layer_and_micro_batch(reports):
     embedding = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
     tokens_per_chip = cfg.batch_size * (cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens) / 8
     dense = 6 * (report.num_params - embedding) * tokens_per_chip
-    assert dense <= update.program_flops <= 8 * report.num_params * tokens_per_chip
+    assert report.attention == "pallas_tpu" and update.pallas_calls_without_estimate == 0
+    assert update.pallas_flops == 2 * 8 * 2 * 28 * 16 * 6 * 11 * 2 * 128 ** 3 / 8
+    assert dense <= update.program_flops - update.pallas_flops <= 8 * report.num_params * tokens_per_chip
+    assert 0 < update.pallas_seconds < update.estimated_seconds
     assert update.program_flops > 10 * update.flops  # 28 layers x 2 micro-batches, counted once by the compiler
     assert update.mfu == pytest.approx(update.model_flops_seconds / update.estimated_seconds)
     assert 0.05 < update.mfu < 1.0
@@ -136,6 +143,7 @@ def test_count_products_multiplies_loop_bodies_by_their_trip_counts():
     jaxpr = jax.make_jaxpr(scanned)(jnp.ones((4, 8)), jnp.ones((3, 8, 16)))
     count = aot.count_products(jaxpr, peak_flops=1e12, hbm_bandwidth=1e9)
     assert count.flops == 2 * 3 * 2 * 4 * 8 * 16 and count.loops_counted_once == 0
+    assert count.pallas_flops == count.pallas_seconds == count.pallas_calls_without_estimate == 0
     assert count.bytes == 2 * 3 * (4 * 8 + 8 * 16 + 4 * 16) * 4
     assert count.roofline_seconds == pytest.approx(count.bytes / 1e9)  # this small product is bandwidth-bound
 
@@ -144,6 +152,56 @@ def test_count_products_multiplies_loop_bodies_by_their_trip_counts():
 
     count = aot.count_products(jax.make_jaxpr(looped)(jnp.ones((4, 8)), 5), 1e12, 1e9)
     assert count.flops == 2 * 4 * 8 * 8 and count.loops_counted_once == 1
+
+
+def test_count_products_counts_splash_attention_over_the_blocks_its_causal_mask_visits():
+    """Golden values: one row of 384 slots is 3 blocks of 128, of which a causal mask visits 6 of 9 (query
+    block i sees key blocks 0..i); each visit of each of the 4 query heads is 2·128·128·128 FLOPs per
+    product: 2 products forward, and 3 (dq) + 4 (dkv) more in the backward. Tracing only: nothing runs."""
+    import jax.numpy as jnp
+
+    from jaxgrpo.models.attention import pallas_tpu
+
+    rows, length, kv_heads, groups, head_dim, block = 2, 384, 2, 2, 128, 128
+    q = jnp.ones((rows, length, kv_heads, groups, head_dim), jnp.bfloat16)
+    k = jnp.ones((rows, length, kv_heads, head_dim), jnp.bfloat16)
+    ids = jnp.ones((rows, length), jnp.int32)
+
+    def attention(q, k, v):
+        out = pallas_tpu.attend(q, k, v, {"query": ids, "key": ids}, False, scale=0.1)
+        return out.astype(jnp.float32).sum()
+
+    per_product = rows * kv_heads * groups * 6 * 2 * block * block * head_dim
+    forward = aot.count_products(jax.make_jaxpr(attention)(q, k, k), 1e12, 1e9)
+    assert forward.pallas_flops == forward.flops == 2 * per_product
+    assert forward.pallas_calls_without_estimate == 0
+    # With bandwidth to spare, each call takes its FLOPs at the peak.
+    trained = aot.count_products(jax.make_jaxpr(jax.grad(attention, argnums=(0, 1, 2)))(q, k, k), 1e12, 1e30)
+    assert trained.pallas_flops == (2 + 3 + 4) * per_product
+    assert trained.pallas_seconds == pytest.approx(trained.pallas_flops / 1e12)
+
+
+def test_count_products_counts_the_decode_kernel_at_a_full_cache_per_shard_times_shards():
+    """Golden values: a [2 layers, 2 rows, 2 kv heads, 256 slots, 128] cache read by 4 rows of 2 query heads
+    per kv head (each cache row shared by 2 rows: 4 stacked queries) is 2 products of 2·4·256·128 FLOPs per
+    row and kv head, whatever the live length; its bytes hold both caches' 256 slots of the layer. Split
+    over 2 devices by `shard_map`, the per-shard count times the shards gives the same whole."""
+    import jax.numpy as jnp
+
+    from jaxgrpo.models.attention import pallas_decode
+
+    layers, rows, kv_heads, capacity, head_dim, groups = 2, 2, 2, 256, 128, 2
+    cache = jnp.ones((layers, rows, kv_heads, capacity, head_dim), jnp.bfloat16)
+    q = jnp.ones((2 * rows, 1, kv_heads, groups, head_dim), jnp.bfloat16)
+    flops = rows * kv_heads * 2 * (2 * 4 * capacity * head_dim)
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    for on in (None, mesh):
+        def state(q, k, v):
+            return pallas_decode.cache_attention_state(q, k, v, 1, 37, 0.1, mesh=on, interpret=True)
+
+        count = aot.count_products(jax.make_jaxpr(state)(q, cache, cache), 1e12, 1e9)
+        assert count.pallas_flops == count.flops == flops, on
+        assert count.bytes >= 2 * rows * kv_heads * capacity * head_dim * 2
 
 
 def test_bfloat16_optimizer_state_halves_the_moments_a_chip_holds():

@@ -51,3 +51,6 @@ def test_tpu_docs_are_rendered_from_the_committed_reports():
     for report in reports:
         assert report["experiment"] and os.path.exists(os.path.join(ROOT, report["experiment"]))
         assert f"| {report['model']} | {report['topology']}" in committed
+        # Every report says which attention its programs were traced with (the recipes compiled before
+        # pallas_tpu became the TPU default say xla), so no row is read as another implementation's.
+        assert report.get("attention") in ("xla", "pallas_tpu"), report["name"]

@@ -234,6 +234,25 @@ def _unstack_state(x, batch, length, groups):
     return jnp.swapaxes(x, 1, 2).reshape(batch, kv_heads, groups, length, *x.shape[5:])
 
 
+def full_cache_cost_estimate(rows: int, kv_heads: int, stacked: int, capacity: int, head_dim: int, itemsize: int,
+                             key_mask: bool) -> pl.CostEstimate:
+    """The kernel's cost on one shard as its `cost_estimate`, at a full cache: every row's C slots of one
+    layer's keys and values read once, with its queries (R x kv x Q x D, Q = share x G x T stacked) and
+    the float32 state it writes, and two products per slot ([Q, D] x [D, C], then [Q, C] x [C, D]).
+
+    Full, not live, because the live length is known only at run time, and it is the worst case the
+    compile report's HBM floor of a decode step takes (parameters and the whole cache a chip holds, read
+    once per token): the estimate is comparable with that floor, and at most the capacity's bytes late in a
+    completion, the steps that cost most."""
+    cache = 2 * rows * kv_heads * capacity * head_dim * itemsize  # keys and values
+    queries = rows * kv_heads * stacked * head_dim * itemsize
+    state = rows * kv_heads * stacked * (head_dim + 2) * 4  # out, top and total, float32
+    mask = rows * capacity * 4 if key_mask else 0  # the key mask as int32, one per slot
+    return pl.CostEstimate(flops=4 * rows * kv_heads * stacked * capacity * head_dim,
+                           transcendentals=rows * kv_heads * stacked * capacity,
+                           bytes_accessed=cache + queries + state + mask)
+
+
 def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask, *, scale, window,
                   block_size, interpret):
     """The kernel on one shard: arguments as `cache_attention_state`'s, every array already this shard's."""
@@ -276,6 +295,8 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
         # Within a run, sequential: a row's step waits on the copy the step before it started.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
+        cost_estimate=full_cache_cost_estimate(rows, kv_heads, stacked, capacity, head_dim, cache_k.dtype.itemsize,
+                                               key_mask is not None),
         name="cache_attention_state",
     )(scalar(layer), scalar(cache_index), scalar(query_slot), start, *operands)
     return (_unstack_state(top[..., 0], batch, length, groups), _unstack_state(total[..., 0], batch, length, groups),

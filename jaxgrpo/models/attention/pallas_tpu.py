@@ -22,7 +22,9 @@ attention natively: head h reads key/value head h // G). The decoder's layouts m
 Rows are padded to a multiple of 128 slots (the kernel's block) with segment ids no real token shares.
 `attn_logits_soft_cap` soft-caps the scores (Gemma 2). On a mesh the kernel runs per shard (`shard_map`)
 over rows (`data`/`fsdp`) and key/value heads (`model`, where it divides them). On a CPU the kernels run
-interpreted (`interpret=True`): for tests, slowly.
+interpreted (`interpret=True`): for tests, slowly. Splash's calls state no cost, so the ones traced here
+carry an analytic `cost_estimate` (`splash_cost_estimates`: the blocks the mask visits), which the compile
+report (`jaxgrpo.compile.count_products`) counts.
 
 The sampler's decode steps (a run-time cache index) read the cache and a shared prefix through
 `pallas_decode`'s kernel (`cache_state`), which copies only a row's live blocks.
@@ -36,6 +38,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
@@ -119,6 +123,73 @@ def _flat_blocks(info):
     return info._replace(partial_mask_blocks=info.partial_mask_blocks.reshape(-1, *info.partial_mask_blocks.shape[-2:]))
 
 
+#: Matrix products per visited (query head, query block, key block) of each splash kernel, each
+#: [block, D] x [D, block] or [block, block] x [block, D] (splash_attention_kernel.py): the forward
+#: (`flash_attention_kernel`) QK^T and PV; dq (`_flash_attention_dq_kernel`) the recomputed QK^T, dP = dO V^T
+#: and dQ = dS K; dkv (`_flash_attention_dkv_kernel`, unfused) the recomputed QK^T, dV = P^T dO, dP and dK = dS^T Q.
+SPLASH_PRODUCTS = {"fwd": 2, "dq": 3, "dkv": 4}
+
+
+def splash_cost_estimates(kernel: splash.SplashAttentionKernel, q_shape, kv_shape, dtype) -> dict[str, pl.CostEstimate]:
+    """The analytic cost of one splash call per kernel ("fwd", "dq", "dkv") on one row, q [H, T, D] and
+    k, v [kv, T, D]: what `count_products` counts for it (splash states no `cost_estimate` of its own).
+
+    A kernel computes only the (query head, query block, key block) triples its mask info marks non-empty
+    (`block_mask`, concrete numpy: causal at 8 blocks visits 36 of 64), each `SPLASH_PRODUCTS[kernel]`
+    products of 2 * block^2 * D FLOPs and block^2 exponentials. HBM bytes: the per-row arrays it reads and
+    writes once (q and out, with the float32 log-sum-exp; dq: q, dO, dq, log-sum-exp and di; dkv: k, v, dk,
+    dv), and per visited triple the blocks it streams (forward and dq: k and v; dkv: q and dO, with the
+    log-sum-exp and di as [8, block] float32).
+    Segment ids and the mask's own tables are left out (a few bytes per slot)."""
+    heads, length, head_dim = q_shape
+    kv_heads = kv_shape[0]
+    itemsize, f32 = jnp.dtype(dtype).itemsize, 4
+    per_row = {"fwd": (2 * heads * length * head_dim, heads * length * splash.NUM_LANES * f32),
+               "dq": (3 * heads * length * head_dim, 2 * heads * length * f32),
+               "dkv": (4 * kv_heads * length * head_dim, 0)}
+    infos = {"fwd": kernel.fwd_mask_info, "dq": kernel.dq_mask_info, "dkv": kernel.dkv_mask_info}
+    block = kernel.kwargs["block_sizes"].block_q
+    costs = {}
+    for name, info in infos.items():
+        # Mask info shared by all heads has one head; else one per head.
+        visited = np.count_nonzero(info.block_mask) * heads // info.block_mask.shape[0]
+        elements, extra_bytes = per_row[name]
+        if name == "dkv":
+            extra_bytes += visited * 2 * splash.NUM_SUBLANES * block * f32
+        costs[name] = pl.CostEstimate(
+            flops=int(visited * SPLASH_PRODUCTS[name] * 2 * block * block * head_dim),
+            transcendentals=int(visited * block * block),
+            bytes_accessed=int((elements + visited * 2 * block * head_dim) * itemsize + extra_bytes))
+    return costs
+
+
+class _PallasWithCosts:
+    """The `pallas` module as splash's kernels see it, whose `pallas_call` states the analytic
+    `cost_estimate` of the kernel it builds (by its name, `splash_mha_{fwd,dq,dkv}...`)."""
+
+    def __init__(self, costs: dict[str, pl.CostEstimate]):
+        self._costs = costs
+
+    def __getattr__(self, name):
+        return getattr(pl, name)
+
+    def pallas_call(self, kernel, *args, name: str, **kwargs):
+        return pl.pallas_call(kernel, *args, name=name, cost_estimate=self._costs[name.split("_")[2]], **kwargs)
+
+
+@contextlib.contextmanager
+def _stated_costs(costs: dict[str, pl.CostEstimate]):
+    """Splash's `pallas_call`s traced in this block carry `costs` (`splash_cost_estimates`), so the
+    compile report counts the kernels' work. Splash takes no cost estimate: its module's `pl` is swapped
+    for the duration of the trace (tracing is single-threaded; the previous module comes back on exit)."""
+    previous = splash.pl
+    splash.pl = _PallasWithCosts(costs)
+    try:
+        yield
+    finally:
+        splash.pl = previous
+
+
 def _union(kernel):
     """Attention of one row over the union of disjoint key sets, one splash call each (each set given by
     its `SegmentIds`), merged exactly through their log-sum-exps, with its gradient: flash attention's
@@ -128,7 +199,7 @@ def _union(kernel):
     its backward traced here too, under `_kernel_precision`."""
 
     def forward(q, k, v, ids):
-        with _kernel_precision(q.dtype):
+        with _kernel_precision(q.dtype), _stated_costs(splash_cost_estimates(kernel, q.shape, k.shape, q.dtype)):
             calls = [kernel(q, k, v, segment_ids=i) for i in ids]
         if len(calls) == 1:
             out, (lse,) = calls[0]
@@ -152,7 +223,7 @@ def _union(kernel):
         for segment_ids in ids:
             saved = (q, k, v, segment_ids, None, out, lse, _flat_blocks(kernel.dq_mask_info),
                      _flat_blocks(kernel.dkv_mask_info))
-            with _kernel_precision(q.dtype):
+            with _kernel_precision(q.dtype), _stated_costs(splash_cost_estimates(kernel, q.shape, k.shape, q.dtype)):
                 grads = splash._splash_attention_bwd(
                     False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
                     options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
