@@ -34,6 +34,11 @@ DECODE_GOAL = 1.3  # decode step / its HBM floor
 SPLASH_GOAL = 0.8
 SPLASH_VS_XLA = ("qwen3_1_7b_v5e_8_t4k_pallas_tpu", "qwen3_1_7b_v5e_8_t4k_xla")
 COMPILE_GOAL_SECONDS = 120.0  # the 8B update on this 2-core machine
+#: Long sequences with splash attention (one row per chip per micro-batch): reports that must fit.
+LONG_FIT_GOALS = (("Qwen3-1.7B GRPO at T = 32k fits a v5e-8", "qwen3_1_7b_v5e_8_t32k_pallas_tpu"),
+                  ("Qwen3-8B GRPO at T = 16k fits a v5p-8", "qwen3_8b_v5p_8_t16k_pallas_tpu"))
+#: Qwen3-1.7B's update temporaries with splash at T = 2k, 8k, 16k, 32k: linear in T, not quadratic.
+LINEAR_SWEEP = tuple(f"qwen3_1_7b_v5e_8_t{t}_pallas_tpu" for t in ("2k", "8k", "16k", "32k"))
 
 
 def load_reports(directory: str = REPORTS) -> list[dict]:
@@ -164,6 +169,7 @@ def goals(reports: list[dict]) -> list[str]:
                      f"(Pallas calls at their analytic cost) | {ours['estimated_seconds']:.2f} s (Pallas "
                      f"{ours['pallas_seconds']:.2f}) / {theirs['estimated_seconds']:.2f} s = {ratio:.2f}x | "
                      f"{'yes' if ratio <= SPLASH_GOAL else 'no'} |")
+    lines += _long_sequence_goals(by_name)
     for model, topology in FIT_GOALS:
         r = by_model.get((model, topology))
         if r is None:
@@ -191,6 +197,41 @@ def goals(reports: list[dict]) -> list[str]:
             lines.append(f"| compiling the 8B update <= {COMPILE_GOAL_SECONDS:.0f} s on this 2-core machine | "
                          f"{update['compile_seconds']:.0f} s (1-minute load average {load} while it compiled) | "
                          f"{'yes' if met else 'no, ' + format(update['compile_seconds'] / COMPILE_GOAL_SECONDS, '.1f') + 'x'} |")
+    return lines
+
+
+def _tokens(report: dict) -> int:
+    """Tokens per row of a report's update: prompt + completion (its overrides, else the recipe's)."""
+    from jaxgrpo.config import apply_overrides, load_experiment
+
+    cfg = load_experiment(os.path.join(ROOT, report["experiment"]))
+    apply_overrides(cfg, list(report.get("overrides") or []))
+    return cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens
+
+
+def _long_sequence_goals(by_name: dict[str, dict]) -> list[str]:
+    """The long-sequence rows: the T-sweep's temporaries linear in T (each doubling of T at most doubles
+    the growth: the largest step's increment per token within 1.5x of the smallest's), and the fits."""
+    lines = []
+    sweep = [by_name.get(name) for name in LINEAR_SWEEP]
+    if any(r is None for r in sweep):
+        lines.append("| Qwen3-1.7B update temporaries linear in T (2k..32k, splash) | not compiled | no |")
+    else:
+        points = [(_tokens(r), _program(r, "update")["temp_bytes"]) for r in sweep]
+        slopes = [(b1 - b0) / (t1 - t0) for (t0, b0), (t1, b1) in zip(points, points[1:])]
+        linear = max(slopes) <= 1.5 * min(slopes)
+        shown = ", ".join(f"{b / GiB:.2f}" for _, b in points)
+        lines.append(f"| Qwen3-1.7B update temporaries linear in T on a v5e-8 (splash; T = "
+                     f"{', '.join(str(t) for t, _ in points)}) | {shown} GiB; {min(slopes) * 1024 / GiB:.2f}-"
+                     f"{max(slopes) * 1024 / GiB:.2f} GiB per 1k tokens | {'yes' if linear else 'no'} |")
+    for goal, name in LONG_FIT_GOALS:
+        r = by_name.get(name)
+        if r is None:
+            lines.append(f"| {goal} | not compiled | no |")
+            continue
+        p = _program(r, "update")
+        lines.append(f"| {goal} (update, {attention(r)}) | {p['hbm_bytes'] / GiB:.2f} of {p['hbm_capacity'] / GiB:.0f} "
+                     f"GiB per chip | {'yes' if p['fits'] else 'no'} |")
     return lines
 
 

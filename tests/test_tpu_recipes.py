@@ -54,3 +54,28 @@ def test_tpu_docs_are_rendered_from_the_committed_reports():
         # Every report says which attention its programs were traced with (the recipes compiled before
         # pallas_tpu became the TPU default say xla), so no row is read as another implementation's.
         assert report.get("attention") in ("xla", "pallas_tpu"), report["name"]
+
+
+def test_long_sequence_goals_read_linear_growth_and_fits():
+    """The goals' long-sequence rows: temporaries growing by the same bytes per token are linear, a
+    quadratic growth is not; a report that does not fit says no."""
+    docs = _tpu_docs()
+    GiB = docs.GiB
+
+    def report(name, t, temp_gib, fits=True):
+        program = {"program": "update", "temp_bytes": temp_gib * GiB, "hbm_bytes": (temp_gib + 1) * GiB,
+                   "hbm_capacity": 16 * GiB, "fits": fits}
+        return name, {"name": name, "experiment": "experiments/tpu/qwen3_1_7b_gsm8k_v5e_8.py", "attention": "pallas_tpu",
+                      "overrides": ["sampling.max_prompt_len=0", f"sampling.max_new_tokens={t}"], "programs": [program]}
+
+    sizes = (2048, 8192, 16384, 32768)
+    linear = dict(report(name, t, 1 + t / 4096) for name, t in zip(docs.LINEAR_SWEEP, sizes))
+    quadratic = dict(report(name, t, 1 + (t / 4096) ** 2) for name, t in zip(docs.LINEAR_SWEEP, sizes))
+    rows = docs._long_sequence_goals(linear)
+    assert rows[0].startswith("| Qwen3-1.7B update temporaries linear in T") and rows[0].endswith("| yes |")
+    assert "0.25-0.25 GiB per 1k tokens" in rows[0]
+    assert docs._long_sequence_goals(quadratic)[0].endswith("| no |")
+    name = docs.LONG_FIT_GOALS[0][1]
+    too_big = {**linear, name: report(name, 32768, 20, fits=False)[1]}
+    assert docs._long_sequence_goals(too_big)[1].endswith("| no |")
+    assert docs._long_sequence_goals({})[0].endswith("| not compiled | no |")
