@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -177,17 +178,22 @@ class _PallasWithCosts:
         return pl.pallas_call(kernel, *args, name=name, cost_estimate=self._costs[name.split("_")[2]], **kwargs)
 
 
+# Held while splash's module sees the costing `pl`: two threads tracing splash at once take turns.
+_SPLASH_MODULE_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _stated_costs(costs: dict[str, pl.CostEstimate]):
     """Splash's `pallas_call`s traced in this block carry `costs` (`splash_cost_estimates`), so the
     compile report counts the kernels' work. Splash takes no cost estimate: its module's `pl` is swapped
-    for the duration of the trace (tracing is single-threaded; the previous module comes back on exit)."""
-    previous = splash.pl
-    splash.pl = _PallasWithCosts(costs)
-    try:
-        yield
-    finally:
-        splash.pl = previous
+    for the duration of the trace, under a lock (the previous module comes back on exit)."""
+    with _SPLASH_MODULE_LOCK:
+        previous = splash.pl
+        splash.pl = _PallasWithCosts(costs)
+        try:
+            yield
+        finally:
+            splash.pl = previous
 
 
 def _union(kernel):
