@@ -3,8 +3,8 @@
 Checks out two revisions (`--old`, `--new`; the working tree when `--new` is omitted) as detached git
 worktrees and runs the same job in each, alternately, in the order old, new, new, old, ... so a drift
 in the machine's load falls on both sides alike. Each run is a fresh process with `PYTHONPATH` set to
-its tree; the job's files (the experiment, benchmarks/sampler.py) come from the new tree, so both sides
-run the same config and the same measurement.
+its tree. The experiment file comes from the new tree, so both sides run the same config; each side runs
+its own benchmarks/sampler.py (its imports follow its tree; check that the throughput code is the same).
 
 * `--job quickstart`: `python -m jaxgrpo.cli EXPERIMENT` with its own run directory; each run's wall
   time and its held-out greedy accuracy before and after training (from `eval.jsonl`).
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for i, side in enumerate(order):
             if args.job == "sampler":
-                result = _sampler(trees[side], trees["new"] / "benchmarks" / "sampler.py", args.dtype, args.repeats)
+                result = _sampler(trees[side], trees[side] / "benchmarks" / "sampler.py", args.dtype, args.repeats)
                 shown = f"{result['tokens_per_s']:6.0f} tok/s, {result['vs_transformers']:.2f}x transformers"
             else:
                 result = _run(trees[side], experiment, work / f"run{i}-{side}", args.sets)
