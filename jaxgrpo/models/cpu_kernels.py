@@ -29,6 +29,8 @@ import tempfile
 
 import jax
 
+from jaxgrpo.models.attention import target_platform
+
 logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,14 +134,9 @@ def library() -> ctypes.CDLL | None:
 
 
 def targets_cpu(mesh) -> bool:
-    """Whether a program laid out on `mesh` (None: the default devices) runs on CPUs. A CPU process can
-    compile for a TPU topology (`jaxgrpo.compile`): the mesh's devices, not the default backend, decide."""
-    device = getattr(mesh, "abstract_device", None)  # an AbstractMesh (as under `jit`) names its devices' kind
-    if device is not None:
-        return device.platform == "cpu"
-    if isinstance(mesh, jax.sharding.Mesh):
-        return mesh.devices.flat[0].platform == "cpu"
-    return jax.default_backend() == "cpu"
+    """Whether a program laid out on `mesh` (None: the default devices) runs on CPUs (the mesh's devices
+    decide, not the default backend: `jaxgrpo.models.attention.target_platform`)."""
+    return target_platform(mesh) == "cpu"
 
 
 @functools.cache
