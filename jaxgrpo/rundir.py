@@ -40,7 +40,7 @@ CONFIG_FILE = "config.json"
 #: change (group size, seed, learning rate, ...) would silently continue a different experiment.
 RESUMABLE_KEYS = frozenset({
     "steps", "eval_every", "eval_pass_k", "task.num_eval_examples", "checkpoint_every", "keep_checkpoints",
-    "log_every", "run_dir", "max_steps_without_signal",
+    "log_every", "run_dir", "max_steps_without_signal", "collapse_entropy", "collapse_window",
 })
 
 

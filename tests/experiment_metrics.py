@@ -44,6 +44,23 @@ def tiny_overrides(cfg, run_dir) -> tuple[list[str], list | None]:
     return overrides, reward_fns
 
 
+#: How far a recorded metric may move when the CPU changes, by the parameter dtype of the run: (rtol, atol).
+#: float32: the recorded runs reproduce to a few float32 roundings on every CPU family (Xeon with AMX, AMD EPYC
+#: with and without AVX-512): rtol 1e-4 is ~1000 float32 epsilons, room for a different summation order in the
+#: products over two steps. bfloat16: each product's output is rounded to 8 significant bits (epsilon 2^-8 =
+#: 3.9e-3), and CPUs with and without AMX-BF16 accumulate those products differently, so a metric moves by a few
+#: bfloat16 epsilons: rtol 2e-2 (~5 epsilons). The metrics that *are* rounding -- the sampler-trainer log-prob
+#: gap, the KL estimates and the loss of an on-policy step, all near 0 -- move by a fraction of a bfloat16
+#: epsilon in log-prob units, hence atol 1e-3 (on an EPYC `logp_gap` was 6.49e-4 where a Xeon recorded 6.41e-4).
+#: A different sampled token still fails: it moves accuracy and rewards by 1/32 or more.
+TOLERANCE = {"float32": (1e-4, 1e-6), "bfloat16": (2e-2, 1e-3)}
+
+
+def tolerance(cfg) -> tuple[float, float]:
+    """(rtol, atol) for comparing a run of `cfg` with its recorded metrics (see `TOLERANCE`)."""
+    return TOLERANCE[cfg.dtype]
+
+
 def experiment_names() -> list[str]:
     return sorted(f[:-3] for f in os.listdir(EXPERIMENTS) if f.endswith(".py"))
 

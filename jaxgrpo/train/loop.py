@@ -54,7 +54,7 @@ from jaxgrpo.config import Config, validate
 from jaxgrpo.models import packing
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
-from jaxgrpo.train import evaluation, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
+from jaxgrpo.train import evaluation, health, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
@@ -228,7 +228,9 @@ class Trainer:
         checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
         `overwrite` (delete it and start over); a directory another run holds is refused
         (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal` after
-        `cfg.max_steps_without_signal` consecutive steps in which no row trains.
+        `cfg.max_steps_without_signal` consecutive steps in which no row trains, and warns once of each sign
+        of collapse (`jaxgrpo.train.health`: entropy fallen while accuracy does not rise, every completion
+        truncated).
 
         `on_step(step, record)` is called after each step's metrics, evaluation
         and checkpoint are written (e.g. for live plots in a notebook).
@@ -258,6 +260,7 @@ class Trainer:
                     writer.write(0, evaluate(0), file=EVAL_FILE, prefix="eval/")
                 history = []
                 without_signal = 0  # consecutive steps in which no row trained
+                warned = set()  # the kinds of collapse already warned about (each once)
                 bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
                 for step in bar:
                     record = writer.write(step + 1, self.train_step(step, key))
@@ -269,6 +272,12 @@ class Trainer:
                     without_signal = without_signal + 1 if record["frac_trained_rows"] == 0 else 0
                     if without_signal:
                         check_signal(cfg, done, without_signal, warn=writer.enabled)
+                    for sign in health.collapse_warnings(history, entropy_floor=cfg.collapse_entropy,
+                                                         window=cfg.collapse_window,
+                                                         max_new_tokens=cfg.sampling.max_new_tokens):
+                        if sign.kind not in warned and writer.enabled:
+                            logger.warning(sign.message)
+                        warned.add(sign.kind)
                     if evaluating and (done % cfg.eval_every == 0 or done == cfg.steps):
                         writer.write(done, evaluate(done), file=EVAL_FILE, prefix="eval/")
                     if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
