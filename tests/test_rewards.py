@@ -37,6 +37,7 @@ from jaxgrpo.rewards import (
         ("It is 5, no wait, 7", Fraction(7)),  # no statement: the last number wins
         ("The answer is 5. Wait, recount. The answer is 6.", Fraction(6)),  # the final statement wins
         ("The answer is 5 - 3 = 2.", Fraction(2)),
+        ("The answer is 20 = 4 + 7 + 9.", Fraction(20)),  # the side of "=" that is a number
         ("#### 72", Fraction(72)),  # GSM8K's own marker
         ("Answer: 50%", Fraction(50)),
         ("The answer is .5", Fraction(1, 2)),
@@ -44,6 +45,19 @@ from jaxgrpo.rewards import (
 )
 def test_extracts_the_final_answer_of_a_completion(completion, expected):
     assert parse_number(extract_final_answer(completion)) == expected
+
+
+def test_restating_the_question_unevaluated_is_not_an_answer():
+    """"The answer is 4 + 7 + 9." states no number: a policy trained on the arithmetic task found within 15 steps
+    that the verifier used to evaluate it (training accuracy 1.0 on an AMD EPYC, seed 0); it scores 0, and is
+    not well-formed, while the same arithmetic carried to its result is both."""
+    example = {"question": "What is 4 + 7 + 9?", "answer": "20"}
+    completions = ["The answer is 4 + 7 + 9.", "The answer is 4+7+9", "The answer is (4 + 7) + 9.", "The answer is 2 * 10.",
+                   "The answer is 4 + 7 + 9 = 20.", "4 + 7 + 9 = 20. The answer is 20."]
+    np.testing.assert_array_equal(correctness_reward(completions, [example] * 6), [0, 0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(format_reward(completions, [example] * 6), [0, 0, 0, 0, 1, 1])
+    for text in ("4 + 7 + 9", "2 * 10", "40 / 2 / 1", "1 - -19"):
+        assert parse_number(text) is None, text
 
 
 @pytest.mark.parametrize("completion", ["", "I do not know.", "The answer is twelve."])

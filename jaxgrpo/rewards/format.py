@@ -14,11 +14,14 @@ import numpy as np
 
 from jaxgrpo.rewards import math as math_rewards
 
-# "The answer is N." (optionally "final answer"), "$", sign, separators, decimals, fractions.
+# "The answer is N." (optionally "final answer"), "$", sign, separators, decimals, fractions; N is a number,
+# not the start of unevaluated arithmetic ("The answer is 4 + 7 + 9." states no number).
 _ANSWER_STATEMENT_RE = re.compile(
-    r"answer\s+is:?\s*\**\s*(?:" + math_rewards.NUMBER_PATTERN + r")\b",
+    r"answer\s+is:?\s*\**\s*(?:" + math_rewards.NUMBER_PATTERN + r")\b(?!\s*[-+*/×]\s*[\d(])",
     flags=re.IGNORECASE,
 )
+
+_ANSWER_LINE_RE = re.compile(r"answer\s+is:?\s*([^\n]*)", flags=re.IGNORECASE)
 
 
 def states_final_answer(completion: str) -> bool:
@@ -27,7 +30,11 @@ def states_final_answer(completion: str) -> bool:
     boxed = math_rewards.last_boxed(completion)
     if boxed is not None and math_rewards.parse_number(boxed) is not None:
         return True
-    return _ANSWER_STATEMENT_RE.search(completion) is not None
+    if _ANSWER_STATEMENT_RE.search(completion) is not None:
+        return True
+    # "The answer is 4 + 7 + 9 = 20." states 20 after its arithmetic.
+    return any("=" in m.group(1) and math_rewards.stated_number(m.group(1)) is not None
+               for m in _ANSWER_LINE_RE.finditer(completion))
 
 
 def format_reward(completions: Sequence[str], examples: Sequence[dict], **unused_context) -> np.ndarray:

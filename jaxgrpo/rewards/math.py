@@ -11,7 +11,9 @@ Answers are compared as exact rationals (``fractions.Fraction``), after
 normalizing the ways a model writes the same number: thousands separators
 ("1,234"), currency and units ("$18", "18 dollars", "5 cm"), trailing periods,
 percent signs, decimals ("0.50" == "1/2"), LaTeX fractions (``\\frac{1}{2}``),
-unicode minus signs and simple arithmetic expressions ("3/4", "-(1/2)").
+unicode minus signs and signed fractions ("3/4", "-(1/2)"). An answer is a *number*: a sum,
+difference or product ("4 + 7 + 9") is not one, so restating the question's arithmetic unevaluated
+does not answer it (a policy trained on an arithmetic task finds that shortcut within a few steps).
 Parsing is a small whitelist of the ``ast`` of an expression, never ``eval``.
 Answers that are not numbers are compared as normalized strings.
 
@@ -89,8 +91,8 @@ def extract_final_answer(text: str) -> str | None:
     statement, the value is the rest of the line when it reads as a number
     ("The answer is $1,234 dollars." -> "$1,234 dollars"), else the first
     number in it ("The answer is 45, since 3*15=45" -> "45"), else the rest of
-    the line as text. In "The answer is 5 - 3 = 2." the value is what follows
-    the last "=".
+    the line as text. A statement with "=" states the last side that is a
+    number: "The answer is 5 - 3 = 2." states 2, "The answer is 20 = 4 + 7 + 9." 20.
     """
     text = text.translate(MINUS_SIGNS)
     boxed = last_boxed(text)
@@ -98,10 +100,11 @@ def extract_final_answer(text: str) -> str | None:
         return boxed.strip()
     statements = list(_STATEMENT_RE.finditer(text))
     for statement in reversed(statements):
-        # "The answer is 5 - 3 = 2." states 2: keep what follows the last "=".
-        value = statement.group("value").rsplit("=", 1)[-1].strip()
-        if parse_number(value) is not None:
-            return value
+        value = statement.group("value")
+        number = stated_number(value)
+        if number is not None:
+            return number
+        value = value.rsplit("=", 1)[-1].strip()
         number = _NUMBER_RE.search(value)
         if number is not None:
             return number.group(0)
@@ -109,6 +112,13 @@ def extract_final_answer(text: str) -> str | None:
             return value.rstrip(".").strip()
     numbers = _NUMBER_RE.findall(text)
     return numbers[-1] if numbers else None
+
+
+def stated_number(value: str) -> str | None:
+    """The number an answer statement's value states, or None: the value itself ("$18.") or, when it
+    holds "=", its last side that is a number ("5 - 3 = 2." -> "2.", "20 = 4 + 7 + 9" -> "20")."""
+    sides = [side.strip() for side in value.split("=")]
+    return next((side for side in reversed(sides) if parse_number(side) is not None), None)
 
 
 def _strip_decorations(answer: str) -> str:
@@ -123,29 +133,25 @@ def _strip_decorations(answer: str) -> str:
     return answer.strip()
 
 
-def _rational(node: ast.AST, source: str) -> Fraction:
-    """Evaluates a whitelisted arithmetic ``ast`` node of ``source`` exactly.
+def _rational(node: ast.AST, source: str, *, fraction_part: bool = False) -> Fraction:
+    """The exact value of a number written as a whitelisted ``ast`` node of ``source``.
 
-    Decimal literals are read from their source text, so "0.1" is 1/10 and not
-    the nearest binary float.
+    A number is a literal, a signed number, or a fraction of two signed literals ("3/4", "-(1/2)",
+    "(3)/(4)" from ``\\frac``); sums, differences and products are not numbers but unevaluated
+    arithmetic. Decimal literals are read from their source text, so "0.1" is 1/10 and not the
+    nearest binary float.
     """
     if isinstance(node, ast.Expression):
         return _rational(node.body, source)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return Fraction(ast.get_source_segment(source, node))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _rational(node.operand, source)
+        value = _rational(node.operand, source, fraction_part=fraction_part)
         return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
-        left, right = _rational(node.left, source), _rational(node.right, source)
-        if isinstance(node.op, ast.Add):
-            return left + right
-        if isinstance(node.op, ast.Sub):
-            return left - right
-        if isinstance(node.op, ast.Mult):
-            return left * right
-        return left / right
-    raise ValueError(f"not a plain arithmetic expression: {source!r}")
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and not fraction_part:
+        numerator = _rational(node.left, source, fraction_part=True)
+        return numerator / _rational(node.right, source, fraction_part=True)
+    raise ValueError(f"not a number: {source!r}")
 
 
 def parse_number(answer: str | None) -> Fraction | None:
