@@ -13,7 +13,10 @@ the peer's formula does not is a deliberate difference the row must name.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import inspect
+import os
+import re
 from typing import Any
 
 import pytest
@@ -362,3 +365,28 @@ def test_a_log_ratio_clamp_the_peer_lacks_is_named(item):
 def test_the_clamp_is_named_in_the_kernel_docstring_too(name):
     doc = " ".join(inspect.getdoc(jaxgrpo.get("loss", name)).split())
     assert "clamped to +-20" in doc and "verl does not clamp it" in doc
+
+
+# ----------------------------------------------------------------------------- the TRL release
+
+
+def test_the_trl_table_is_read_at_the_release_setup_py_pins():
+    setup = open(os.path.join(os.path.dirname(__file__), "..", "setup.py"), encoding="utf-8").read()
+    (pinned,) = re.findall(r'"trl==([^"]+)"', setup)
+    assert pinned == peers.PEERS["trl"].release == UPSTREAM["trl"].release
+
+
+def test_the_recorded_trl_defaults_are_the_installed_releases():
+    """Where the pinned TRL is installed (the test extras), its GRPOConfig has the defaults recorded above."""
+    pytest.importorskip("trl")
+    if importlib.metadata.version("trl") != UPSTREAM["trl"].release:
+        pytest.skip(f"trl {importlib.metadata.version('trl')} is installed, not the pinned {UPSTREAM['trl'].release}")
+    from trl import GRPOConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    recorded = UPSTREAM["trl"].defaults
+    assert fields["epsilon_high"] is None and recorded["epsilon_high"] == fields["epsilon"]  # None: epsilon
+    for name in ("epsilon", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
+                 "vespo_k_neg", "vespo_lambda_neg", "vllm_importance_sampling_clip_max", "use_bias_correction_kl",
+                 "delta", "off_policy_mask_threshold", "top_entropy_quantile"):
+        assert fields[name] == recorded[name], f"GRPOConfig.{name} is {fields[name]!r}, recorded {recorded[name]!r}"
