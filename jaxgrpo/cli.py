@@ -173,10 +173,12 @@ def kernels_main(argv: list[str] | None = None) -> int:
             print(f"jaxgrpo-kernels: error: {e}", file=sys.stderr)
             return 2
         peer = peers.PEERS[args.peer]
-        print(f"{peer.repository} at {peer.commit} ({', '.join(peer.files)})")
-        for setting, name, ours, options, note in rows:
+        source = f"  # {peer.source_note}" if peer.source_note else ""
+        print(f"{peer.repository} at {peer.pin} ({', '.join(peer.files)}){source}")
+        for setting, name, ours, options, note, differences in rows:
             line = f"{setting:28s} {name:36s} -> {ours:40s} {options}"
-            print(line.rstrip() + (f"  # {note}" if note else ""))
+            line = line.rstrip() + (f"  # {note}" if note else "")
+            print(line + (f"  # differs: {differences}" if differences else ""))
         return 0
     for k in jaxgrpo.list_kernels(args.kind):
         flag = " [experimental]" if k.experimental else ""

@@ -91,17 +91,17 @@ def test_optimal_token_baseline_golden():
     mask = f32([[1, 1], [1, 0], [1, 1]])
     old_logp = jnp.log(f32([[0.5, 0.5], [0.25, 1.0], [0.5, 0.5]]))
     sum_sq = f32([[0.5, 0.5], [0.25, 0.0], [0.5, 0.5]])
-    adv, returns = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2)
+    adv, returns = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2,
+                                                  handle_zero_tail=False)
     close(adv, [[0.6, 0.0], [-0.4, 0.0], [2.0, 2.0]])
     close(returns, [[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]])
     # Truncated IS weights scale w by rho^2: rho = 2 on row 1 -> W_1 = 3, B_0 = .5 / 3.5.
     adv, _ = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2,
-                                            is_weights=f32([[1, 1], [2, 1], [1, 1]]))
+                                            is_weights=f32([[1, 1], [2, 1], [1, 1]]), handle_zero_tail=False)
     close(adv[:2, 0], [1 - 0.5 / 3.5, -0.5 / 3.5])
-    # handle_zero_tail: row 0 is the one longest of group 0 (2 tokens vs 1), so past the second-longest
-    # length (t >= 1) its baseline is 0: A[0, 1] = G = 1 instead of 0. Group 1 has one row: unchanged.
-    adv, _ = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2,
-                                            handle_zero_tail=True)
+    # handle_zero_tail (the default, as verl's): row 0 is the one longest of group 0 (2 tokens vs 1), so past the
+    # second-longest length (t >= 1) its baseline is 0: A[0, 1] = G = 1 instead of 0. Group 1 has one row: unchanged.
+    adv, _ = kernels.optimal_token_baseline(rewards, mask, ids([0, 0, 1]), old_logp, sum_sq, num_groups=2)
     close(adv, [[0.6, 1.0], [-0.4, 0.0], [2.0, 2.0]])
 
 

@@ -2,7 +2,8 @@
 
 For each row, our kernel with the row's options (and aggregation) is compared, on random inputs with
 uneven (right-padded) masks and uneven groups, with a numpy transcription of the peer's published
-formula at the commit the row cites, written here from the formula. Both run in float64 and must
+formula at the commit (or release) the peer is pinned to (`peers.PEERS[peer].pin`), written here
+from the formula. Both run in float64 and must
 agree to 1e-6. The references are keyed by (peer, setting, value); a row whose kernel exists but has
 no reference fails `test_every_available_row_has_a_reference`.
 """
@@ -175,8 +176,8 @@ def verl_agg(l, m, mode, scale=None):
         return ((l * m).sum(-1) * nonempty).sum() / nonempty.sum()
     if mode == "seq-mean-token-mean":
         return ((l * m).sum(-1) / (lengths + 1e-8) * nonempty).sum() / nonempty.sum()
-    if mode == "seq-mean-token-sum-norm":
-        return (l * m).sum() / (m.shape[-1] if scale is None else scale)
+    if mode == "seq-mean-token-sum-norm":  # since verl 3671d37: the seq-mean of the token sums, / loss_scale_factor
+        return ((l * m).sum(-1) * nonempty).sum() / nonempty.sum() / (m.shape[-1] if scale is None else scale)
     raise ValueError(mode)
 
 
@@ -205,8 +206,8 @@ def trl_normalize(per_token, m, loss_type):
         return (per_token * m).sum() / max(m.sum(), 1.0)
     if loss_type == "dr_grpo":
         return (per_token * m).sum() / (per_token.shape[0] * m.shape[1])
-    if loss_type == "luspo":
-        return (per_token * m.sum(1, keepdims=True)).mean()
+    if loss_type == "luspo":  # trl 1.16: (per_token_loss * mask).sum(-1).mean()
+        return (per_token * m).sum(-1).mean()
     raise ValueError(loss_type)
 
 
@@ -216,8 +217,8 @@ def _verl(b: Batch, value: str):
     mean, std, size = group_stats(r, g)
     if value == "grpo":
         return (r - mean) / (std + 1e-6)
-    if value == "grpo_vectorized":  # group_mean_std floors the variance at eps
-        return (r - mean) / (np.sqrt(np.maximum(std**2, 1e-6)) + 1e-6)
+    if value == "grpo_vectorized":  # group_mean_std(eps=0.0): the variance is not floored (verl 1cc810c)
+        return (r - mean) / (std + 1e-6)
     if value == "grpo (norm_adv_by_std_in_grpo=False)":
         return r - mean
     if value in ("rloo", "rloo_vectorized"):
@@ -225,12 +226,12 @@ def _verl(b: Batch, value: str):
     if value == "gae":
         adv, ret = gae_reference(b.token_rewards, b.values, m)
         return masked_whiten(adv, m) * m, ret * m
-    if value == "reinforce_plus_plus":
+    if value == "reinforce_plus_plus":  # verl 8a1bf6d: the return is carried through masked tokens
         running, returns = np.zeros(len(r)), np.zeros_like(m)
         for t in reversed(range(m.shape[1])):
-            running = b.token_rewards[:, t] + 1.0 * running
-            returns[:, t] = running
-            running = running * m[:, t]
+            new = b.token_rewards[:, t] + 1.0 * running
+            returns[:, t] = new * m[:, t]
+            running = new * m[:, t] + running * (1 - m[:, t])
         return masked_whiten(returns, m) * m
     if value == "reinforce_plus_plus_baseline":
         scores = np.tile((r - mean)[:, None], (1, m.shape[1])) * m
@@ -242,7 +243,7 @@ def _verl(b: Batch, value: str):
     if value == "gspo":
         seq = ((lp - old) * m).sum(-1) / np.maximum(m.sum(-1), 1)
         s = np.exp(np.minimum(seq, 10.0))[:, None] * np.ones_like(m)
-        return verl_agg(ppo_token_loss(s, a, 3e-4, 4e-4), m, "seq-mean-token-mean")
+        return verl_agg(ppo_token_loss(s, a, 0.2, 0.2), m, "seq-mean-token-mean")
     if value == "sapo":
         tau = np.where(a > 0, 1.0, 1.05)
         gate = 1 / (1 + np.exp(-tau * (ratio - 1))) * 4 / tau
@@ -255,10 +256,9 @@ def _verl(b: Batch, value: str):
         return (lp - ref) * m
     if value == "mse / k2":
         return 0.5 * (lp - ref) ** 2 * m
-    if value in ("low_var_kl / k3", "k3+ / low_var_kl+"):
+    if value in ("low_var_kl / k3", "k3+ / low_var_kl+"):  # "+": the same value (verl strips the '+', 7e80ab0)
         x = np.clip(ref - lp, -20, 20)
-        k3 = np.exp(x) - x - 1
-        return (np.clip(k3, -10, 10) if value == "low_var_kl / k3" else k3) * m
+        return np.clip(np.exp(x) - x - 1, -10, 10) * m
     mode = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
     if value in mode:
         return verl_agg(b.values, m, value)
@@ -303,12 +303,12 @@ def _trl(b: Batch, setting: str, value: str):
         if setting == "importance_sampling_level" and value == "token" or setting == "delta":
             return per_token * m
         return trl_normalize(per_token, m, loss_type)
-    if setting == "beta":
-        x = ref - lp
-        return (np.exp(x) - x - 1) * m
-    if setting == "use_bias_correction_kl":
+    if setting == "beta":  # use_bias_correction_kl=True, the default in trl 1.16: k3 times the token ratio
         x = ref - lp
         return (np.exp(x) - x - 1) * coef * m
+    if setting == "use_bias_correction_kl":  # False
+        x = ref - lp
+        return (np.exp(x) - x - 1) * m
     raise KeyError((setting, value))
 
 
@@ -323,8 +323,8 @@ def _tunix(b: Batch, setting: str, value: str):
             return r - (mean * size - r) / (size - 1)
         if value == "drgrpo":
             return r - mean
-        if value == "gae":
-            adv, ret = gae_reference(b.token_rewards, b.values, m)
+        if value == "gae":  # PPOConfig: gamma=1.0, gae_lambda=0.95
+            adv, ret = gae_reference(b.token_rewards, b.values, m, gamma=1.0, lam=0.95)
             # tunix's masked_mean adds 1e-8 to the token count (below the tolerance at this size).
             mean_a = (adv * m).sum() / (m.sum() + 1e-8)
             var = (((adv - mean_a) ** 2) * m).sum() / (m.sum() + 1e-8) * m.sum() / (m.sum() - 1)
@@ -365,7 +365,7 @@ def reference(peer: str, row: peers.PeerRow, b: Batch):
 # Rows whose kernel is not called with the common arguments: tested one by one below.
 SPECIAL = {
     ("verl", "gae"), ("tunix", "gae"), ("verl", "reinforce_plus_plus"), ("verl", "reinforce_plus_plus_baseline"),
-    ("verl", "k1+"), ("verl", "k3+ / low_var_kl+"), ("trl", "delta"), ("trl", "rho"),
+    ("verl", "k1+"), ("verl", "k3+ / low_var_kl+"), ("verl", "gdpo"), ("trl", "delta"), ("trl", "rho"),
     ("trl", "token_truncate"), ("trl", "token_mask"), ("trl", "sequence_truncate"), ("trl", "sequence_mask"),
     ("tunix", "DAPO reward_shaping"),
 }
@@ -457,18 +457,33 @@ def test_reinforce_pp_rows():
     np.testing.assert_allclose(got, _verl(b, "reinforce_plus_plus_baseline"), **TOL)
 
 
+def test_verl_gdpo_row():
+    b = make_batch(8)
+    row = next(r for r in peers.coverage("verl") if r.peer_name == "gdpo")
+    cols, m, g = b.reward_columns, b.mask, b.group_ids
+    # verl: GRPO (torch.std, + 1e-6) per reward column, their sum (weights 1), then masked_whiten over the tokens.
+    summed = sum((cols[:, k] - group_stats(cols[:, k], g)[0]) / (group_stats(cols[:, k], g)[1] + 1e-6)
+                 for k in range(cols.shape[1]))
+    expected = masked_whiten(summed[:, None] * m, m) * m
+    lengths = m.sum(-1)
+    got = _x64(lambda: jaxgrpo.get_advantage(row.ours)(b.reward_columns, g, num_groups=b.num_groups,
+                                                       lengths=lengths, **row.options))
+    np.testing.assert_allclose(got[:, None] * m, expected, **TOL)
+
+
 @pytest.mark.parametrize("value", ["k1+", "k3+ / low_var_kl+"])
 def test_straight_through_kl_rows_have_the_value_and_the_k2_gradient(value):
     b = make_batch(4)
+    b.ref_logp[0, 0] = b.logp[0, 0] + 3.0  # k3 = e^3 - 4 = 16.1: past verl's clamp at 10
     row = next(r for r in peers.coverage("verl") if r.peer_name == value)
     np.testing.assert_allclose(ours(row, b), _verl(b, value), **TOL)
 
     def grad():
         fn = jaxgrpo.get("kl", row.ours)
-        return jax.grad(lambda lp: (fn(lp, jnp.asarray(b.ref_logp), mask=jnp.asarray(b.mask)) * b.mask).sum())(
-            jnp.asarray(b.logp))
+        return jax.grad(lambda lp: (fn(lp, jnp.asarray(b.ref_logp), mask=jnp.asarray(b.mask), **row.options)
+                                    * b.mask).sum())(jnp.asarray(b.logp))
 
-    # verl's intent: backward of 0.5 (logp - ref)^2, i.e. logp - ref.
+    # verl: the backward pass of 0.5 (logp - ref)^2, i.e. logp - ref, at every token (the clamped one too).
     np.testing.assert_allclose(_x64(grad), (b.logp - b.ref_logp) * b.mask, **TOL)
 
 
@@ -572,7 +587,7 @@ def test_cli_prints_each_peers_table(capsys):
     for name in peers.COVERAGE:
         assert kernels_main(["--peer", name]) == 0
         out = capsys.readouterr().out
-        assert peers.PEERS[name].commit in out
+        assert peers.PEERS[name].pin in out
         for row in peers.coverage(name):
             assert row.peer_name in out
     assert kernels_main(["--peer", "trl"]) == 0
@@ -589,6 +604,8 @@ def test_docs_have_a_peer_coverage_table_per_peer_with_its_commit():
     text = docs.render()
     section = text[text.index("## Peer coverage"):]
     for name, peer in peers.PEERS.items():
-        assert f"### {name}" in section and peer.commit in section
+        assert f"### {name}" in section and (peer.commit or peer.release) in section and peer.date in section
         for row in peers.coverage(name):
             assert f"`{row.peer_name}`" in section
+            for difference in row.differences:
+                assert " ".join(difference.split()).replace("|", "\\|") in section

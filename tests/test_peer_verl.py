@@ -1,10 +1,11 @@
 """Peer conventions: jaxgrpo's kernels with verl's options equal numpy transcriptions of verl's formulas.
 
-Each reference below is written from the formula verl publishes (verl/trainer/ppo/core_algos.py at
-b178a3c; DPPO and DRO from later verl-compatible sources, see the kernels' docstrings), in float64 numpy,
-on random inputs with uneven completion masks (a prefix of each row, as verl's response_mask). verl's
-advantages are per token (a row's scalar broadcast over its mask); ours are per row, compared on the
-tokens. Tolerance 1e-6.
+Each reference below is written from the formula verl publishes (verl/trainer/ppo/core_algos.py at the
+commit `peers.PEERS["verl"]` pins, 1dda039), in float64 numpy, on random inputs with uneven completion
+masks (a prefix of each row, as verl's response_mask). Where the coverage table maps a verl kernel, our
+kernel is called with the row's options (`verl_options`), so the table's "as verl" options are what is
+checked. verl's advantages are per token (a row's scalar broadcast over its mask); ours are per row,
+compared on the tokens. Tolerance 1e-6.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 import jaxgrpo
 from jaxgrpo import kernels
+from jaxgrpo.kernels import peers
 
 ATOL = 1e-6
 N, T, GROUPS = 12, 7, 4
@@ -43,6 +45,12 @@ def on_tokens(per_row, mask):
 
 def close(got, expected, atol=ATOL):
     np.testing.assert_allclose(np.asarray(got, np.float64), expected, atol=atol, rtol=1e-5)
+
+
+def verl_options(peer_name, **overrides):
+    """The options of the verl coverage row `peer_name`, with `overrides` for the test's inputs."""
+    (row,) = [r for r in peers.coverage("verl") if r.peer_name == peer_name]
+    return {**row.options, **overrides}
 
 
 # ---------------------------------------------------------------- verl's helpers, as formulas
@@ -150,8 +158,11 @@ def test_remax_as_verl():
     close(on_tokens(np.asarray(got), mask), expected)
 
 
-@pytest.mark.parametrize("seed, zero_tail", [(0, False), (1, False), (2, True), (3, True)])
+@pytest.mark.parametrize("seed, zero_tail", [(0, False), (1, False), (2, None), (3, None)])
 def test_optimal_token_baseline_as_verl(seed, zero_tail):
+    """zero_tail None: the row's options, verl's default handle_zero_tail=True."""
+    options = verl_options("optimal_token_baseline", **({} if zero_tail is None else {"handle_zero_tail": zero_tail}))
+    zero_tail = options["handle_zero_tail"]
     rng, rewards, group_ids, lengths, mask, _, old = batch(seed)
     group_ids = group_ids.copy()
     group_ids[-1] = GROUPS  # a single-row group: no baseline
@@ -176,7 +187,7 @@ def test_optimal_token_baseline_as_verl(seed, zero_tail):
     assert triggered == zero_tail  # the zero tail is exercised where asked
     expected = (returns - baselines) * mask
     adv, ret = kernels.optimal_token_baseline(j(token_rewards), j(mask), j(group_ids, jnp.int32), j(old), j(sum_sq),
-                                              num_groups=GROUPS + 1, handle_zero_tail=zero_tail)
+                                              num_groups=GROUPS + 1, **options)
     close(adv, expected, atol=2e-6)
     close(ret, returns * mask)
 
@@ -243,7 +254,7 @@ def test_clip_cov_as_verl(seed):
     assert candidates.any()
     # clip_cov_ratio = 1 -> k = #tokens >= #candidates: verl's random choice takes every candidate.
     expected = np.maximum(l1, l2) * np.where(candidates, 0.0, 1.0)
-    got, _ = kernels.clip_cov(j(logp), j(old), j(adv), j(mask), clip_cov_ratio=1.0, clip_cov_lb=0.1)
+    got, _ = kernels.clip_cov(j(logp), j(old), j(adv), j(mask), **verl_options("clip_cov", clip_cov_ratio=1.0, clip_cov_lb=0.1))
     close(got, expected * mask)
 
 
@@ -260,8 +271,8 @@ def test_kl_cov_as_verl(seed):
     chosen[np.argsort(-cov)[:k]] = True
     penalized = np.zeros_like(mask, bool)
     penalized[on] = chosen
-    expected = -adv * ratio + np.where(penalized, np.abs(logp - old), 0.0)
-    got, _ = kernels.kl_cov(j(logp), j(old), j(adv), j(mask), kl_cov_ratio=0.1)
+    expected = -adv * ratio + np.where(penalized, 0.1 * np.abs(logp - old), 0.0)  # ppo_kl_coef: the config's 0.1
+    got, _ = kernels.kl_cov(j(logp), j(old), j(adv), j(mask), **verl_options("kl_cov", kl_cov_ratio=0.1))
     close(got, expected * mask)
 
 
@@ -271,10 +282,10 @@ def test_gmpo_as_verl_geo_mean(seed):
     adv = adv_tokens(seed, mask)
     x = logp - old
     sign = np.sign(adv)
-    x_min = sign * np.minimum(sign * x, sign * np.clip(x, -0.4, 0.4))
+    x_min = sign * np.minimum(sign * x, sign * np.clip(x, -0.2, 0.2))  # the actor's clip_ratio, 0.2
     n = mask.sum(-1)
     seq_loss = -((adv * mask).sum(-1) / (n + 1e-8)) * np.exp((x_min * mask).sum(-1) / (n + 1e-8))
-    got, _ = kernels.gmpo(j(logp), j(old), j(adv), j(mask))
+    got, _ = kernels.gmpo(j(logp), j(old), j(adv), j(mask), **verl_options("geo_mean"))
     close(np.asarray(got)[:, 0], seq_loss)
     # verl's loss is the mean over rows; ours with seq_mean_token_mean (no empty row here) is the same.
     close(jaxgrpo.aggregate(got, j(mask), "seq_mean_token_mean")[0], seq_loss.mean())
@@ -293,16 +304,19 @@ def test_dppo_as_verl(name):
         kl = p_old * (old - logp) + (1 - p_old) * np.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
         keep = np.where(adv > 0, (kl <= 0.2) | (p <= p_old), (kl <= 0.2) | (p >= p_old))
     assert (~keep & (mask > 0)).any() and (keep & (mask > 0)).any()
-    expected = -adv * np.minimum(ratio, 20.0) * logp * keep
-    got, _ = jaxgrpo.get_loss(name)(j(logp), j(old), j(adv), j(mask))
+    assert (ratio * keep * mask > 3.0).any()  # the cap, clip_ratio_c = 3 in verl's default config, is reached
+    expected = -adv * np.minimum(ratio, 3.0) * logp * keep
+    got, _ = jaxgrpo.get_loss(name)(j(logp), j(old), j(adv), j(mask), **verl_options(name))
     close(got, expected * mask, atol=2e-6)
 
 
-def test_dro_as_published():
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+def test_dro_as_verl(beta):
     _, _, _, _, mask, logp, old = batch(9)
     adv = adv_tokens(9, mask)
-    expected = -(logp * adv - 0.5 * 0.1 * (logp - old) ** 2)
-    got, _ = kernels.dro(j(logp), j(old), j(adv), j(mask))
+    # verl's dro: -(log pi A - beta / 2 (log pi - log pi_old)^2), beta = policy_loss.dro_beta (required).
+    expected = -(logp * adv - 0.5 * beta * (logp - old) ** 2)
+    got, _ = kernels.dro(j(logp), j(old), j(adv), j(mask), **verl_options("dro", beta=beta))
     close(got, expected * mask)
 
 
@@ -319,6 +333,9 @@ def test_aggregation_modes_as_verl_agg_loss():
         "seq_mean_token_mean": ((loss * mask).sum(-1) / (mask.sum(-1) + 1e-8)).sum() / seq_mask,
         "seq_mean_token_sum": (loss * mask).sum(-1).sum() / seq_mask,
         "token_sum": total,  # token-sum: no normalization
+        # seq-mean-token-sum-norm (since 3671d37): the seq-mean of the token sums / loss_scale_factor (default T)
+        "seq_mean_token_sum_norm": (loss * mask).sum(-1).sum() / seq_mask / T,
     }
     for mode, expected in verl.items():
-        close(jaxgrpo.aggregate(j(loss), j(mask), mode)[0], expected, atol=1e-5)
+        options = {"max_len": T} if mode == "seq_mean_token_sum_norm" else {}
+        close(jaxgrpo.aggregate(j(loss), j(mask), mode, **options)[0], expected, atol=1e-5)

@@ -187,7 +187,7 @@ def reinforce_pp_baseline(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The other outcome estimators of verl's registry (verl b178a3c, verl/trainer/ppo/core_algos.py): OPO, GPG,
+# The other outcome estimators of verl's registry (verl 1dda039, verl/trainer/ppo/core_algos.py): OPO, GPG,
 # the pass@k advantage and ReMax. Advantages are constants for the policy gradient: each returns
 # stop_gradient of its result. Unlike the estimators above, a group with one valid row keeps its raw
 # reward where verl does (OPO, GPG), as stated in each docstring.

@@ -167,6 +167,12 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+def _pin(peer) -> str:
+    """`commit `1dda039...` (2026-08-22)` or `release `1.16.0` (2026-10)`, code-formatted for the docs."""
+    what = f"commit `{peer.commit}`" if peer.commit else f"release `{peer.release}`"
+    return f"{what} ({peer.date})"
+
+
 def peer_coverage() -> list[str]:
     """The "Peer coverage" section: one table per peer of `jaxgrpo.kernels.peers`.
 
@@ -180,8 +186,10 @@ def peer_coverage() -> list[str]:
         "## Peer coverage",
         "",
         "How each kernel of verl, TRL and tunix maps to a jaxgrpo kernel, with the keyword options that",
-        "reproduce the peer's defaults and, for a loss whose normalization the peer fixes, the aggregation",
-        f"mode. In option values, {symbols}. `jaxgrpo-kernels --peer NAME` prints the same table.",
+        "reproduce the peer's defaults at the commit read (or, where the note says so, a value the peer",
+        "recommends) and, for a loss whose normalization the peer fixes, the aggregation mode. In option",
+        f"values, {symbols}. The last column names what jaxgrpo does differently on purpose.",
+        "`jaxgrpo-kernels --peer NAME` prints the same table.",
     ]
     for name in sorted(peers.COVERAGE):
         peer = peers.PEERS[name]
@@ -190,15 +198,17 @@ def peer_coverage() -> list[str]:
             "",
             f"### {name}",
             "",
-            f"Read from [{peer.repository}](https://github.com/{peer.repository}) at commit `{peer.commit}`: {files}.",
+            f"Read from [{peer.repository}](https://github.com/{peer.repository}) at {_pin(peer)}: {files}."
+            + (f" {peer.source_note}" if peer.source_note else ""),
             "",
-            "| Setting | Value | jaxgrpo | Options | Note |",
-            "|---|---|---|---|---|",
+            "| Setting | Value | jaxgrpo | Options | Note | Deliberate differences |",
+            "|---|---|---|---|---|---|",
         ]
-        for setting, value, ours, options, note in peers.table(name):
+        for setting, value, ours, options, note, differences in peers.table(name):
             ours_cell = ours if ours == "missing" else f"{ours.split(' ', 1)[0]} `{ours.split(' ', 1)[1]}`"
             options_cell = f"`{_cell(options)}`" if options else ""
-            out.append(f"| `{_cell(setting)}` | `{_cell(value)}` | {ours_cell} | {options_cell} | {_cell(note)} |")
+            out.append(f"| `{_cell(setting)}` | `{_cell(value)}` | {ours_cell} | {options_cell} | {_cell(note)} "
+                       f"| {_cell(differences)} |")
     return out
 
 

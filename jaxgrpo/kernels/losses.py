@@ -236,7 +236,8 @@ def reinforce(logp, old_logp, advantages, mask):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The other policy losses of verl's registry: Clip-Cov and KL-Cov, GMPO ("geo_mean"), DPPO (TV and KL), DRO.
+# The other policy losses of verl's registry (verl 1dda039): Clip-Cov and KL-Cov, GMPO ("geo_mean"), DPPO (TV and
+# KL), DRO.
 # verl's "gpg" loss is `reinforce` (-A log pi) and its "vanilla" is `ppo_clip` with clip_ratio_c=3.
 # ---------------------------------------------------------------------------------------------------------
 
@@ -291,6 +292,10 @@ def clip_cov(
         largest covariance are chosen. Statistics are those of the batch given,
         a micro-batch when the trainer accumulates (as verl).
 
+    Differences from verl's `clip_cov` (verl 1dda039), deliberate: log rho is
+    clamped to +-20 before exp (verl does not clamp it), and without `key` the
+    choice among the candidates is by covariance, not random.
+
     Paper: Cui et al., "The Entropy Mechanism of Reinforcement Learning for
     Reasoning Language Models" (2025); verl's `clip_cov`.
     """
@@ -323,9 +328,15 @@ def kl_cov(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4, ppo_
     tokens) l_t = -rho_t A_t + ppo_kl_coef |log rho_t|. No clipping.
 
     Args:
-      kl_cov_ratio, ppo_kl_coef: 2e-4 and 1 as the paper's code and verl.
-        Statistics are those of the batch given (a micro-batch when the trainer
-        accumulates, as verl).
+      kl_cov_ratio: 2e-4 as the paper's code and verl.
+      ppo_kl_coef: 1 as the paper's code (its recipe sets ppo_kl_coef=1).
+        verl's default config sets 0.1 (verl 1dda039, `policy_loss.ppo_kl_coef`;
+        its code falls back to 1 only without a config): pass ppo_kl_coef=0.1
+        for verl's default. Statistics are those of the batch given (a
+        micro-batch when the trainer accumulates, as verl).
+
+    Difference from verl's `kl_cov`, deliberate: log rho is clamped to +-20
+    before exp and in the penalty (verl does not clamp it).
 
     Paper: Cui et al., "The Entropy Mechanism of Reinforcement Learning for
     Reasoning Language Models" (2025); verl's `kl_cov`.
@@ -354,7 +365,12 @@ def gmpo(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: fl
 
     Args:
       eps_low, eps_high: the log-space clip range, (e^-0.4, e^0.4) on the ratio
-        as the paper (verl's `geo_mean` reads the PPO clip ratio, 0.2 by default).
+        as the paper. verl's `geo_mean` reads the PPO clip ratio, 0.2 by default
+        (verl 1dda039): pass eps_low=eps_high=0.2 for verl's default.
+
+    Difference from verl's `geo_mean`, deliberate: log rho is clamped to +-20
+    before the clip (verl does not clamp it); it matters only on the side the
+    sign of A leaves unclipped.
 
     Paper: Zhao et al., "Geometric-Mean Policy Optimization" (2025); verl's `geo_mean`.
     """
@@ -408,8 +424,10 @@ def dppo_tv(logp, old_logp, advantages, mask, *, delta_low: float = 0.2, delta_h
     Args:
       delta_low, delta_high: TV thresholds; 0.2 as verl's PPO clip ratio, which
         verl's `dppo_tv` reads.
-      max_ratio: the cap of the importance weight; 20 as verl's `dppo_tv` when no
-        clip_ratio_c is configured.
+      max_ratio: the cap of the importance weight; 20, the paper's advice of a
+        large cap and verl's own fallback. verl caps at the actor's
+        `clip_ratio_c`, which its default config sets to 3.0 (verl 1dda039):
+        pass max_ratio=3.0 for verl's default.
 
     Paper: Qi et al., "Rethinking the Trust Region in LLM Reinforcement Learning" (2026); verl's `dppo_tv`.
     """
@@ -434,7 +452,7 @@ def dppo_kl(logp, old_logp, advantages, mask, *, delta_low: float = 0.2, delta_h
     Args:
       delta_low, delta_high: KL thresholds; 0.2 as verl's PPO clip ratio, which
         verl's `dppo_kl` reads.
-      max_ratio: the cap of the importance weight; 20 as verl's `dppo_kl`.
+      max_ratio: 20 as `dppo_tv` (verl's default config caps at clip_ratio_c = 3.0).
 
     Paper: Qi et al., "Rethinking the Trust Region in LLM Reinforcement Learning" (2026); verl's `dppo_kl`.
     """
@@ -457,11 +475,11 @@ def dro(logp, old_logp, advantages, mask, *, beta: float = 0.1):
     unlike Tinker's, a masked-out token carries neither term.
 
     Args:
-      beta: 0.1 as the verl-compatible ports.
+      beta: 0.1 as Tinker's. verl (1dda039, `policy_loss.dro_beta`) has no
+        default: it requires a positive beta.
 
     Paper: the Direct Reward Optimization (DRO) loss as Tinker (Thinking Machines,
-    2025) and verl-compatible ports publish it; the formula and beta were not
-    checked against verl's own code (absent from verl b178a3c).
+    2025) publishes it; the formula is verl's `dro` (verl 1dda039).
     """
     logp, old_logp, adv, mask = prepare(logp, old_logp, advantages, mask)
     delta = logp - old_logp
@@ -473,8 +491,10 @@ def dro(logp, old_logp, advantages, mask, *, beta: float = 0.1):
 def clipped_value_loss(values, old_values, returns, mask, *, clip_range: float = 0.2):
     """PPO's clipped value loss, per token.
 
-    l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2), c = 0.2 (verl).
-    Masked-out tokens give 0 and no gradient, whatever their values.
+    l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2), c = 0.2 as
+    tunix's clip_range_value (verl's critic sets cliprange_value 0.5: pass
+    clip_range=0.5 for verl's default). Masked-out tokens give 0 and no
+    gradient, whatever their values.
 
     Returns:
       (per_token_loss f32[N,T], metrics with `value_clip_fraction`).

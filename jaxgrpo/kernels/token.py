@@ -122,7 +122,7 @@ def optimal_token_baseline(
     num_groups: int,
     valid=None,
     is_weights=None,
-    handle_zero_tail: bool = False,
+    handle_zero_tail: bool = True,
     eps: float = 1e-8,
 ) -> tuple[Array, Array]:
     """Optimal token baseline (OTB): a baseline per position t, weighted by the path's cumulative gradient norm.
@@ -145,7 +145,9 @@ def optimal_token_baseline(
         position (the sampler must record it: the trainer does not compute it).
       valid: optional bool[N]; invalid rows get 0 and stay out of the baselines.
       is_weights: optional f32[N, T] rollout importance weights.
-      handle_zero_tail: False as verl.
+      handle_zero_tail: True, as the paper's authors set verl's default
+        (verl 8acd940, 2026-02; it was False before). False gives every
+        position of every row the group's baseline.
       eps: 1e-8 as verl.
 
     Returns:
