@@ -16,7 +16,8 @@
 
 Each kernel reads the fields its signature names (`jaxgrpo.train.inputs`). `check_config` refuses a
 stage given a kernel of the wrong kind, a kernel whose registration declares it cannot run in the
-loop (`KernelInfo.loop`), and unknown keyword arguments (from the config alone); `check_fields`
+loop (`KernelInfo.loop`), unknown keyword arguments, and keyword arguments of the wrong type or outside the
+range the kernel's registration declares (`KernelInfo.ranges`), from the config alone; `check_fields`
 refuses a kernel reading a field the run cannot provide (with the task's examples). Both run before
 anything is compiled.
 """
@@ -111,13 +112,18 @@ def check_config(cfg: Config) -> None:
             if needs:
                 raise ValueError(f"{stage.field}={name!r} reads {', '.join(needs)}, but the {stage.field} stage "
                                  f"passes only {', '.join(stage.passes)}; pick another {found.kind} kernel")
-        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values()):
-            continue
-        for key in kwargs:
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values())
+        for key in () if takes_any else kwargs:
             if key not in allowed:
                 why = "is passed by the trainer itself" if key in inputs_lib.FIELDS else "is not an argument"
                 raise ValueError(f"{stage.kwargs_field} key {key!r} {why} of {stage.field} {name!r}; "
                                  f"valid keys: {', '.join(allowed) or '(none)'}")
+        # Types and declared ranges (`KernelInfo.ranges`): a negative clip epsilon or a std over fewer rows than
+        # its ddof is refused here, before anything compiles, not at the first update.
+        found.check_kwargs(kwargs, prefix=stage.kwargs_field + ".",
+                           context={"group_size": cfg.group_size, "batch_size": cfg.batch_size})
+        if takes_any:
+            continue
         missing = [p.name for p in inspect.signature(kernel).parameters.values()
                    if p.name in allowed and p.default is p.empty and p.name not in kwargs]
         never = [n for n in inputs_lib.fields_read(kernel, kwargs)[0] if inputs_lib.FIELDS[n].available is None]
