@@ -307,15 +307,21 @@ def study_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collate-only", action="store_true", help="run nothing; report the cells finished so far")
     parser.add_argument("--no-compilation-cache", action="store_true",
                         help="do not share JAX's persistent compilation cache between the cells")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="run again, from scratch, the cells whose recorded config differs from the one the "
+                             "study now gives them (without it such cells are an error)")
     args = parser.parse_args(argv)
     from jaxgrpo import study as studies
 
     try:
         if args.workers < 1:
             raise studies.StudyError(f"--workers must be >= 1, got {args.workers}")
+        if args.collate_only and args.rerun_changed:
+            raise studies.StudyError("--collate-only runs nothing and --rerun-changed runs cells again: pick one")
         study, experiment = studies.load_study(args.study)
         out = args.out or os.path.join("runs", "studies", study.name)
-        runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache)
+        runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache,
+                                rerun_changed=args.rerun_changed)
     except studies.StudyError as e:
         print(f"jaxgrpo-study: error: {e}", file=sys.stderr)
         return 2

@@ -61,8 +61,10 @@ def flatten(config: dict) -> dict[str, Any]:
     return flat
 
 
-def config_changes(saved: dict, new: dict, defaults: dict | None = None) -> list[str]:
-    """'key old -> new' for each key whose value differs between two config dicts, except `RESUMABLE_KEYS`.
+def config_changes(saved: dict, new: dict, defaults: dict | None = None, *,
+                   ignore: frozenset[str] = RESUMABLE_KEYS) -> list[str]:
+    """'key old -> new' for each key whose value differs between two config dicts, except `ignore`
+    (by default `RESUMABLE_KEYS`).
 
     A key the saved config lacks (a field added since) counts as changed only when the new value is not
     the field's default from `defaults`, the behaviour the saved run had.
@@ -71,7 +73,7 @@ def config_changes(saved: dict, new: dict, defaults: dict | None = None) -> list
     defaults = flatten(_normalized(defaults)) if defaults is not None else {}
     changes = []
     for key in sorted(set(saved) | set(new)):
-        if key in RESUMABLE_KEYS:
+        if key in ignore:
             continue
         if key not in saved:
             if key in defaults and new[key] == defaults[key]:
