@@ -29,6 +29,8 @@ import numbers
 import re
 from typing import Any, Callable, Mapping
 
+from jaxgrpo.errors import ConfigError
+
 #: Names a bound may take from the run's config (`context`), besides the kernel's own hyper-parameters.
 CONFIG_BOUNDS = ("group_size", "batch_size")
 
@@ -161,7 +163,8 @@ def parse_ranges(fn: Callable, name: str, ranges: Mapping[str, Any] | None) -> d
 
 def check(fn: Callable, name: str, ranges: Mapping[str, Range], kwargs: Mapping[str, Any], *, prefix: str = "",
           context: Mapping[str, Any] | None = None) -> None:
-    """Raises ValueError (one line) for the first of `kwargs` of the wrong type or out of its declared range.
+    """Raises `ConfigError` (a ValueError, one line) for the first of `kwargs` of the wrong type or out of its
+    declared range.
 
     Args:
       fn, name: the kernel and its registry name.
@@ -181,7 +184,7 @@ def check(fn: Callable, name: str, ranges: Mapping[str, Range], kwargs: Mapping[
         what = f" ({declared.what})" if declared else ""
         types = declared_type(parameters[key])
         if types is not None and not _fits(value, types):
-            raise ValueError(f"{prefix}{key}={value!r} has the wrong type for {name}: must be {_type_names(types)}"
+            raise ConfigError(f"{prefix}{key}={value!r} has the wrong type for {name}: must be {_type_names(types)}"
                              f"{what}, got {type(value).__name__}")
         if declared is None or value is None:
             continue
@@ -189,4 +192,4 @@ def check(fn: Callable, name: str, ranges: Mapping[str, Range], kwargs: Mapping[
             continue  # an array-valued argument (no declared type): nothing to compare
         must = declared.violation(value, values)
         if must is not None:
-            raise ValueError(f"{prefix}{key}={value!r} is out of range for {name}: must be {must}{what}")
+            raise ConfigError(f"{prefix}{key}={value!r} is out of range for {name}: must be {must}{what}")
