@@ -62,7 +62,9 @@ def os_error_message(error: OSError) -> str | None:
     where = os.fspath(error.filename)
     fixes = {errno.ENOSPC: "free space on that disk, then rerun", errno.EDQUOT: "free space on that disk, then rerun",
              errno.EACCES: "make it writable or pick another path", errno.EPERM: "make it writable or pick another path",
-             errno.EROFS: "pick a path on a writable file system"}
+             errno.EROFS: "pick a path on a writable file system",
+             errno.EEXIST: "a file of that name is in the way: remove it or pick another path",
+             errno.ENOTDIR: "a part of the path is a file, not a directory: pick another path"}
     fix = fixes.get(error.errno, "check the path")
     return f"{where}: {error.strerror or error}; {fix}"
 

@@ -108,7 +108,9 @@ class RunDirectory:
         if resume and overwrite:
             raise RunDirectoryError("--resume and --overwrite contradict each other: pick one")
         message = ""
-        if jax.process_index() == 0 and os.path.isdir(path):
+        if jax.process_index() == 0 and os.path.exists(path) and not os.path.isdir(path):
+            message = _not_a_directory(path)
+        elif jax.process_index() == 0 and os.path.isdir(path):
             try:
                 os.close(_lock(path))
                 if not overwrite:
@@ -166,8 +168,14 @@ class RunDirectory:
         self.close()
 
 
+def _not_a_directory(path: str) -> str:
+    return f"run directory {path} exists and is not a directory; pick another --run-dir"
+
+
 def _lock(path: str) -> int:
     """Creates `path` and takes its lock; returns the lock file's descriptor (the lock lives as long as it)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirectoryError(_not_a_directory(path))
     os.makedirs(path, exist_ok=True)
     lock_path = os.path.join(path, LOCK_FILE)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
