@@ -433,3 +433,31 @@ def test_a_completion_budget_past_the_models_context_window_is_refused_before_an
                               "to at most 4"), message
     apply_overrides(cfg, ["sampling.max_new_tokens=4"])
     Trainer(cfg, model=model, tokenizer=tokenizer)
+
+
+def test_an_error_inside_the_run_is_one_line_and_releases_the_run_directory(tmp_path, capsys, monkeypatch):
+    """An error found only at the first sampling, with the run directory locked and its config written (a prompt
+    whose completions would run past a model's window: the config's max_prompt_len is within it, the real prompt
+    is not): one line, exit 1, no traceback, and the lock released for the next run."""
+    from flax import nnx
+
+    from jaxgrpo import toy
+    from jaxgrpo.models import Decoder
+    from jaxgrpo.train import state
+
+    def short_window(dtype, remat):
+        tokenizer = toy.CharTokenizer()
+        config = dataclasses.replace(toy.tiny_config(tokenizer.vocab_size), max_position_embeddings=5)
+        return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
+
+    monkeypatch.setitem(state.MODEL_BUILDERS, "toy-short-window", short_window)
+    run_dir = str(tmp_path / "run")
+    status = cli.train_main([TOY, "--run-dir", run_dir, "--set", *SMALL, "model=toy-short-window",
+                             "sampling.max_prompt_len=3", "sampling.max_new_tokens=2"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]  # besides the progress bar
+    assert "Traceback" not in err and status == 1, err
+    assert len(lines) == 1 and lines[0].startswith("jaxgrpo-train: error: prompts[0] has 4 tokens, and with "
+                                                   "max_new_tokens=2 its row needs 6 positions"), lines
+    assert os.path.exists(os.path.join(run_dir, "config.json"))  # it failed inside the run ...
+    assert _lock_is_free(run_dir)  # ... and let go of the directory

@@ -145,6 +145,8 @@ def test_every_numeric_hyperparameter_of_every_kernel_declares_a_range_its_defau
     (["advantage=reinforce_pp", "advantage_kwargs.whiten='sequences'"],
      "advantage_kwargs.whiten='sequences' is out of range for reinforce_pp: must be one of 'tokens', 'rows'"),
     (["kl_coef=0.1", "kl_kwargs.clamp=-1"], "kl_kwargs.clamp=-1 is out of range for k3: must be > 0"),
+    (["advantage=xrpo", "advantage_kwargs.base=opo"],  # opo reads lengths, which xrpo does not pass its base
+     "advantage_kwargs.base='opo' is out of range for xrpo: must be one of 'grpo', 'dr_grpo',"),
     (["row_weights=dgpo_question_weights", "row_weights_kwargs.temperature=0"],
      "row_weights_kwargs.temperature=0 is out of range for dgpo_question_weights: must be > 0"),
     (["loss=bapo", "loss_kwargs.lower_max=0.5"],  # a bound naming another hyper-parameter, shown with its value

@@ -818,11 +818,17 @@ def riskpo(
 # --------------------------------------------------------------------------- #
 
 
+#: The estimators XRPO can sharpen: those that read nothing beyond (rewards, group_ids, num_groups, valid).
+XRPO_BASES = ("grpo", "dr_grpo", "rloo", "gpg", "pass_at_k", "reinforce_pp", "reinforce_pp_baseline", "grpo_batch_std",
+              "asymre", "bnpo", "dgpo", "krpo", "mc_grpo", "ngrpo", "opmd", "experimental/a_grae")
+
+
 @register_advantage(
     "xrpo",
     paper="XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation (2025)",
     experimental=True,  # formula from a third-party re-implementation
-    ranges={"novelty_weight": (">= 0", "lambda, the scale of the novelty bonus"),
+    ranges={"base": ("one of " + ", ".join(XRPO_BASES), "the base advantage estimator, one that reads only the rewards"),
+            "novelty_weight": (">= 0", "lambda, the scale of the novelty bonus"),
             "clip_ratio": (">= 0", "kappa, the bonus's cap as a fraction of |A|")},
 )
 def xrpo(
