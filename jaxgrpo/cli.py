@@ -127,30 +127,37 @@ def train_main(argv: list[str] | None = None) -> int:
     _distributed_init()
     import jax
 
-    from jaxgrpo.checkpoint import storage_failure
+    from jaxgrpo.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.config import Config
     from jaxgrpo.errors import ConfigError
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
-    from jaxgrpo.rundir import RunDirectory, storage_error_message
+    from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.train import preflight
-    from jaxgrpo.train.loop import Trainer
+    from jaxgrpo.train.loop import NoLearningSignal, Trainer
 
     try:  # the task, rewards, model, context budget and mesh the config names, before anything is built
         preflight.check(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
     except ConfigError as e:
         return _fail("jaxgrpo-train", e, 2)
-    # A used or locked run directory is refused before the model is built (`Trainer.run` checks again); its
-    # RunDirectoryError, like every later user error, is one line from `_entry_point`.
-    RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,
-                           defaults=to_dict(Config()))
+    try:  # a used or locked run directory is refused before the model is built (`Trainer.run` checks again)
+        RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,
+                               defaults=to_dict(Config()))
+    except RunDirectoryError as e:
+        print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
+        return 1
+    # Any other user error from here on (data, a model, a checkpoint) is one line from `_entry_point`.
     trainer = Trainer(cfg)
     try:
         trainer.run(resume=args.resume, overwrite=args.overwrite)
         plots = plot_run(cfg.run_dir) if jax.process_index() == 0 else []
+    except (RunDirectoryError, CheckpointError, NoLearningSignal) as e:
+        print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:  # writing metrics, plots or config.json: a full or read-only disk
         if storage_failure(e) is None:
             raise
-        return _fail("jaxgrpo-train", storage_error_message(cfg.run_dir, e), 1)
+        print(f"jaxgrpo-train: error: {storage_error_message(cfg.run_dir, e)}", file=sys.stderr)
+        return 1
     if jax.process_index() == 0:
         eval_path = os.path.join(cfg.run_dir, EVAL_FILE)
         if os.path.exists(eval_path):
@@ -214,7 +221,8 @@ def plot_main(argv: list[str] | None = None) -> int:
     try:
         paths = plot_run(args.run_dir, args.out)
     except FileNotFoundError as e:
-        return _fail("jaxgrpo-plot", e, 2)
+        print(f"jaxgrpo-plot: error: {e}", file=sys.stderr)
+        return 2
     print("\n".join(paths))
     return 0
 
@@ -233,7 +241,8 @@ def kernels_main(argv: list[str] | None = None) -> int:
         try:
             rows = peers.table(args.peer, mark_unavailable=True)
         except ValueError as e:
-            return _fail("jaxgrpo-kernels", e, 2)
+            print(f"jaxgrpo-kernels: error: {e}", file=sys.stderr)
+            return 2
         peer = peers.PEERS[args.peer]
         print(f"{peer.repository} at {peer.commit} ({', '.join(peer.files)})")
         for setting, name, ours, options, note in rows:
@@ -267,7 +276,9 @@ def export_main(argv: list[str] | None = None) -> int:
     try:
         out, step = export.export_run(args.run_dir, args.out, step=args.step)
     except (runs.RunReadError, export.ExportError, UnsupportedConfigError, WeightFileError, KeyError) as e:
-        return _fail("jaxgrpo-export", e, 2)
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"jaxgrpo-export: error: {message}", file=sys.stderr)
+        return 2
     print(f"exported step {step} of {args.run_dir} to {out}: load it with "
           f"transformers.AutoModelForCausalLM.from_pretrained({out!r}) and AutoTokenizer.from_pretrained({out!r})")
     return 0
@@ -389,7 +400,8 @@ def study_main(argv: list[str] | None = None) -> int:
         runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache,
                                 rerun_changed=args.rerun_changed)
     except studies.StudyError as e:
-        return _fail("jaxgrpo-study", e, 2)
+        print(f"jaxgrpo-study: error: {e}", file=sys.stderr)
+        return 2
     print(f"[study] {study.name}: {len(runner.cells)} cells into {out}"
           + (f", {args.workers} at a time" if args.workers > 1 else ""), flush=True)
     complete = True if args.collate_only else runner.run(args.workers)
@@ -399,7 +411,9 @@ def study_main(argv: list[str] | None = None) -> int:
     print(studies.table(studies.collate(runner)))
     print(f"report: {path}")
     if not complete:
-        return _fail("jaxgrpo-study", "some cells failed (their logs are named above); rerun to retry them", 1)
+        print("jaxgrpo-study: error: some cells failed (their logs are named above); rerun to retry them",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -87,6 +87,7 @@ class Trainer:
             cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
             num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
         train_examples = preflight.load_split(cfg, task, cfg.task.train_split)
+        stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
         eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
                          if cfg.task.num_eval_examples else [])
         self.cfg = cfg
@@ -115,7 +116,6 @@ class Trainer:
                                   out_shardings=NamedSharding(self.mesh, P(None, BATCH_AXES)))
 
         self.train_examples = train_examples
-        stages.check_fields(cfg, self.train_examples)  # every field a stage's kernel reads, before compiling
         if cfg.value_tracker:  # a state per prompt of the training split, kept in the train state
             self.train_examples = trackers.indexed(self.train_examples)
             kernel_state = trackers.init_state(cfg, len(self.train_examples))
