@@ -196,6 +196,9 @@ def compile_main(argv: list[str] | None = None) -> int:
         cfg = load_experiment(args.experiment)
         apply_overrides(cfg, args.set)
         validate(cfg)
+        from jaxgrpo.train import preflight
+
+        preflight.check_budget(cfg, preflight.model_config_of(cfg))  # the buckets fit the model's context window
         from jaxgrpo import compile as aot
 
         report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.PROGRAMS),

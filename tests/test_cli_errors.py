@@ -202,6 +202,10 @@ CASES = {
                                      "train"),
     "compile: missing experiment": Case("compile", lambda f: [f.path("nope.py"), "--topology", "v5e:2x2"], 2,
                                         "nope.py' not found"),
+    "compile: buckets past the context window": Case(
+        "compile", lambda f: [TOY, "--topology", "v5e:2x2", "--set", f"model={f.hf_model(128)}",
+                              "sampling.max_new_tokens=200"], 2,
+        "sampling.max_prompt_len=256 + sampling.max_new_tokens=200 = 456 positions exceed the context window"),
     "compile: bad --set": Case("compile", lambda f: [TOY, "--topology", "v5e:2x2", "--set", "group_size=0"], 2,
                                "group_size and prompts_per_step must be >= 1"),
     # -- jaxgrpo-plot
