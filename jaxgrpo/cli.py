@@ -1,12 +1,75 @@
 """Command-line entry points: `jaxgrpo-train`, `jaxgrpo-compile`, `jaxgrpo-plot`, `jaxgrpo-kernels`, `jaxgrpo-export`,
-`jaxgrpo-eval`, `jaxgrpo-study`."""
+`jaxgrpo-eval`, `jaxgrpo-study`.
+
+Every error a user can cause is one line on stderr, `jaxgrpo-<tool>: error: <what is wrong and what to do>`, with
+exit status 2 for a bad command line or config (found before anything is built) and 1 for what fails later (a run
+directory in use, data, a checkpoint, a disk). What counts as the user's is a family of exception types
+(`jaxgrpo.errors.user_errors`, and OSErrors naming a path: `jaxgrpo.errors.os_error_message`); any other exception
+is a bug and keeps its traceback. Ctrl-C prints `jaxgrpo-<tool>: interrupted` and exits with 130: the program leaves
+with `os._exit` once the run directory's lock is released and the output flushed, so the interpreter's teardown,
+which crashes while XLA's compiler threads are alive, never runs (`_entry_point`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
+from typing import Callable
+
+#: Exit status of a run stopped by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
+INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line as one line (`prog: error: ...`, exit 2) instead of usage and error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def _fail(prog: str, message, status: int) -> int:
+    from jaxgrpo.errors import one_line
+
+    text = one_line(message) if isinstance(message, BaseException) else " ".join(str(message).split())
+    print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+    return status
+
+
+def _entry_point(prog: str) -> Callable:
+    """Wraps a `*_main(argv)`: an exception of the user-error family is one line and exit 1; Ctrl-C is
+    `prog: interrupted` and exit 130; anything else (a bug) propagates with its traceback.
+
+    Called as the program (`argv` None, as the console scripts call it), an interrupted run leaves with
+    `os._exit(130)` after the output is flushed: the `with` blocks on the way out have released the run
+    directory's lock by then, and skipping the interpreter's teardown avoids the crash it meets while XLA's
+    threads (a compilation) are still alive. Called from Python (a test, a notebook) it returns 130.
+    """
+    def wrap(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                if argv is None:
+                    os._exit(INTERRUPTED)
+                return INTERRUPTED
+            except Exception as error:
+                from jaxgrpo.errors import os_error_message, user_errors
+
+                if isinstance(error, user_errors()):
+                    return _fail(prog, error, 1)
+                if isinstance(error, OSError) and os_error_message(error) is not None:
+                    return _fail(prog, os_error_message(error), 1)
+                raise
+
+        return run
+
+    return wrap
 
 
 def _distributed_init() -> None:
@@ -29,8 +92,9 @@ def _distributed_init() -> None:
         jax.distributed.initialize()
 
 
+@_entry_point("jaxgrpo-train")
 def train_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jaxgrpo-train",
         description="Train a policy with a GRPO-family method described by an experiment file.",
     )
@@ -46,7 +110,8 @@ def train_main(argv: list[str] | None = None) -> int:
 
     from jaxgrpo.config import ExperimentError, apply_overrides, load_experiment, to_dict, validate
 
-    # Every mistake in the experiment file or the overrides is reported here, in one line, before a model is built.
+    # Every mistake in the experiment file or the overrides is reported here, in one line, before a model is built:
+    # these calls only read and check what the user gave, so each of these exception types is the user's.
     try:
         cfg = load_experiment(args.experiment)
         apply_overrides(cfg, args.set)
@@ -54,9 +119,7 @@ def train_main(argv: list[str] | None = None) -> int:
             cfg.run_dir = args.run_dir
         validate(cfg)
     except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"jaxgrpo-train: error: {message}", file=sys.stderr)
-        return 2
+        return _fail("jaxgrpo-train", e, 2)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0
@@ -66,16 +129,23 @@ def train_main(argv: list[str] | None = None) -> int:
 
     from jaxgrpo.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.config import Config
+    from jaxgrpo.errors import ConfigError
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
+    from jaxgrpo.train import preflight
     from jaxgrpo.train.loop import NoLearningSignal, Trainer
 
+    try:  # the task, rewards, model, context budget and mesh the config names, before anything is built
+        preflight.check(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
+    except ConfigError as e:
+        return _fail("jaxgrpo-train", e, 2)
     try:  # a used or locked run directory is refused before the model is built (`Trainer.run` checks again)
         RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,
                                defaults=to_dict(Config()))
     except RunDirectoryError as e:
         print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
         return 1
+    # Any other user error from here on (data, a model, a checkpoint) is one line from `_entry_point`.
     trainer = Trainer(cfg)
     try:
         trainer.run(resume=args.resume, overwrite=args.overwrite)
@@ -102,8 +172,9 @@ def train_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@_entry_point("jaxgrpo-compile")
 def compile_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jaxgrpo-compile",
         description="Compile an experiment's training programs for a TPU topology on this machine (no TPU needed, "
                     "no weights read) and report memory per chip, FLOPs, collectives and host transfers.",
@@ -125,14 +196,15 @@ def compile_main(argv: list[str] | None = None) -> int:
         cfg = load_experiment(args.experiment)
         apply_overrides(cfg, args.set)
         validate(cfg)
+        from jaxgrpo.train import preflight
+
+        preflight.check_budget(cfg, preflight.model_config_of(cfg))  # the buckets fit the model's context window
         from jaxgrpo import compile as aot
 
         report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.PROGRAMS),
                                         cpu_forms=args.cpu_forms)
     except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError, RuntimeError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"jaxgrpo-compile: error: {message}", file=sys.stderr)
-        return 2
+        return _fail("jaxgrpo-compile", e, 2)
     print(report.table())
     if args.json:
         with open(args.json, "w") as f:
@@ -141,8 +213,9 @@ def compile_main(argv: list[str] | None = None) -> int:
     return 0 if aot.fits_everywhere(report) else 1
 
 
+@_entry_point("jaxgrpo-plot")
 def plot_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxgrpo-plot", description="Write PNG learning curves of a run directory.")
+    parser = _Parser(prog="jaxgrpo-plot", description="Write PNG learning curves of a run directory.")
     parser.add_argument("run_dir")
     parser.add_argument("--out", help="output directory (default RUN_DIR/plots)")
     args = parser.parse_args(argv)
@@ -157,8 +230,9 @@ def plot_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@_entry_point("jaxgrpo-kernels")
 def kernels_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxgrpo-kernels", description="List the registered kernels.")
+    parser = _Parser(prog="jaxgrpo-kernels", description="List the registered kernels.")
     parser.add_argument("--kind", help="only this kind (advantage, loss, ...)")
     parser.add_argument("--peer", help="instead, how the kernels of a peer library (verl, trl, tunix) map to ours")
     args = parser.parse_args(argv)
@@ -180,14 +254,19 @@ def kernels_main(argv: list[str] | None = None) -> int:
             line = line.rstrip() + (f"  # {note}" if note else "")
             print(line + (f"  # differs: {differences}" if differences else ""))
         return 0
-    for k in jaxgrpo.list_kernels(args.kind):
+    try:
+        listed = jaxgrpo.list_kernels(args.kind)
+    except ValueError as e:  # an unknown --kind; the message lists the kinds
+        return _fail("jaxgrpo-kernels", f"--kind: {e}", 2)
+    for k in listed:
         flag = " [experimental]" if k.experimental else ""
         print(f"{k.kind:16s} {k.name:32s} {k.paper}{flag}")
     return 0
 
 
+@_entry_point("jaxgrpo-export")
 def export_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jaxgrpo-export",
         description="Write a run's trained policy as a Hugging Face model directory (config.json, model.safetensors, "
                     "tokenizer with its chat template) that transformers loads as it is.",
@@ -210,8 +289,9 @@ def export_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@_entry_point("jaxgrpo-eval")
 def eval_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jaxgrpo-eval",
         description="Greedy accuracy (Wilson 95%% interval) and pass@k (bootstrap 95%% interval over questions) of a "
                     "run's checkpoint or of a base model on a task split; writes every completion to a JSONL file.",
@@ -234,10 +314,6 @@ def eval_main(argv: list[str] | None = None) -> int:
     from jaxgrpo import policy_eval, runs
     from jaxgrpo.config import Config, apply_overrides, validate
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
-
-    def fail(message) -> int:
-        print(f"jaxgrpo-eval: error: {message}", file=sys.stderr)
-        return 2
 
     # Everything is checked here, in one line each, before a model is built.
     try:
@@ -273,10 +349,13 @@ def eval_main(argv: list[str] | None = None) -> int:
         if min(ks) < 1:
             raise ValueError(f"--k values must be >= 1, got {ks}")
         validate(cfg)
+        from jaxgrpo.train import preflight
+
+        preflight.check(cfg)  # the task, rewards, model and context budget the config names
         policy_eval.check_split(cfg, cfg.task.eval_split)
     except (runs.RunReadError, policy_eval.EvalSetupError, UnsupportedConfigError, WeightFileError, KeyError,
             ValueError, TypeError) as e:
-        return fail(e.args[0] if isinstance(e, KeyError) and e.args else e)
+        return _fail("jaxgrpo-eval", e, 2)
 
     trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
     result = policy_eval.evaluate_policy(trainer, trainer.eval_examples, ks, step=step)
@@ -297,8 +376,9 @@ def eval_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@_entry_point("jaxgrpo-study")
 def study_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jaxgrpo-study",
         description="Run a study file's grid (configurations x seeds, one run directory per cell; resumable) and "
                     "collate it: mean and 95%% t-interval over seeds per metric, plots and report.md.",
@@ -309,15 +389,21 @@ def study_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collate-only", action="store_true", help="run nothing; report the cells finished so far")
     parser.add_argument("--no-compilation-cache", action="store_true",
                         help="do not share JAX's persistent compilation cache between the cells")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="run again, from scratch, the cells whose recorded config differs from the one the "
+                             "study now gives them (without it such cells are an error)")
     args = parser.parse_args(argv)
     from jaxgrpo import study as studies
 
     try:
         if args.workers < 1:
             raise studies.StudyError(f"--workers must be >= 1, got {args.workers}")
+        if args.collate_only and args.rerun_changed:
+            raise studies.StudyError("--collate-only runs nothing and --rerun-changed runs cells again: pick one")
         study, experiment = studies.load_study(args.study)
         out = args.out or os.path.join("runs", "studies", study.name)
-        runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache)
+        runner = studies.Runner(study, experiment, out, compilation_cache=not args.no_compilation_cache,
+                                rerun_changed=args.rerun_changed)
     except studies.StudyError as e:
         print(f"jaxgrpo-study: error: {e}", file=sys.stderr)
         return 2

@@ -32,6 +32,8 @@ import types
 import typing
 from typing import Any
 
+from jaxgrpo.errors import ConfigError
+
 #: Parameter dtypes a policy can be built in (`jaxgrpo.train.state.build_model`).
 DTYPES = ("float32", "bfloat16")
 #: The float types optimizer state can be stored in (`OptimizerConfig.state_dtype`).
@@ -354,42 +356,43 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
     """Checks every value of `cfg` before anything heavy is built; each error names the field and the fix.
 
     Types first, then ranges, then how the batch shapes fit together, then the kernels the method
-    names (registered names, and their keyword arguments against the kernels' signatures).
+    names (registered names, their keyword arguments against the kernels' signatures, and the values
+    against the ranges the kernels declare). Raises `jaxgrpo.errors.ConfigError` (a ValueError).
     """
     _check_types(cfg)
     if cfg.group_size < 1 or cfg.prompts_per_step < 1:
-        raise ValueError(f"group_size and prompts_per_step must be >= 1, got {cfg.group_size} and {cfg.prompts_per_step}")
+        raise ConfigError(f"group_size and prompts_per_step must be >= 1, got {cfg.group_size} and {cfg.prompts_per_step}")
     _check_ranges(cfg)
     if cfg.batch_size % cfg.num_minibatches:
-        raise ValueError(
+        raise ConfigError(
             f"batch size prompts_per_step*group_size={cfg.batch_size} is not divisible by "
             f"num_minibatches={cfg.num_minibatches}; change one of them"
         )
     minibatch = cfg.batch_size // cfg.num_minibatches
     micro = cfg.micro_batch_size or minibatch
     if minibatch % micro:
-        raise ValueError(
+        raise ConfigError(
             f"minibatch of {minibatch} sequences is not divisible by micro_batch_size={micro}; "
             f"pick a divisor of {minibatch}"
         )
     if cfg.packing and micro % cfg.group_size:
-        raise ValueError(
+        raise ConfigError(
             f"packing scores whole prompt groups, but micro-batches of {micro} sequences do not hold whole groups "
             f"of group_size={cfg.group_size}; make micro_batch_size (and the minibatch) a multiple of "
             f"{cfg.group_size}, or set packing=false"
         )
     if num_devices is not None and micro % num_devices and num_devices % micro:
-        raise ValueError(
+        raise ConfigError(
             f"micro-batch of {micro} sequences cannot be split over {num_devices} devices; "
             f"make micro_batch_size a multiple of {num_devices}"
         )
     if not 0 <= cfg.overlong_cache_len <= cfg.sampling.max_new_tokens:
-        raise ValueError(
+        raise ConfigError(
             f"overlong_cache_len={cfg.overlong_cache_len} must lie in [0, sampling.max_new_tokens="
             f"{cfg.sampling.max_new_tokens}]: the penalty window sits at the end of the completion budget"
         )
     if cfg.steps < 0:
-        raise ValueError(f"steps must be >= 0, got {cfg.steps}")
+        raise ConfigError(f"steps must be >= 0, got {cfg.steps}")
     _check_kernels(cfg)
 
 
@@ -415,7 +418,7 @@ def _check_types(cfg: Any, prefix: str = "") -> None:
         if not any(_is_a(value, a) for a in allowed):
             names = " or ".join(
                 "None" if a is type(None) else "a finite float" if a is float else a.__name__ for a in allowed)
-            raise ValueError(f"{key} must be {names}, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key} must be {names}, got {type(value).__name__} {value!r}")
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -457,6 +460,7 @@ def _check_ranges(cfg: Config) -> None:
         (0 <= cfg.gae_gamma <= 1, f"gae_gamma must be in [0, 1], got {cfg.gae_gamma}"),
         (0 <= cfg.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {cfg.gae_lambda}"),
         (cfg.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {cfg.max_sampling_rounds}"),
+        (0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32) (a JAX PRNG seed), got {cfg.seed}"),
         (cfg.warmup_sft_steps >= 0, f"warmup_sft_steps must be >= 0, got {cfg.warmup_sft_steps}"),
         (cfg.warmup_sft_lr > 0, f"warmup_sft_lr must be > 0, got {cfg.warmup_sft_lr}"),
         (cfg.task.num_eval_examples >= 0,
@@ -477,7 +481,7 @@ def _check_ranges(cfg: Config) -> None:
     ]
     for ok, message in rules:
         if not ok:
-            raise ValueError(message)
+            raise ConfigError(message)
 
 
 def _check_kernels(cfg: Config) -> None:
@@ -487,7 +491,7 @@ def _check_kernels(cfg: Config) -> None:
 
     stages.check_config(cfg)  # every stage: a kernel of its kind, keyword arguments that are its hyper-parameters
     if cfg.aggregation not in kernels.AGGREGATION_MODES:
-        raise ValueError(f"aggregation={cfg.aggregation!r} is not an aggregation mode; valid modes: "
+        raise ConfigError(f"aggregation={cfg.aggregation!r} is not an aggregation mode; valid modes: "
                          f"{', '.join(kernels.AGGREGATION_MODES)}")
 
 

@@ -106,7 +106,9 @@ def read_jsonl(path: str) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError as e:
             if i < len(lines) - 1:
-                raise ValueError(f"{path}, line {number}, is not a JSON record ({e}); remove or repair that line") from None
+                from jaxgrpo.errors import DataError
+
+                raise DataError(f"{path}, line {number}, is not a JSON record ({e}); remove or repair that line") from None
             logger.warning("%s: skipped its last line, cut short (a crash while it was written): %.80r",
                            path, line.rstrip("\n"))
     return records

@@ -61,8 +61,10 @@ def flatten(config: dict) -> dict[str, Any]:
     return flat
 
 
-def config_changes(saved: dict, new: dict, defaults: dict | None = None) -> list[str]:
-    """'key old -> new' for each key whose value differs between two config dicts, except `RESUMABLE_KEYS`.
+def config_changes(saved: dict, new: dict, defaults: dict | None = None, *,
+                   ignore: frozenset[str] = RESUMABLE_KEYS) -> list[str]:
+    """'key old -> new' for each key whose value differs between two config dicts, except `ignore`
+    (by default `RESUMABLE_KEYS`).
 
     A key the saved config lacks (a field added since) counts as changed only when the new value is not
     the field's default from `defaults`, the behaviour the saved run had.
@@ -71,7 +73,7 @@ def config_changes(saved: dict, new: dict, defaults: dict | None = None) -> list
     defaults = flatten(_normalized(defaults)) if defaults is not None else {}
     changes = []
     for key in sorted(set(saved) | set(new)):
-        if key in RESUMABLE_KEYS:
+        if key in ignore:
             continue
         if key not in saved:
             if key in defaults and new[key] == defaults[key]:
@@ -106,7 +108,9 @@ class RunDirectory:
         if resume and overwrite:
             raise RunDirectoryError("--resume and --overwrite contradict each other: pick one")
         message = ""
-        if jax.process_index() == 0 and os.path.isdir(path):
+        if jax.process_index() == 0 and os.path.exists(path) and not os.path.isdir(path):
+            message = _not_a_directory(path)
+        elif jax.process_index() == 0 and os.path.isdir(path):
             try:
                 os.close(_lock(path))
                 if not overwrite:
@@ -164,8 +168,14 @@ class RunDirectory:
         self.close()
 
 
+def _not_a_directory(path: str) -> str:
+    return f"run directory {path} exists and is not a directory; pick another --run-dir"
+
+
 def _lock(path: str) -> int:
     """Creates `path` and takes its lock; returns the lock file's descriptor (the lock lives as long as it)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirectoryError(_not_a_directory(path))
     os.makedirs(path, exist_ok=True)
     lock_path = os.path.join(path, LOCK_FILE)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -34,6 +34,9 @@ def config_from_dict(values: dict, cfg: Any = None) -> Config:
                                "read it with the jaxgrpo version that wrote it")
         current = getattr(cfg, name)
         if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise RunReadError(f"config.json's {name!r} is {value!r}, not a section of fields; restore the "
+                                   "run's config.json")
             config_from_dict(value, current)
         else:
             if typing.get_type_hints(type(cfg))[name] is float and isinstance(value, int):
@@ -53,8 +56,15 @@ def read_config(run_dir: str) -> Config:
         raise RunReadError(f"run directory {run_dir} does not exist")
     if not os.path.isfile(path):
         raise RunReadError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE} (train into it with jaxgrpo-train first)")
-    with open(path) as f:
-        return config_from_dict(json.load(f))
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except ValueError as error:  # not JSON (json.JSONDecodeError), or not text
+        raise RunReadError(f"{path} is not a valid config.json ({' '.join(str(error).split())}); restore it, "
+                           "e.g. from the run's logs, or train again") from None
+    if not isinstance(values, dict):
+        raise RunReadError(f"{path} holds {type(values).__name__}, not a config object; restore the run's config.json")
+    return config_from_dict(values)
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:

@@ -286,7 +286,7 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int = 0) -> 
     return tokens, mask
 
 
-def _check_prompts(prompts, vocab_size: int, context_window: int | None) -> list[list[int]]:
+def _check_prompts(prompts, vocab_size: int, context_window: int | None, max_new_tokens: int = 0) -> list[list[int]]:
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) and not isinstance(prompts, np.ndarray):
         raise TypeError(f"prompts must be a list of token id lists, got {type(prompts).__name__}")
     if len(prompts) == 0:
@@ -298,10 +298,15 @@ def _check_prompts(prompts, vocab_size: int, context_window: int | None) -> list
         ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
         if not ids:
             raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token (e.g. BOS)")
-        if context_window is not None and len(ids) > context_window:
-            raise ValueError(
-                f"prompts[{i}] has {len(ids)} tokens, longer than the model's context window of "
-                f"{context_window} (context_window); truncate the prompt"
+        if context_window is not None and len(ids) + max_new_tokens > context_window:
+            # Positions past the window mean nothing to the model: its rows would run on garbage, silently.
+            from jaxgrpo.errors import ConfigError
+
+            raise ConfigError(
+                f"prompts[{i}] has {len(ids)} tokens, and with max_new_tokens={max_new_tokens} its row needs "
+                f"{len(ids) + max_new_tokens} positions, more than the model's context window of {context_window} "
+                f"(context_window); truncate the prompt or lower max_new_tokens"
+                + (f" (to at most {context_window - len(ids)})" if context_window > len(ids) else "")
             )
         low, high = min(ids), max(ids)
         if low < 0 or high >= vocab_size:
@@ -595,8 +600,8 @@ def generate(
       prompt_ids: int [B], a stable id per prompt for its PRNG stream (default 0..B-1); pass
         dataset indices to make samples independent of batching.
       pad_id: token written after a row finished and used to left-pad prompts.
-      context_window: the longest prompt allowed (default: the model config's
-        `max_position_embeddings` if it has one).
+      context_window: the most positions a row may use, prompt plus `max_new_tokens` (default: the
+        model config's `max_position_embeddings` if it has one).
       mesh: a mesh with `data` (and optionally `model`) axes to shard rows over (default: the
         mesh of the model's parameters, if they are sharded).
       process_local: in a multi-process run, `prompts` and `prompt_ids` are only this process's
@@ -618,7 +623,7 @@ def generate(
         key = jax.random.key(0)
     config = model.config
     window = _context_window(model, context_window)
-    prompts = _check_prompts(prompts, config.vocab_size, window)
+    prompts = _check_prompts(prompts, config.vocab_size, window, int(max_new_tokens))
     batch = len(prompts)
     if prompt_ids is None:
         prompt_ids = np.arange(batch, dtype=np.int32)

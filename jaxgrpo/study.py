@@ -21,6 +21,13 @@ Every cell (a method x a grid point x a seed) is one `jaxgrpo-train` run in its 
 marker in `STUDY_DIR/done/`) is never run again; an unfinished one resumes from its newest checkpoint,
 or restarts when it has none. Cells run one at a time, or `workers` at a time.
 
+A cell's name says only its method, grid point and seed, so the runner also compares each cell's
+effective config (the experiment file with the study's overrides, now) with the config.json its run
+recorded: a cell run with another config (another learning rate in `overrides`, more steps, an edited
+experiment file) is refused before anything runs, naming the cell and the changed keys, since its
+results are not this study's. `rerun_changed=True` (`--rerun-changed`) runs those cells again from
+scratch instead.
+
 Collation reads each cell's metrics.jsonl (`name`) and eval.jsonl (`eval/name`): per metric and
 configuration the final value's mean over seeds with a 95% t-interval, the difference from the first
 configuration paired by seed, curves with bands, final values with error bars, and `report.md`.
@@ -184,14 +191,63 @@ def _die_with_parent() -> None:
 
 
 class Runner:
-    """Runs the cells of a study into `out_dir` and collates them."""
+    """Runs the cells of a study into `out_dir` and collates them.
+
+    A cell whose run recorded another config than the study now gives it (`changed_cells`) is refused
+    (`StudyError`) unless `rerun_changed`, which runs it again from scratch.
+    """
 
     def __init__(self, study: Study, experiment: str, out_dir: str, *, log: Callable[[str], None] | None = None,
-                 compilation_cache: bool = True):
+                 compilation_cache: bool = True, rerun_changed: bool = False):
         self.study, self.experiment, self.out_dir = study, experiment, out_dir
         self.compilation_cache = compilation_cache
         self.log = log or (lambda message: print(message, flush=True))
         self.cells = check(study, experiment)
+        changed = self.changed_cells()
+        if changed and not rerun_changed:
+            name, changes = next(iter(changed.items()))
+            more = f" (and {len(changed) - 1} more cells)" if len(changed) > 1 else ""
+            raise StudyError(
+                f"cell {name}{more} of {out_dir} was run with another config than the study now gives it: "
+                f"{'; '.join(changes)}; its results would be reported as this study's. Run the study into a new "
+                "--out directory, or pass --rerun-changed to run the changed cells again from scratch")
+        #: Cells to run again from scratch (their recorded config differs); emptied as each is rerun.
+        self.rerun = set(changed)
+
+    def effective_config(self, cell: Cell) -> dict:
+        """The config (as config.json holds it) `jaxgrpo-train` runs `cell` with: the experiment, the cell's
+        overrides, its seed and run directory."""
+        from jaxgrpo.config import apply_override, load_experiment, to_dict
+
+        cfg = load_experiment(self.experiment)
+        for key, value in cell.overrides:
+            apply_override(cfg, key, _format_value(value))
+        apply_override(cfg, "seed", str(cell.seed))
+        cfg.run_dir = self.run_dir(cell)
+        return to_dict(cfg)
+
+    def changed_cells(self) -> dict[str, list[str]]:
+        """{cell name: 'key old -> new', ...} for each cell whose run recorded (config.json) another config
+        than its effective one; the run directory may differ (a moved study directory)."""
+        from jaxgrpo.config import Config, to_dict
+        from jaxgrpo.rundir import CONFIG_FILE, config_changes
+
+        changed = {}
+        for cell in self.cells:
+            path = os.path.join(self.run_dir(cell), CONFIG_FILE)
+            if not os.path.isfile(path):
+                continue
+            try:
+                with open(path) as f:
+                    recorded = json.load(f)
+            except (OSError, ValueError) as error:
+                changed[cell.name] = [f"{path} does not read ({' '.join(str(error).split())})"]
+                continue
+            changes = config_changes(recorded, self.effective_config(cell), to_dict(Config()),
+                                     ignore=frozenset({"run_dir"}))
+            if changes:
+                changed[cell.name] = changes
+        return changed
 
     def run_dir(self, cell: Cell) -> str:
         return os.path.join(self.out_dir, "cells", cell.name)
@@ -200,14 +256,16 @@ class Runner:
         return os.path.join(self.out_dir, "done", cell.name + ".json")
 
     def is_done(self, cell: Cell) -> bool:
-        return os.path.exists(self.done_marker(cell))
+        return cell.name not in self.rerun and os.path.exists(self.done_marker(cell))
 
     def command(self, cell: Cell) -> list[str]:
         run_dir = self.run_dir(cell)
         overrides = [f"{k}={_format_value(v)}" for k, v in cell.overrides] + [f"seed={cell.seed}"]
         command = [sys.executable, "-m", "jaxgrpo.cli", self.experiment, "--run-dir", run_dir, "--set", *overrides]
         checkpoints = os.path.join(run_dir, "checkpoints")
-        if os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints)):
+        if cell.name in self.rerun:
+            command.append("--overwrite")  # run with another config: start it again from scratch
+        elif os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints)):
             command.append("--resume")  # an unfinished cell continues from its newest checkpoint
         elif os.path.isdir(run_dir) and os.listdir(run_dir):
             command.append("--overwrite")  # it died before its first checkpoint: start it again
@@ -229,6 +287,8 @@ class Runner:
             self.log(f"[study] {cell.name}: finished before, not run again")
             return True
         command = self.command(cell)
+        if cell.name in self.rerun and os.path.exists(self.done_marker(cell)):
+            os.remove(self.done_marker(cell))  # its results were another config's
         how = "resuming" if "--resume" in command else "restarting" if "--overwrite" in command else "running"
         self.log(f"[study] {cell.name}: {how}")
         os.makedirs(os.path.join(self.out_dir, "logs"), exist_ok=True)
@@ -239,6 +299,7 @@ class Runner:
         if code != 0:
             self.log(f"[study] {cell.name}: failed (exit {code}); see {os.path.join(self.out_dir, 'logs', cell.name + '.log')}")
             return False
+        self.rerun.discard(cell.name)
         os.makedirs(os.path.dirname(self.done_marker(cell)), exist_ok=True)
         with open(self.done_marker(cell) + ".tmp", "w") as f:
             json.dump({"seconds": time.time() - start, "command": command}, f)

@@ -145,3 +145,55 @@ def test_preparing_from_a_malformed_copy_names_the_file_and_line(tmp_path):
     (source / "test.jsonl").write_text(json.dumps({"question": "2+2?", "answer": "#### 4"}) + "\n")
     with pytest.raises(ValueError, match=re.escape(f"{source / 'train.jsonl'}:2")):
         get_task("gsm8k", tfds_data_dir=str(tmp_path / "tfds")).load("train", data_dir=str(source))
+
+
+def _copy_of(directory, train_lines, test_lines):
+    directory.mkdir()
+    (directory / "train.jsonl").write_text("".join(train_lines))
+    (directory / "test.jsonl").write_text("".join(test_lines))
+    return str(directory)
+
+
+def test_another_data_dir_is_prepared_again_and_the_same_files_reuse_their_preparation(gsm8k_task, shared_dir,
+                                                                                        tmp_path):
+    """Prepared data is keyed by its source: once the full GSM8K is prepared in a TFDS data dir, 20 other
+    examples from another data_dir are those 20, not the first preparation's; the same files (also copied
+    elsewhere) reuse theirs, and the published preparation stays what it was."""
+    with open(os.path.join(gsm8k_dir(shared_dir), "train.jsonl")) as f:
+        full_train = f.readlines()
+    with open(os.path.join(gsm8k_dir(shared_dir), "test.jsonl")) as f:
+        full_test = f.readlines()
+    twenty = _copy_of(tmp_path / "twenty", full_train[-20:], full_test[:3])
+    assert len(gsm8k_task.load("train", data_dir=gsm8k_dir(shared_dir))) == gsm8k.SPLIT_SIZES["train"]
+
+    subset = gsm8k_task.load("train", data_dir=twenty)
+    assert len(subset) == 20
+    assert sorted(e["question"] for e in subset) == sorted(json.loads(line)["question"] for line in full_train[-20:])
+    five = _copy_of(tmp_path / "five", full_train[:5], full_test[:2])
+    assert len(gsm8k_task.load("train", data_dir=five)) == 5
+    assert len(gsm8k_task.load("test", data_dir=five)) == 2
+
+    prepared = os.path.join(gsm8k_task.tfds_data_dir, "gsm8k")
+    configs = sorted(os.listdir(prepared))
+    assert gsm8k.PUBLISHED in configs and len(configs) == 3, configs
+    same_files = _copy_of(tmp_path / "twenty_again", full_train[-20:], full_test[:3])
+    assert len(gsm8k_task.load("train", data_dir=same_files)) == 20
+    assert len(gsm8k_task.load("train", data_dir=twenty)) == 20
+    assert sorted(os.listdir(prepared)) == configs  # nothing prepared again
+    assert len(gsm8k_task.load("train")) == gsm8k.SPLIT_SIZES["train"]  # no data_dir: the published files
+
+
+@pytest.mark.parametrize("train, line", [
+    ("", 1),                                                    # an empty file
+    ("\n\n", 1),                                                # blank lines only
+    (json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + '{"question": "2+2?"}\n', 2),
+])
+def test_an_empty_or_malformed_file_is_a_one_line_error_naming_the_file_and_line(tmp_path, train, line):
+    source = _copy_of(tmp_path / "source", [train], [json.dumps({"question": "2+2?", "answer": "#### 4"}) + "\n"])
+    task = get_task("gsm8k", tfds_data_dir=str(tmp_path / "tfds"))
+    with pytest.raises(ValueError) as error:
+        task.load("train", data_dir=source)
+    assert type(error.value).__name__ == "DataError"  # one of the errors the console scripts print in one line
+    message = str(error.value)
+    assert message.startswith(f"{os.path.join(source, 'train.jsonl')}:{line}: ") and "\n" not in message, message
+    assert not (tmp_path / "tfds" / "gsm8k").exists() or not any((tmp_path / "tfds" / "gsm8k").rglob("*.array_record*"))

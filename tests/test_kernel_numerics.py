@@ -343,3 +343,37 @@ def test_every_loss_is_finite_with_finite_gradients(name, batch):
     np.testing.assert_array_equal(per_token[mask == 0], 0.0)
     np.testing.assert_array_equal(grad[mask == 0], 0.0)
 
+
+
+# --------------------------------------------------------------- group ids out of range under jit
+
+
+@pytest.mark.parametrize("name", ADVANTAGES)
+def test_out_of_range_group_ids_under_jit_are_invalid_rows_and_leave_the_others_alone(name):
+    """Eager use raises; under jit a row whose id lies outside [0, num_groups) is left out of every statistic
+    (of its would-be group and of the batch) and gets what an invalid row gets, 0: the in-range rows get the
+    advantages of the batch with those rows marked invalid."""
+    rng = np.random.default_rng(7)
+    n, num_groups = 12, 3
+    group_ids = np.repeat(np.arange(num_groups), n // num_groups).astype(np.int32)
+    rewards = rng.integers(0, 3, n).astype(np.float32)
+    inputs = _advantage_inputs(name)(rewards, group_ids, np.ones(n, bool), rng)
+    static = ADVANTAGE_INPUTS[name][0](n, num_groups)
+    rewards = inputs.pop("rewards", rewards)
+    bad_rows = np.array([2, 7, 11])
+    bad_ids = group_ids.copy()
+    bad_ids[bad_rows] = [-1, num_groups, num_groups + 5]
+    fn = jaxgrpo.get_advantage(name)
+    run = jax.jit(lambda r, g, v, extra: fn(r, g, num_groups=num_groups, valid=v, **static, **extra))
+
+    got = np.asarray(run(rewards, bad_ids, np.ones(n, bool), inputs))
+    marked_invalid = np.ones(n, bool)
+    marked_invalid[bad_rows] = False
+    expected = np.asarray(run(rewards, group_ids, marked_invalid, inputs))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(got[bad_rows], 0.0)
+    from jaxgrpo.kernels.validation import out_of_range_group_ids  # what a jitted caller counts and logs
+
+    assert int(jax.jit(out_of_range_group_ids, static_argnums=1)(bad_ids, num_groups).sum()) == 3
+    with pytest.raises(ValueError, match=r"group_ids must lie in \[0, num_groups=3\), got values in \[-1, 8\]"):
+        fn(rewards, bad_ids, num_groups=num_groups, **static, **inputs)

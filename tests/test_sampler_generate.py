@@ -379,3 +379,15 @@ def test_the_models_context_window_is_checked_by_default():
 def test_sampling_without_a_key_is_an_error():
     with pytest.raises(ValueError, match="key"):
         sampler.generate(random_model("llama"), PROMPTS, temperature=1.0)
+
+
+def test_a_prompt_whose_completions_would_run_past_the_context_window_is_refused():
+    """A row needs len(prompt) + max_new_tokens positions; past the model's window they mean nothing to it."""
+    model = Decoder(dataclasses.replace(CONFIGS["llama"], max_position_embeddings=32), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError) as error:
+        sampler.generate(model, [list(range(1, 21))], key=jax.random.key(0), max_new_tokens=16)
+    message = str(error.value)
+    assert "prompts[0] has 20 tokens, and with max_new_tokens=16 its row needs 36 positions, more than the model's " \
+           "context window of 32" in message and "(to at most 12)" in message, message
+    out = sampler.generate(model, [list(range(1, 21))], key=jax.random.key(0), max_new_tokens=12)
+    assert out.completion_tokens.shape[-1] == 12

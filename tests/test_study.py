@@ -128,3 +128,57 @@ def test_shipped_study_files_build_and_every_cell_validates(name):
     cells = study.check(spec, experiment)
     assert len(cells) == len(spec.methods or {"": {}}) * math.prod(map(len, spec.grid.values())) * len(spec.seeds)
     assert len(spec.seeds) >= 3
+
+
+def _record(out, cell, config):
+    """What a finished cell leaves: its run's config.json and the runner's done marker."""
+    run_dir = os.path.join(out, "cells", cell.name)
+    os.makedirs(os.path.join(run_dir, "checkpoints", "2"), exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    os.makedirs(os.path.join(out, "done"), exist_ok=True)
+    with open(os.path.join(out, "done", cell.name + ".json"), "w") as f:
+        json.dump({"seconds": 1.0}, f)
+
+
+def _effective_config(experiment, cell, run_dir):
+    from jaxgrpo.config import apply_override, load_experiment, to_dict
+
+    cfg = load_experiment(experiment)
+    for key, value in cell.overrides:
+        apply_override(cfg, key, value if isinstance(value, str) else repr(value))
+    apply_override(cfg, "seed", str(cell.seed))
+    cfg.run_dir = run_dir
+    return to_dict(cfg)
+
+
+def test_a_finished_cell_run_with_another_config_is_refused_naming_the_cell_and_keys_or_rerun(tmp_path, capsys):
+    """Changing the study's overrides (a learning rate, the steps) leaves the cells' names as they were: the
+    recorded config.json of a finished cell then differs from its effective config, and its old results must not
+    be reported as the new study's. The runner refuses (one line: the cell, the changed keys, the fix), for a run
+    and for --collate-only, runs nothing, and with --rerun-changed restarts exactly the changed cells."""
+    path, out = write_study(tmp_path), str(tmp_path / "study")
+    loaded, experiment = study.load_study(path)
+    first, second = study.cells(loaded)[:2]
+    recorded = _effective_config(experiment, first, os.path.join(out, "cells", first.name))
+    old = json.loads(json.dumps(recorded))
+    old["optimizer"]["lr"], old["steps"] = 3e-3, 40
+    _record(out, first, old)
+    _record(out, second, _effective_config(experiment, second, "/elsewhere/moved"))  # only run_dir differs
+
+    for extra in ([], ["--collate-only"]):
+        assert cli.study_main([path, "--out", out, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("jaxgrpo-study: error: cell "), err
+        assert f"cell {first.name} " in err and "optimizer.lr 0.003 -> 0.001" in err and "steps 40 -> 2" in err, err
+        assert "--rerun-changed" in err and "new --out" in err and second.name not in err, err
+        assert not os.path.exists(os.path.join(out, "logs")) and not os.path.exists(os.path.join(out, "report.md"))
+
+    runner = study.Runner(loaded, experiment, out, rerun_changed=True)
+    assert runner.rerun == {first.name}
+    assert not runner.is_done(first) and runner.is_done(second)
+    command = runner.command(first)
+    assert "--overwrite" in command and "--resume" not in command  # from scratch, though checkpoints exist
+    with open(os.path.join(out, "cells", first.name, "config.json"), "w") as f:
+        json.dump(recorded, f)  # the cell as the study now gives it: accepted
+    assert study.Runner(loaded, experiment, out).rerun == set()

@@ -100,3 +100,78 @@ def test_row_weights_per_group_reach_each_row_and_credit_multiplies_tokens():
 def test_every_experiment_file_loads_and_validates(name):
     """Each experiment file builds a config whose every stage names a kernel of its kind with valid arguments."""
     validate(load_experiment(os.path.join(ROOT, "experiments", name + ".py")))
+
+
+# -- declared ranges of the kernels' hyper-parameters (jaxgrpo.kernels.hyperparameters) ----------------------
+
+
+def test_every_numeric_hyperparameter_of_every_kernel_declares_a_range_its_default_lies_in():
+    import inspect
+
+    from jaxgrpo.kernels import hyperparameters
+
+    undeclared, defaults_out = [], []
+    for info in kernels.list_kernels():
+        parameters = inspect.signature(info.fn).parameters
+        for name in inputs.hyperparameters(info.fn):
+            types = hyperparameters.declared_type(parameters[name])
+            if hyperparameters.is_numeric(types) and name not in info.ranges:
+                undeclared.append(f"{info.kind} {info.name}: {name}")
+            default = parameters[name].default
+            if name in info.ranges and default not in (None, inspect.Parameter.empty):
+                try:  # a declared range that refuses the paper's default is a wrong declaration
+                    info.check_kwargs({name: default}, context={"group_size": 8, "batch_size": 64})
+                except ValueError as error:
+                    defaults_out.append(str(error))
+    assert not undeclared, f"declare ranges= at registration for: {'; '.join(undeclared)}"
+    assert not defaults_out, defaults_out
+    assert len(kernels.list_kernels()) >= 86
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["loss_kwargs.eps_low=-0.2"],
+     "loss_kwargs.eps_low=-0.2 is out of range for ppo_clip: must be >= 0 (the lower clip epsilon"),
+    (["loss_kwargs.eps_high=abc"],
+     "loss_kwargs.eps_high='abc' has the wrong type for ppo_clip: must be a finite number or None"),
+    (["loss_kwargs.clip_ratio_c=0.5"], "loss_kwargs.clip_ratio_c=0.5 is out of range for ppo_clip: must be > 1"),
+    (["advantage_kwargs.std_ddof=8"],  # the default group_size is 8: every group std would be 0
+     "advantage_kwargs.std_ddof=8 is out of range for grpo: must be in [0, group_size=8)"),
+    (["group_size=4", "advantage_kwargs.std_ddof=4"],
+     "advantage_kwargs.std_ddof=4 is out of range for grpo: must be in [0, group_size=4)"),
+    (["advantage_kwargs.std_ddof=1.5"], "advantage_kwargs.std_ddof=1.5 has the wrong type for grpo: must be an integer"),
+    (["advantage_kwargs.eps=0"], "advantage_kwargs.eps=0 is out of range for grpo: must be > 0"),
+    (["advantage=grpo_batch_std", "advantage_kwargs.std_ddof=64"],
+     "advantage_kwargs.std_ddof=64 is out of range for grpo_batch_std: must be in [0, batch_size=64)"),
+    (["advantage=reinforce_pp", "advantage_kwargs.whiten='sequences'"],
+     "advantage_kwargs.whiten='sequences' is out of range for reinforce_pp: must be one of 'tokens', 'rows'"),
+    (["kl_coef=0.1", "kl_kwargs.clamp=-1"], "kl_kwargs.clamp=-1 is out of range for k3: must be > 0"),
+    (["advantage=xrpo", "advantage_kwargs.base=opo"],  # opo reads lengths, which xrpo does not pass its base
+     "advantage_kwargs.base='opo' is out of range for xrpo: must be one of 'grpo', 'dr_grpo',"),
+    (["row_weights=dgpo_question_weights", "row_weights_kwargs.temperature=0"],
+     "row_weights_kwargs.temperature=0 is out of range for dgpo_question_weights: must be > 0"),
+    (["loss=bapo", "loss_kwargs.lower_max=0.5"],  # a bound naming another hyper-parameter, shown with its value
+     "loss_kwargs.lower_max=0.5 is out of range for bapo: must be in [lower_start=0.6, 1]"),
+    (["reward_shaping=overlong_penalty", "reward_shaping_kwargs.cache_len=0"],
+     "reward_shaping_kwargs.cache_len=0 is out of range for overlong_penalty: must be in (0, max_len=20480]"),
+    (["loss_kwargs.eps_low=True"], "loss_kwargs.eps_low=True has the wrong type for ppo_clip: must be a finite number"),
+])
+def test_out_of_range_or_mistyped_kernel_kwargs_are_refused_by_validate_in_one_line(overrides, message):
+    assert message in _rejected(*overrides)
+
+
+def test_kernel_kwargs_in_range_pass_validate():
+    for overrides in (["loss_kwargs.eps_low=0.2", "loss_kwargs.eps_high=0.28", "loss_kwargs.clip_ratio_c=3.0"],
+                      ["advantage_kwargs.std_ddof=0"], ["group_size=2", "advantage_kwargs.std_ddof=1"],
+                      ["loss_kwargs.eps_high=None"], ["kl_coef=0.1", "kl_kwargs.clamp=10"]):
+        validate(apply_overrides(Config(), overrides))
+
+
+def test_a_range_declaration_that_cannot_be_read_or_names_no_parameter_is_refused_at_registration():
+    def loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2):
+        return logp, {}
+
+    with pytest.raises(ValueError, match="cannot read the range 'positive'"):
+        kernels.register("loss", "test/bad_range", paper="none", ranges={"eps_low": ("positive", "x")})(loss)
+    with pytest.raises(ValueError, match="ranges names 'eps_hi', which is not a parameter"):
+        kernels.register("loss", "test/bad_range", paper="none", ranges={"eps_hi": (">= 0", "x")})(loss)
+    assert "test/bad_range" not in {k.name for k in kernels.list_kernels("loss")}

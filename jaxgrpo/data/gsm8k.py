@@ -13,6 +13,12 @@ holds those two files as the TFDS manual directory::
 Each example holds ``question``, ``solution`` (the full reference solution,
 calculator notes ``<<...>>`` included) and ``answer``, the final answer after
 ``####`` with thousands separators removed (``"1,200"`` -> ``"1200"``).
+
+Prepared data is keyed by its source (`source_config`): the published files (downloaded, or a local
+copy with their SHA-256) are the builder config ``published``; any other pair of files is
+``sha256_<16 hex digits>`` of their contents. So a different data directory (a subset, a corrected
+copy) is prepared again in its own directory of the TFDS data dir, the same files reuse their
+preparation, and a prepared directory never stands in for other data.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Iterator, Mapping
 import tensorflow_datasets as tfds
 
 from jaxgrpo.data import jsonl
+from jaxgrpo.errors import DataError, MissingDataError
 
 SOURCE_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data"
 URLS: Mapping[str, str] = {split: f"{SOURCE_URL}/{split}.jsonl" for split in ("train", "test")}
@@ -75,6 +82,53 @@ def file_sha256(path: os.PathLike | str) -> str:
         for block in iter(lambda: data.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+#: The builder config of the published files (downloaded, or a local copy with the published SHA-256).
+PUBLISHED = "published"
+
+
+def source_config(data_dir: os.PathLike | str | None) -> tfds.core.BuilderConfig:
+    """The builder config that keys the prepared data by its source.
+
+    `PUBLISHED` for None (the download, checked against `SHA256`) and for a directory whose files have
+    the published SHA-256; else ``sha256_<16 hex digits>`` of the SHA-256 of its train.jsonl and
+    test.jsonl. Raises `MissingDataError` when the directory or one of the files does not exist.
+    """
+    if data_dir is None:
+        return tfds.core.BuilderConfig(name=PUBLISHED, description="GSM8K's published files")
+    paths = local_files(data_dir)
+    digests = {split: file_sha256(path) for split, path in paths.items()}
+    if digests == dict(SHA256):
+        return tfds.core.BuilderConfig(name=PUBLISHED, description="GSM8K's published files")
+    key = hashlib.sha256("".join(f"{split}:{digests[split]}\n" for split in sorted(digests)).encode()).hexdigest()
+    return tfds.core.BuilderConfig(name=f"sha256_{key[:16]}",
+                                   description=f"GSM8K-format files first prepared from {os.path.abspath(data_dir)}")
+
+
+def local_files(data_dir: os.PathLike | str) -> dict[str, str]:
+    """{split: path} of the jsonl files of a local copy; `MissingDataError` names what is missing."""
+    if not os.path.isdir(data_dir):
+        raise MissingDataError(f"GSM8K data directory {os.path.abspath(data_dir)} does not exist. {HOW_TO_PROVIDE}")
+    paths = {split: os.path.join(data_dir, f"{split}.jsonl") for split in URLS}
+    missing = [path for path in paths.values() if not os.path.isfile(path)]
+    if missing:
+        raise MissingDataError(f"GSM8K data directory {os.path.abspath(data_dir)} lacks "
+                               f"{', '.join(os.path.basename(m) for m in missing)}. {HOW_TO_PROVIDE}")
+    return paths
+
+
+def check_files(paths: Mapping[str, os.PathLike | str]) -> None:
+    """Every line of each file is a GSM8K example and each file holds at least one.
+
+    Run before TFDS prepares them, so a bad file is one `DataError` naming the file and line, not an
+    error from inside the preparation (nor an empty split).
+    """
+    for path in paths.values():
+        count = sum(1 for _ in read_jsonl(path))
+        if not count:
+            raise DataError(f"{path}:1: holds no GSM8K example (the file is empty); give a file with one JSON "
+                            'object {"question": ..., "answer": ...} per line')
 
 
 class Gsm8k(tfds.core.GeneratorBasedBuilder):

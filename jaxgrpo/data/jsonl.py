@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from jaxgrpo.errors import DataError
+
 T = TypeVar("T")
 
 
@@ -20,7 +22,7 @@ def parse_jsonl(path: os.PathLike | str, parse: Callable[[dict], T], what: str) 
       what: what a line should hold, for the error message.
 
     Raises:
-      ValueError: ``"<path>:<line>: malformed <what>: <reason>"`` for a line that
+      DataError (a ValueError): ``"<path>:<line>: malformed <what>: <reason>"`` for a line that
         is not a JSON object or that ``parse`` rejects.
     """
     with open(path, encoding="utf-8") as lines:
@@ -33,5 +35,6 @@ def parse_jsonl(path: os.PathLike | str, parse: Callable[[dict], T], what: str) 
                     raise ValueError(f"expected a JSON object, got {type(record).__name__}")
                 value = parse(record)
             except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{line_number}: malformed {what}: {error}") from error
+                reason = " ".join(str(error).split())  # one line, whatever the parser says
+                raise DataError(f"{path}:{line_number}: malformed {what}: {reason}") from error
             yield line_number, value

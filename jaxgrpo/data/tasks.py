@@ -22,7 +22,6 @@ New tasks register with `register_task(name, factory)`; `get_task` accepts
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -111,15 +110,24 @@ class Gsm8kTask(_MathPrompting):
     def load(self, split: str, *, data_dir: str | None = None, num_examples: int | None = None) -> Sequence[dict]:
         """GSM8K's ``split``.
 
+        The prepared data is keyed by its source (`gsm8k.source_config`: the published files, or a
+        content hash of the local ones), so another data_dir prepares its own files and the same files
+        reuse their preparation.
+
         Args:
           split: "train" or "test".
           data_dir: a directory with GSM8K's train.jsonl and test.jsonl, read
             offline; None downloads them from the public source.
           num_examples: keep only the first examples.
+
+        Raises:
+          MissingDataError: the directory or one of its files does not exist.
+          DataError: a line of a file to prepare is not a GSM8K example, or a file is empty.
         """
-        if data_dir is not None and not os.path.isdir(data_dir):
-            raise FileNotFoundError(f"GSM8K data directory {os.path.abspath(data_dir)} does not exist. {gsm8k.HOW_TO_PROVIDE}")
-        builder = gsm8k.Gsm8k(data_dir=self.tfds_data_dir, file_format="array_record")
+        config = gsm8k.source_config(data_dir)
+        builder = gsm8k.Gsm8k(data_dir=self.tfds_data_dir, config=config, file_format="array_record")
+        if data_dir is not None and split not in builder.info.splits:
+            gsm8k.check_files(gsm8k.local_files(data_dir))  # before TFDS: one error naming the file and line
         download_config = tfds.download.DownloadConfig(manual_dir=data_dir)
         return ExampleSource(_data_source(builder, split, download_config), num_examples)
 

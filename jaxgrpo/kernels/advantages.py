@@ -30,6 +30,14 @@ from jaxgrpo.kernels.validation import check_floating, check_outcome_inputs
 
 Array = jax.Array
 
+# Declared ranges shared by the estimators (`jaxgrpo.kernels.hyperparameters`).
+#: A group std needs more valid rows than its delta degrees of freedom; at group_size or more every std is 0.
+STD_DDOF = ("in [0, group_size)", "delta degrees of freedom of the group std")
+#: Added to a std: with 0 a constant group divides 0 by 0.
+STD_EPS = ("> 0", "added to the std so that a constant group does not divide by 0")
+WHITEN_EPS = ("> 0", "added to the batch variance so that constant rewards do not divide by 0")
+WHITEN = ("one of tokens, rows", "what the batch whitening weighs: each token or each row")
+
 
 def group_centered(rewards: Array, group_ids: Array, num_groups: int, valid: Array) -> Array:
     """r_i - mean of r over the valid rows of i's group."""
@@ -48,7 +56,8 @@ def _finish(advantages: Array, group_ids: Array, num_groups: int, valid: Array) 
     return jnp.where(valid & (n > 1), advantages, 0.0)
 
 
-@register_advantage("grpo", paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models (2024)")
+@register_advantage("grpo", paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models (2024)",
+                    ranges={"std_ddof": STD_DDOF, "eps": STD_EPS})
 def grpo(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, eps: float = 1e-6) -> Array:
     """Group-normalized advantage (GRPO): A_i = (r_i - mean_g) / (std_g + eps).
 
@@ -133,7 +142,8 @@ def whitened(x: Array, valid: Array, *, mode: str = "tokens", lengths: Array | N
     return segments.masked_standardize(x, weight, ddof=1, eps=eps, eps_inside=True)
 
 
-@register_advantage("reinforce_pp", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
+@register_advantage("reinforce_pp", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)",
+                    ranges={"eps": WHITEN_EPS, "whiten": WHITEN})
 def reinforce_pp(
     rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8, whiten: str = "tokens", lengths=None
 ) -> Array:
@@ -160,7 +170,8 @@ def reinforce_pp(
     return jnp.where(valid, whitened(rewards, valid, mode=whiten, lengths=lengths, eps=eps), 0.0)
 
 
-@register_advantage("reinforce_pp_baseline", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
+@register_advantage("reinforce_pp_baseline", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)",
+                    ranges={"eps": WHITEN_EPS, "whiten": WHITEN})
 def reinforce_pp_baseline(
     rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-8, whiten: str = "tokens", lengths=None
 ) -> Array:
@@ -235,7 +246,8 @@ def opo(rewards, group_ids, *, num_groups: int, valid=None, lengths) -> Array:
     return jax.lax.stop_gradient(jnp.where(valid, rewards - baseline, 0.0))
 
 
-@register_advantage("gpg", paper="GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning (2025)")
+@register_advantage("gpg", paper="GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning (2025)",
+                    ranges={"f_norm": ("> 0", "the constant F_norm the advantages are divided by")})
 def gpg(rewards, group_ids, *, num_groups: int, valid=None, f_norm: float = 1.0) -> Array:
     """GPG advantage: A_i = alpha (r_i - mean_g) / F_norm, alpha = N / M.
 
@@ -261,7 +273,8 @@ def gpg(rewards, group_ids, *, num_groups: int, valid=None, f_norm: float = 1.0)
 
 
 @register_advantage(
-    "pass_at_k", paper="Optimizing Language Models for Inference Time Objectives using Reinforcement Learning (2025)"
+    "pass_at_k", paper="Optimizing Language Models for Inference Time Objectives using Reinforcement Learning (2025)",
+    ranges={"eps": STD_EPS},
 )
 def pass_at_k(rewards, group_ids, *, num_groups: int, valid=None, std_normalize: bool = True, eps: float = 1e-6) -> Array:
     """Pass@k advantage: only each group's best row gets A = (r_max - r_second) / (std_g + eps).

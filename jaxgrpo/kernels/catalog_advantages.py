@@ -34,7 +34,7 @@ import numpy as np
 from jax.scipy.special import betaln, xlogy
 
 from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages import WHITEN_MODES, checked_lengths, whitened
+from jaxgrpo.kernels.advantages import STD_DDOF, STD_EPS, WHITEN, WHITEN_MODES, checked_lengths, whitened
 from jaxgrpo.kernels.losses import log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import get_advantage, register, register_advantage, register_loss
 from jaxgrpo.kernels.segments import masked_mean
@@ -168,7 +168,8 @@ def _median_and_mad(rewards, group_ids, num_groups, valid):
     return median, mad, pivot, nonempty
 
 
-@register_advantage("mc_grpo", paper=_MC_GRPO_PAPER)
+@register_advantage("mc_grpo", paper=_MC_GRPO_PAPER,
+                    ranges={"mad_eps": ("> 0", "added to the MAD, so that a group whose MAD is 0 does not divide by 0")})
 def mc_grpo(rewards, group_ids, *, num_groups: int, valid=None, mad_eps: float = 1e-3) -> Array:
     """Median-centered advantage (MC-GRPO): A_i = (r_i - median_g) / (MAD_g + 1e-3).
 
@@ -214,7 +215,11 @@ def mc_grpo_pivot_mask(rewards, group_ids, *, num_groups: int, valid=None) -> Ar
 # --------------------------------------------------------------------------- #
 
 
-@register_advantage("bnpo", paper="BNPO: Beta Normalization Policy Optimization (2025)")
+@register_advantage("bnpo", paper="BNPO: Beta Normalization Policy Optimization (2025)", ranges={
+    "min_value": ("< max_value", "the lowest reward, mapped to 0"),
+    "max_value": ("> min_value", "the highest reward, mapped to 1"),
+    "max_inverse_density": ("> 0", "the clamp of 1 / Beta pdf"),
+})
 def bnpo(
     rewards,
     group_ids,
@@ -271,7 +276,8 @@ def bnpo(
 
 
 @register_advantage(
-    "gdpo", paper="GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL Optimization (2026)"
+    "gdpo", paper="GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL Optimization (2026)",
+    ranges={"std_ddof": STD_DDOF, "eps": STD_EPS, "whiten": WHITEN},
 )
 def gdpo(
     rewards,
@@ -337,7 +343,8 @@ def gdpo(
 # --------------------------------------------------------------------------- #
 
 
-@register_advantage("ngrpo", paper="NGRPO: Negative-enhanced Group Relative Policy Optimization (2025)")
+@register_advantage("ngrpo", paper="NGRPO: Negative-enhanced Group Relative Policy Optimization (2025)",
+                    ranges={"r_max": ("any", "the reward of the virtual best sample"), "eps": STD_EPS})
 def ngrpo(rewards, group_ids, *, num_groups: int, valid=None, r_max: float = 1.0, eps: float = 1e-6) -> Array:
     """GRPO with a virtual max-reward sample (NGRPO): mean and std over {r_1..r_G, r_max}.
 
@@ -372,7 +379,14 @@ def ngrpo(rewards, group_ids, *, num_groups: int, valid=None, r_max: float = 1.0
 
 
 @register_advantage(
-    "krpo", paper="Kalman Filter Enhanced Group Relative Policy Optimization for Language Model Reasoning (2025)"
+    "krpo", paper="Kalman Filter Enhanced Group Relative Policy Optimization for Language Model Reasoning (2025)",
+    ranges={
+        "process_noise": (">= 0", "the process noise Q, a variance"),
+        "measurement_noise": ("> 0", "the measurement noise R, a variance (0 divides 0 by 0 on a certain prior)"),
+        "initial_mean": ("any", "the filter's first estimate x_0"),
+        "initial_variance": (">= 0", "the filter's first variance P_0"),
+        "eps": ("> 0", "added to sqrt(P) so that a certain filter does not divide by 0"),
+    },
 )
 def krpo(
     rewards,
@@ -427,7 +441,8 @@ _DGPO_PAPER = (
 )
 
 
-@register_advantage("dgpo", paper=_DGPO_PAPER)
+@register_advantage("dgpo", paper=_DGPO_PAPER,
+                    ranges={"eps": ("> 0", "added to the sum of absolute deviations, so a constant group does not divide by 0")})
 def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) -> Array:
     """Difficulty-balanced group advantage (DGPO): mean-absolute-deviation scaling.
 
@@ -454,7 +469,8 @@ def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) 
     return _zero_invalid_and_singletons(adv, group_ids, num_groups, valid)
 
 
-@register("selection", "dgpo_question_weights", paper=_DGPO_PAPER)
+@register("selection", "dgpo_question_weights", paper=_DGPO_PAPER,
+          ranges={"temperature": ("> 0", "the softmax temperature T over -accuracy")})
 def dgpo_question_weights(rewards, group_ids, *, num_groups: int, valid=None, temperature: float = 2.0) -> Array:
     """DGPO's difficulty-aware question weights (DQW), per row: f32[N].
 
@@ -494,7 +510,11 @@ def _normalize_in_segments(x, seg_ids, num_segments, valid, normalization, eps):
 
 
 @register_advantage("gigpo", paper="Group-in-Group Policy Optimization for LLM Agent Training (2025)",
-          loop="needs a multi-turn environment (the step returns and anchor states of its episodes)")
+          loop="needs a multi-turn environment (the step returns and anchor states of its episodes)",
+          ranges={"num_anchors": (">= 1", "the range of anchor ids"),
+                  "step_weight": ("any", "omega, the weight of the step-level advantage"),
+                  "normalization": ("one of mean_norm, std", "the scale F of both levels: 1 or the std"),
+                  "eps": STD_EPS})
 def gigpo(
     rewards,
     group_ids,
@@ -557,6 +577,9 @@ def _grpo_normalize(rewards, seg_ids, num_segments, valid, ddof, eps):
 @register_advantage(
     "stratified_grpo",
     paper="Stratified GRPO: Handling Structural Heterogeneity in Reinforcement Learning of LLM Search Agents (2025)",
+    ranges={"num_strata": (">= 1", "the number of strata"),
+            "blend": ("in [0, 1]", "alpha, the weight of the stratified normalization against the global one"),
+            "std_ddof": STD_DDOF, "eps": STD_EPS},
 )
 def stratified_grpo(
     rewards,
@@ -630,6 +653,9 @@ def semantic_entropy_from_clusters(group_ids, cluster_ids, num_groups: int, vali
     "seed_grpo",
     paper="SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy Optimization (2025)",
     experimental=True,  # the scaling functions f and alpha are reconstructed
+    ranges={"alpha": (">= 0", "the strength of the semantic-entropy scaling"),
+            "scaling": ("one of linear, exp, focal", "the scaling function f"),
+            "focal_gamma": (">= 0", "the exponent of the focal scaling"), "eps": STD_EPS},
     loop=("needs semantic clusters of each group's answers (SEED-GRPO's cluster_ids or semantic_entropy), "
           "which no answer clusterer in the loop computes"),
 )
@@ -704,7 +730,11 @@ def seed_grpo(
 
 
 @register_advantage(
-    "riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training (2025)"
+    "riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training (2025)",
+    ranges={"num_bundles": (">= 1", "the range of bundle ids"),
+            "quantile_low": ("in (0, 1)", "a, the lower quantile level (below quantile_high)"),
+            "quantile_high": ("in (quantile_low, 1)", "b, the upper quantile level"),
+            "cvar_weight": (">= 0", "w, the weight of the lower tail"), "eps": STD_EPS},
 )
 def riskpo(
     rewards,
@@ -788,10 +818,18 @@ def riskpo(
 # --------------------------------------------------------------------------- #
 
 
+#: The estimators XRPO can sharpen: those that read nothing beyond (rewards, group_ids, num_groups, valid).
+XRPO_BASES = ("grpo", "dr_grpo", "rloo", "gpg", "pass_at_k", "reinforce_pp", "reinforce_pp_baseline", "grpo_batch_std",
+              "asymre", "bnpo", "dgpo", "krpo", "mc_grpo", "ngrpo", "opmd", "experimental/a_grae")
+
+
 @register_advantage(
     "xrpo",
     paper="XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation (2025)",
     experimental=True,  # formula from a third-party re-implementation
+    ranges={"base": ("one of " + ", ".join(XRPO_BASES), "the base advantage estimator, one that reads only the rewards"),
+            "novelty_weight": (">= 0", "lambda, the scale of the novelty bonus"),
+            "clip_ratio": (">= 0", "kappa, the bonus's cap as a fraction of |A|")},
 )
 def xrpo(
     rewards,
@@ -844,7 +882,8 @@ _OFF_POLICY_PAPER = (
 )
 
 
-@register_advantage("asymre", paper=_OFF_POLICY_PAPER)
+@register_advantage("asymre", paper=_OFF_POLICY_PAPER,
+                    ranges={"baseline_shift": ("any", "delta, added to the group mean baseline")})
 def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: float = -0.1) -> Array:
     """Asymmetric REINFORCE advantage (AsymRE): A_i = r_i - (mean_g + delta), delta = -0.1.
 
@@ -862,7 +901,9 @@ def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: f
 OPMD_BASELINES = ("mean", "logmeanexp")
 
 
-@register_advantage("opmd", paper=_OFF_POLICY_PAPER)
+@register_advantage("opmd", paper=_OFF_POLICY_PAPER,
+                    ranges={"baseline": ("one of mean, logmeanexp", "the group baseline b_g"),
+                            "tau": ("> 0", "the temperature of the logmeanexp baseline")})
 def opmd(rewards, group_ids, *, num_groups: int, valid=None, baseline: str = "mean", tau: float = 1.0) -> Array:
     """Online policy mirror descent advantage (OPMD): A_i = r_i - b_g.
 
@@ -893,7 +934,9 @@ def opmd(rewards, group_ids, *, num_groups: int, valid=None, baseline: str = "me
 REC_CLIP_MODES = ("one_sided", "two_sided", "none")
 
 
-@register_loss("rec", paper=_OFF_POLICY_PAPER)
+@register_loss("rec", paper=_OFF_POLICY_PAPER,
+               ranges={"clip_mode": ("one of one_sided, two_sided, none", "which tokens the clip keeps"),
+                       "eps_low": (">= 0", "the lower clip epsilon"), "eps_high": (">= 0", "the upper clip epsilon")})
 def rec(
     logp,
     old_logp,
@@ -936,7 +979,8 @@ def rec(
     return loss * mask, metrics
 
 
-@register_loss("opmd", paper=_OFF_POLICY_PAPER)
+@register_loss("opmd", paper=_OFF_POLICY_PAPER,
+               ranges={"tau": ("> -1", "the regularization strength; the loss is divided by 1 + tau")})
 def opmd_loss(logp, old_logp, advantages, mask, *, tau: float = 1.0):
     """OPMD policy loss: l_t = -A_t log pi(y_t) / (1 + tau), no importance ratio.
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.advantages import grpo
-from jaxgrpo.kernels.losses import log_ratio, ppo_clip, prepare, ratio_metrics
+from jaxgrpo.kernels.losses import CLIP_RATIO_C, EPS_HIGH, EPS_LOW, log_ratio, ppo_clip, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import register_advantage, register_loss
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.kernels.validation import (
@@ -69,7 +69,8 @@ def sapo_gate(ratio: Array, tau: Array | float) -> Array:
     return jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
-@register_loss("sapo", paper=_SAPO)
+@register_loss("sapo", paper=_SAPO, ranges={"tau_pos": ("> 0", "the gate temperature for positive advantages"),
+                                            "tau_neg": ("> 0", "the gate temperature for non-positive advantages")})
 def sapo(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     """SAPO: a temperature-controlled soft gate in place of hard ratio clipping.
 
@@ -186,7 +187,16 @@ def bapo_clip_bounds(
     return cand[index, 0], cand[index, 1], pos_neg[index]
 
 
-@register_loss("bapo", paper=_BAPO)
+@register_loss("bapo", paper=_BAPO, ranges={
+    "lower_start": ("in (0, 1]", "the first lower ratio bound c_low of the search"),
+    "lower_max": ("in [lower_start, 1]", "the largest lower ratio bound c_low"),
+    "lower_step": (">= 0", "the step of c_low"),
+    "upper_start": (">= 1", "the first upper ratio bound c_high of the search"),
+    "upper_max": (">= upper_start", "the largest upper ratio bound c_high"),
+    "upper_step": (">= 0", "the step of c_high"),
+    "target": ("> 0", "the positive-to-negative contribution ratio the search looks for"),
+    "clip_ratio_c": CLIP_RATIO_C,
+})
 def bapo(
     logp,
     old_logp,
@@ -247,7 +257,12 @@ def _log_mean_exp_per_group(x: Array, group_ids: Array, num_groups: int, rows: A
     return jnp.where(n > 0, peak + jnp.log(safe), 0.0)
 
 
-@register_loss("disco", paper=_DISCO)
+@register_loss("disco", paper=_DISCO, ranges={
+    "score": ("one of logL, Lratio", "the score function of a completion"),
+    "tau": ("> 0", "the temperature of the negatives' log-mean-exp; None: the paper's for the score"),
+    "delta": ("> 0", "the KL budget of the trust region"),
+    "beta": (">= 0", "the penalty weight of the squared hinge"),
+})
 def disco(
     logp,
     old_logp,
@@ -358,7 +373,10 @@ def disco(
 # --------------------------------------------------------------------------- HAPO
 
 
-@register_advantage("hapo", paper=_HAPO)
+@register_advantage("hapo", paper=_HAPO, ranges={
+    "eps": ("> 0", "added to the token-level std so that a constant group does not divide by 0"),
+    "fallback_threshold": ("> 0", "the |advantage| at which a group falls back to GRPO's"),
+})
 def hapo(
     rewards,
     group_ids,
@@ -447,7 +465,13 @@ def hapo_adaptive_clip_range(h_hat, eps_low: float = 0.2, eps_high: float = 0.2,
     return low, high
 
 
-@register_loss("hapo_clip", paper=_HAPO)
+@register_loss("hapo_clip", paper=_HAPO, ranges={
+    "eps_low": EPS_LOW, "eps_high": (">= 0", "the upper clip epsilon: the ratio is clipped above at 1 + eps_high"),
+    "clip_alpha": (">= 0", "the strength of the entropy-adaptive clip range"),
+    "adv_beta": (">= 0", "the strength of the entropy-adaptive advantage scaling"),
+    "pivot_quantile": ("in [0, 1]", "the entropy quantile taken as the pivot"),
+    "clip_ratio_c": CLIP_RATIO_C,
+})
 def hapo_clip(
     logp,
     old_logp,
@@ -518,7 +542,10 @@ def first_token_mask(mask) -> Array:
     return on & (jnp.cumsum(on, axis=-1) == 1)
 
 
-@register_loss("degrpo", paper=_THINKLESS)
+@register_loss("degrpo", paper=_THINKLESS, ranges={
+    "mode_token_weight": (">= 0", "alpha, the weight of the mode token's loss"),
+    "eps_low": EPS_LOW, "eps_high": EPS_HIGH, "clip_ratio_c": CLIP_RATIO_C,
+})
 def degrpo(
     logp,
     old_logp,
@@ -572,7 +599,10 @@ def policy_shaping(p: Array, gamma: float = 0.1) -> Array:
 
 @register_loss("critique_grpo", paper=_CRITIQUE,
           loop=("needs critique-guided refinements (the prefix_mask of an off-policy refined prefix), which no "
-                "critic in the loop writes"))
+                "critic in the loop writes"),
+          ranges={"shaping_gamma": ("> 0", "gamma of the policy shaping p / (p + gamma)"),
+                  "eps_low": (">= 0", "the lower clip epsilon of on-policy tokens; None: no clip"),
+                  "eps_high": (">= 0", "the upper clip epsilon of on-policy tokens; None: no clip")})
 def critique_grpo(
     logp,
     old_logp,

@@ -19,7 +19,12 @@ Array = jax.Array
 _PAPER = "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training, Yao et al. (2025)"
 
 
-@register("credit", "importance_correction", paper=_PAPER)
+@register("credit", "importance_correction", paper=_PAPER, ranges={
+    "level": ("one of token, sequence", "whether a weight is per token or per sequence"),
+    "mode": ("one of truncate, mask", "truncate the weights (TIS) or drop those outside the bounds (MIS)"),
+    "threshold": ("> 0", "the upper cap C of the importance weight"),
+    "lower_threshold": ("in [0, threshold]", "MIS's lower bound of the weight; None: 1 / threshold"),
+})
 def importance_correction(
     trainer_logp,
     sampler_logp,

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.kernels import segments
+from jaxgrpo.kernels.advantages import STD_DDOF, STD_EPS
 from jaxgrpo.kernels.losses import log_ratio
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.validation import (
@@ -59,6 +60,7 @@ def minmax_token_weights(divergence, position_mask, *, alpha: float = 1.7) -> Ar
 
 
 @register("credit", "tw_grpo_weights", paper=_TW_GRPO,
+          ranges={"alpha": (">= 1", "the largest token weight (the smallest is 1)")},
           loop=("needs log-probs over the whole vocabulary [N, T, V], which the trainer never materializes (it "
                 "scores tokens in vocabulary chunks)"))
 def tw_grpo_weights(token_logprobs, group_ids, *, num_groups: int, mask, valid=None, alpha: float = 1.7) -> Array:
@@ -105,6 +107,7 @@ def tw_grpo_weights(token_logprobs, group_ids, *, num_groups: int, mask, valid=N
 
 
 @register("credit", "pure_min_form", paper=_PURE,
+          ranges={"temperature": ("> 0", "T of the softmin over the step rewards")},
           loop="needs a process reward model (a reward for each reasoning step)")
 def pure_min_form(process_rewards, step_mask, *, temperature: float = 0.1, mask=None) -> Array:
     """PURE min-form credit: returns-to-go of softmin-weighted process rewards.
@@ -168,6 +171,8 @@ def rank_rewards(hits, *, reward: str = "dcg") -> Array:
 
 
 @register("credit", "rank_grpo", paper=_RANK_GRPO,
+          ranges={"reward": ("one of dcg", "the reward of a rank from its hits (causal DCG)"),
+                  "std_ddof": STD_DDOF, "eps": STD_EPS},
           loop="needs a ranking task (the relevance of each ranked item)")
 def rank_grpo(hits, group_ids, *, num_groups: int, valid=None, reward: str = "dcg", std_ddof: int = 1, eps: float = 1e-6) -> Array:
     """Rank-GRPO per-rank advantages: each rank normalized across the group's lists.

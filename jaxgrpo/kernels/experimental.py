@@ -36,14 +36,16 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages import batch_whiten, grpo
-from jaxgrpo.kernels.losses import log_ratio, prepare, ratio_metrics
+from jaxgrpo.kernels.advantages import STD_DDOF, STD_EPS, batch_whiten, grpo
+from jaxgrpo.kernels.losses import EPS_HIGH, EPS_LOW, log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.kernels.token import gae
 from jaxgrpo.kernels.validation import (
     check_floating,
+    check_group_ids,
     check_integer,
+    check_num_groups,
     check_outcome_inputs,
     check_rank,
     check_token_inputs,
@@ -74,7 +76,14 @@ def _clipped_surrogate(ratio, adv, low, high):
 # --------------------------------------------------------------------------- ETR
 
 
-@register("loss", "experimental/etr_clip", paper=_ETR)
+@register("loss", "experimental/etr_clip", paper=_ETR, ranges={
+    "eps_low": EPS_LOW, "eps_high": EPS_HIGH,
+    "advantage_elasticity": (">= 0", "a, the micro slope of the clip scale in |A|"),
+    "variance_elasticity": (">= 0", "b, the macro slope of the clip scale in the group variance"),
+    "max_variance": ("> 0", "v_max, the largest group variance of the reward"),
+    "min_scale": ("in (0, max_scale]", "the least clip scale s"),
+    "max_scale": (">= min_scale", "the largest clip scale s"),
+})
 def etr_clip(
     logp,
     old_logp,
@@ -149,7 +158,13 @@ def etr_clip(
 # -------------------------------------------------------------------------- DHPO
 
 
-@register("loss", "experimental/dhpo", paper=_DHPO)
+@register("loss", "experimental/dhpo", paper=_DHPO, ranges={
+    "token_weight": ("in [0, 1]", "w, the token ratio's weight in the average mode"),
+    "token_eps_low": (">= 0", "the lower clip epsilon of the token branch"),
+    "token_eps_high": (">= 0", "the upper clip epsilon of the token branch; None: token_eps_low"),
+    "seq_eps_low": (">= 0", "the lower clip epsilon of the sequence branch"),
+    "seq_eps_high": (">= 0", "the upper clip epsilon of the sequence branch"),
+})
 def dhpo(
     logp,
     old_logp,
@@ -261,7 +276,11 @@ def spo_tracker_init(num_prompts: int, initial_values=None, *, prior_count: floa
     return SPOTrackerState(prior_count * v0, prior_count * (1.0 - v0))
 
 
-@register("selection", "experimental/spo_value_tracker", paper=_SPO)
+@register("selection", "experimental/spo_value_tracker", paper=_SPO, ranges={
+    "kl_half_life": ("> 0", "D_half, the KL at which the forgetting factor halves"),
+    "min_forget": ("in [0, max_forget]", "rho_min, the least forgetting factor"),
+    "max_forget": ("in [min_forget, 1]", "rho_max, the largest forgetting factor"),
+})
 def spo_value_tracker(
     state: SPOTrackerState,
     prompt_ids,
@@ -318,7 +337,8 @@ def spo_value_tracker(
 
 @register("selection", "experimental/spo_priority", paper=_SPO,
           loop=("needs prioritized prompt sampling from the SPO tracker's values; the prompt stream draws prompts"
-                " uniformly without replacement"))
+                " uniformly without replacement"),
+          ranges={"floor": (">= 0", "added to every prompt's priority, so solved and hopeless prompts stay reachable")})
 def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
     """Single-stream SPO's prioritized-sampling weights (reconstruction).
 
@@ -342,7 +362,8 @@ def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
     return score / jnp.maximum(score.sum(), jnp.finfo(score.dtype).tiny)
 
 
-@register("advantage", "experimental/spo_advantage", paper=_SPO)
+@register("advantage", "experimental/spo_advantage", paper=_SPO,
+          ranges={"eps": ("> 0", "added to the batch variance of the whitening")})
 def spo_advantage(rewards, group_ids, *, num_groups: int, baseline, valid=None, eps: float = 1e-8) -> Array:
     """Single-stream SPO advantage: A = whiten_batch(r - v(x)), no group statistics.
 
@@ -369,7 +390,11 @@ def spo_advantage(rewards, group_ids, *, num_groups: int, baseline, valid=None, 
 # ------------------------------------------------------------------------ A-GRAE
 
 
-@register("advantage", "experimental/a_grae", paper=_AGRAE)
+@register("advantage", "experimental/a_grae", paper=_AGRAE, ranges={
+    "positive_scale": (">= 0", "lambda_+, the factor of positive advantages"),
+    "difficulty_strength": ("in [0, 1]", "k, the strength of the difficulty weight (keeps it >= 0)"),
+    "std_ddof": STD_DDOF, "eps": STD_EPS,
+})
 def a_grae(
     rewards,
     group_ids,
@@ -433,7 +458,8 @@ def _last_token_onehot(mask: Array) -> Array:
 
 @register("token_advantage", "experimental/t_ppo_egae", paper=_TPPO,
           loop=("needs truncated rollouts continued across steps (T-PPO's is_complete and bootstrap values), "
-                "which the sampler does not keep"))
+                "which the sampler does not keep"),
+          ranges={"gamma": ("in [0, 1]", "the discount factor"), "lam": ("in [0, 1]", "the GAE lambda")})
 def t_ppo_egae(
     token_rewards,
     values,
@@ -491,7 +517,8 @@ def t_ppo_egae(
 
 
 @register("credit", "experimental/grpo_vps_progress", paper=_VPS,
-          loop="needs a probing pass (the answer probability after each reasoning segment, GRPO-VPS)")
+          loop="needs a probing pass (the answer probability after each reasoning segment, GRPO-VPS)",
+          ranges={"progress_coef": ("any", "c, the weight of each segment's probe progress")})
 def grpo_vps_progress(
     advantages,
     probe_probs,
@@ -548,11 +575,13 @@ def grpo_vps_progress(
         if group_ids is None or num_groups is None:
             raise ValueError("center=True needs group_ids=i32[N] and num_groups")
         group_ids = check_integer("group_ids", group_ids)
-        # Mean progress of segment k over the group's rows (segments are aligned by index).
-        group_mean = jax.ops.segment_sum(delta, group_ids, num_segments=num_groups) / jnp.maximum(
-            segments.count(group_ids, num_groups)[:, None], 1
+        group_ids, in_range = check_group_ids(group_ids, check_num_groups(num_groups))
+        # Mean progress of segment k over the group's rows (segments are aligned by index); a row whose
+        # group id is out of range (under jit) neither enters a mean nor is centered.
+        group_mean = segments.sum(delta, group_ids, num_groups, in_range) / jnp.maximum(
+            segments.count(group_ids, num_groups, in_range)[:, None], 1
         )
-        delta = delta - group_mean[group_ids]
+        delta = delta - jnp.where(in_range[:, None], group_mean[group_ids], 0.0)
     seg = jnp.clip(segment_ids, 0, num_segments - 1)
     token_delta = jnp.take_along_axis(delta, seg, axis=1)
     return jnp.where(mask > 0, advantages[:, None] + progress_coef * token_delta, 0.0)
@@ -561,7 +590,8 @@ def grpo_vps_progress(
 # ---------------------------------------------------------- Arbitrary-Entropy PO
 
 
-@register("loss", "experimental/aepo_entropy", paper=_AEPO)
+@register("loss", "experimental/aepo_entropy", paper=_AEPO,
+          ranges={"coef": (">= 0", "c, the weight of the regularizer")})
 def aepo_entropy(logp, old_logp, advantages, mask, *, coef: float = 1.0, positive_only: bool = False):
     """Arbitrary-Entropy PO regularizer (reconstruction): REINFORCE on samples of a tempered policy.
 
@@ -629,7 +659,10 @@ def _length_rewards(correct, lengths, group_ids, num_groups, valid):
     return jnp.where(correct > 0.5, score, jnp.minimum(score, 0.0))
 
 
-@register("reward", "experimental/grpo_lambda", paper=_LAMBDA)
+@register("reward", "experimental/grpo_lambda", paper=_LAMBDA, ranges={
+    "top_fraction": ("in [0, 1]", "lambda, the fraction of groups given the length penalty"),
+    "length_weight": (">= 0", "w, the weight of the length reward"),
+})
 def grpo_lambda(
     correct,
     lengths,
@@ -688,7 +721,10 @@ def grpo_lambda(
 # --------------------------------------------------------------------- ConciseR
 
 
-@register("reward", "experimental/conciser_length_reward", paper=_CONCISER)
+@register("reward", "experimental/conciser_length_reward", paper=_CONCISER, ranges={
+    "max_len": (">= 1", "L_max, the length in tokens at which the bonus reaches 0"),
+    "length_coef": (">= 0", "beta, the weight of the length bonus"),
+})
 def conciser_length_reward(
     correct,
     lengths,
@@ -734,7 +770,9 @@ def conciser_length_reward(
 
 
 @register("selection", "experimental/trapo_selection", paper=_TRAPO,
-          loop="needs a labeled and an unlabeled prompt pool with pass rates tracked across steps (TRAPO)")
+          loop="needs a labeled and an unlabeled prompt pool with pass rates tracked across steps (TRAPO)",
+          ranges={"top_fraction": ("in [0, 1]", "the fraction of unlabeled prompts kept by similarity rank"),
+                  "min_similarity": ("in [-1, 1]", "the cosine similarity above which a prompt is kept")})
 def trapo_selection(
     unlabeled_pass_rates,
     labeled_pass_rates,

@@ -88,6 +88,10 @@ def s_grpo_serial_advantages(rewards, *, exit_mask=None) -> Array:
 
 
 @register("reward", "grpo_care_bonus", paper=_CARE,
+          ranges={"bonus_weight": (">= 0", "lambda, the weight of the consistency bonus"),
+                  "max_consistency": ("in [0, 1]", "the cap of the consistency likelihood"),
+                  "accuracy_threshold": ("any", "the accuracy above which a row can earn the bonus"),
+                  "margin": (">= 0", "how far below the group's mean consistency a row may be")},
           loop="needs a consistency judge (GRPO-CARE's reference model scoring reasoning-answer consistency)")
 def grpo_care_bonus(
     accuracy,
@@ -129,6 +133,7 @@ def grpo_care_bonus(
 
 
 @register("reward", "adaptthink_reward", paper=_ADAPTTHINK,
+          ranges={"delta": (">= 0", "the bonus of a no-thinking answer")},
           loop=("needs a thinking / no-thinking chat template and a reference model's accuracy on each prompt "
                 "(AdaptThink)"))
 def adaptthink_reward(accuracy, reference_accuracy, no_thinking, *, delta: float = 0.05) -> Array:

@@ -157,4 +157,5 @@ def _registered_estimator(kind: str):
 
 
 for _kind in KL_KINDS:
-    register("kl", _kind, paper=_PAPER)(_registered_estimator(_kind))
+    register("kl", _kind, paper=_PAPER,
+             ranges={"clamp": ("> 0", "the bound of the estimate's absolute value; None: no bound")})(_registered_estimator(_kind))

@@ -29,6 +29,12 @@ Array = jax.Array
 #: Log-ratios are clamped to this range before `exp`, so a stale sample cannot overflow.
 MAX_LOG_RATIO = 20.0
 
+# Declared ranges shared by the clipped losses (`jaxgrpo.kernels.hyperparameters`). A negative epsilon
+# inverts the clip interval: every token is clipped and the loss pushes the ratio the wrong way.
+EPS_LOW = (">= 0", "the lower clip epsilon: the ratio is clipped below at 1 - eps_low")
+EPS_HIGH = (">= 0", "the upper clip epsilon: the ratio is clipped above at 1 + eps_high; None: eps_low")
+CLIP_RATIO_C = ("> 1", "the dual-clip bound on the loss of negative advantages; None: no dual clip")
+
 
 def prepare(logp, old_logp, advantages, mask):
     """Validates the loss inputs; returns (logp, old_logp, advantages [N,T], mask as logp's dtype).
@@ -60,7 +66,8 @@ def ratio_metrics(ratio: Array, mask: Array, log_r: Array | None = None) -> dict
     }
 
 
-@register_loss("ppo_clip", paper="Proximal Policy Optimization Algorithms (2017); DAPO (2025) for clip-higher")
+@register_loss("ppo_clip", paper="Proximal Policy Optimization Algorithms (2017); DAPO (2025) for clip-higher",
+               ranges={"eps_low": EPS_LOW, "eps_high": EPS_HIGH, "clip_ratio_c": CLIP_RATIO_C})
 def ppo_clip(
     logp,
     old_logp,
@@ -113,6 +120,9 @@ def ppo_clip(
 
 #: GSPO's bound on the sequence log-ratio, as verl's: s_i <= e^10, so |A| s_i stays below |A| e^10.
 MAX_SEQUENCE_LOG_RATIO = 10.0
+_GSPO_RANGES = {"eps_low": (">= 0", "the lower clip epsilon of the sequence ratio"),
+                "eps_high": (">= 0", "the upper clip epsilon of the sequence ratio"),
+                "max_seq_log_ratio": ("> 0", "the clamp of the sequence log-ratio")}
 
 
 def _sequence_log_ratio(logp, old_logp, mask):
@@ -131,7 +141,7 @@ def _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high):
     return loss * mask, metrics
 
 
-@register_loss("gspo", paper="Group Sequence Policy Optimization (2025)")
+@register_loss("gspo", paper="Group Sequence Policy Optimization (2025)", ranges=_GSPO_RANGES)
 def gspo(
     logp,
     old_logp,
@@ -162,7 +172,7 @@ def gspo(
     return _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high)
 
 
-@register_loss("gspo_token", paper="Group Sequence Policy Optimization (2025)")
+@register_loss("gspo_token", paper="Group Sequence Policy Optimization (2025)", ranges=_GSPO_RANGES)
 def gspo_token(
     logp,
     old_logp,
@@ -192,7 +202,9 @@ def gspo_token(
     return _gspo_surrogate(seq_ratio, adv, mask, eps_low, eps_high)
 
 
-@register_loss("cispo", paper="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention (2025)")
+@register_loss("cispo", paper="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention (2025)",
+               ranges={"eps_low": (">= 0", "the lower clip of the importance weight; None: unbounded below"),
+                       "eps_high": (">= 0", "the upper clip of the importance weight")})
 def cispo(logp, old_logp, advantages, mask, *, eps_low: float | None = None, eps_high: float = 5.0):
     """CISPO: REINFORCE with a clipped, stop-gradient importance weight.
 
@@ -261,7 +273,11 @@ def _token_count_fraction(mask, fraction):
     return jnp.maximum(jnp.floor(fraction * mask.sum()), 1.0)
 
 
-@register_loss("clip_cov", paper="The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models (2025)")
+@register_loss("clip_cov", paper="The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models (2025)",
+               ranges={"eps_low": EPS_LOW, "eps_high": EPS_HIGH,
+                       "clip_cov_ratio": ("in [0, 1]", "the fraction of tokens whose gradient is cut"),
+                       "clip_cov_lb": ("< clip_cov_ub", "the lower covariance bound of the candidates"),
+                       "clip_cov_ub": ("> clip_cov_lb", "the upper covariance bound of the candidates")})
 def clip_cov(
     logp,
     old_logp,
@@ -319,7 +335,9 @@ def clip_cov(
     return loss * mask, metrics
 
 
-@register_loss("kl_cov", paper="The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models (2025)")
+@register_loss("kl_cov", paper="The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models (2025)",
+               ranges={"kl_cov_ratio": ("in [0, 1]", "the fraction of tokens given the KL penalty"),
+                       "ppo_kl_coef": (">= 0", "the weight of the KL penalty on those tokens")})
 def kl_cov(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 1.0):
     """KL-Cov: the unclipped ratio loss, plus a |log ratio| penalty on the tokens of highest covariance.
 
@@ -353,7 +371,9 @@ def kl_cov(logp, old_logp, advantages, mask, *, kl_cov_ratio: float = 2e-4, ppo_
     return loss * mask, metrics
 
 
-@register_loss("gmpo", paper="Geometric-Mean Policy Optimization (2025)")
+@register_loss("gmpo", paper="Geometric-Mean Policy Optimization (2025)",
+               ranges={"eps_low": (">= 0", "the lower log-space clip range"),
+                       "eps_high": (">= 0", "the upper log-space clip range")})
 def gmpo(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: float = 0.4):
     """GMPO: the geometric mean of token ratios, clipped per token in log space, times the sequence advantage.
 
@@ -392,6 +412,11 @@ def gmpo(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: fl
     return loss * mask, metrics
 
 
+_DPPO_RANGES = {"delta_low": (">= 0", "the divergence threshold for tokens whose ratio fell"),
+                "delta_high": (">= 0", "the divergence threshold for tokens whose ratio rose"),
+                "max_ratio": ("> 0", "the cap of the importance weight")}
+
+
 def _divergence_masked_loss(logp, adv, mask, ratio, log_r, keep, max_ratio):
     """-A sg(min(rho, max_ratio)) log pi on the tokens `keep` holds, 0 elsewhere (DPPO's surrogate)."""
     weight = jax.lax.stop_gradient(jnp.minimum(ratio, max_ratio))
@@ -410,7 +435,7 @@ def _probabilities(logp, old_logp):
     return jnp.exp(jnp.minimum(logp, 0.0)), jnp.exp(jnp.minimum(old_logp, 0.0))
 
 
-@register_loss("dppo_tv", paper="Rethinking the Trust Region in LLM Reinforcement Learning (2026)")
+@register_loss("dppo_tv", paper="Rethinking the Trust Region in LLM Reinforcement Learning (2026)", ranges=_DPPO_RANGES)
 def dppo_tv(logp, old_logp, advantages, mask, *, delta_low: float = 0.2, delta_high: float = 0.2,
             max_ratio: float = 20.0):
     """DPPO-Binary-TV: REINFORCE with a capped importance weight, masked by the token's probability change.
@@ -439,7 +464,7 @@ def dppo_tv(logp, old_logp, advantages, mask, *, delta_low: float = 0.2, delta_h
     return _divergence_masked_loss(logp, adv, mask, ratio, log_r, keep, max_ratio)
 
 
-@register_loss("dppo_kl", paper="Rethinking the Trust Region in LLM Reinforcement Learning (2026)")
+@register_loss("dppo_kl", paper="Rethinking the Trust Region in LLM Reinforcement Learning (2026)", ranges=_DPPO_RANGES)
 def dppo_kl(logp, old_logp, advantages, mask, *, delta_low: float = 0.2, delta_high: float = 0.2,
             max_ratio: float = 20.0):
     """DPPO-Binary-KL: as `dppo_tv`, with the binary KL between pi_old and pi at the sampled token.
@@ -466,7 +491,8 @@ def dppo_kl(logp, old_logp, advantages, mask, *, delta_low: float = 0.2, delta_h
     return _divergence_masked_loss(logp, adv, mask, ratio, log_r, keep, max_ratio)
 
 
-@register_loss("dro", paper="Direct Reward Optimization loss, Tinker by Thinking Machines (2025)")
+@register_loss("dro", paper="Direct Reward Optimization loss, Tinker by Thinking Machines (2025)",
+               ranges={"beta": (">= 0", "the weight of the quadratic log-ratio penalty")})
 def dro(logp, old_logp, advantages, mask, *, beta: float = 0.1):
     """DRO: the policy-gradient term with a quadratic penalty on the log-ratio, l_t = -(A_t log pi - beta/2 (log rho_t)^2).
 

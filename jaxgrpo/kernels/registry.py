@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable
+from typing import Any, Callable, Mapping
+
+from jaxgrpo.kernels import hyperparameters
+from jaxgrpo.kernels.hyperparameters import Range
 
 #: The kinds of kernel, with the contract each follows.
 KINDS: dict[str, str] = {
@@ -47,6 +50,13 @@ class KernelInfo:
     #: Why the kernel cannot run in jaxgrpo's training loop (an input the loop has no way to produce), or
     #: None for a kernel an experiment can select. Declared at registration, shown in docs/methods.md.
     loop: str | None = None
+    #: The values each numeric (or fixed-choice string) hyper-parameter may take, with what it is
+    #: (`jaxgrpo.kernels.hyperparameters`); checked by `jaxgrpo.config.validate` before anything compiles.
+    ranges: Mapping[str, Range] = dataclasses.field(default_factory=dict)
+
+    def check_kwargs(self, kwargs: Mapping[str, Any], *, prefix: str = "", context: Mapping[str, Any] | None = None):
+        """Raises ValueError (one line) for a keyword argument of the wrong type or outside its declared range."""
+        hyperparameters.check(self.fn, self.name, self.ranges, kwargs, prefix=prefix, context=context)
 
     @property
     def summary(self) -> str:
@@ -59,7 +69,7 @@ _REGISTRY: dict[str, dict[str, KernelInfo]] = {kind: {} for kind in KINDS}
 
 
 def register(kind: str, name: str, *, paper: str, experimental: bool = False, loop: str | None = None,
-             overwrite: bool = False):
+             ranges: Mapping[str, Any] | None = None, overwrite: bool = False):
     """Decorator registering `fn` as a kernel of `kind` under `name`.
 
     Args:
@@ -71,6 +81,9 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
       loop: why the kernel cannot run in jaxgrpo's training loop, e.g. "needs a multi-turn environment"
         (what it reads that the loop cannot produce); None (the default) for a kernel an experiment can
         select, which tests/test_train_every_kernel.py then runs for two steps.
+      ranges: for each numeric hyper-parameter (and string one with fixed values), (range, what it is),
+        e.g. {"eps_low": (">= 0", "the lower clip epsilon")} (see `jaxgrpo.kernels.hyperparameters`).
+        Every built-in kernel declares one for each numeric hyper-parameter (tests/test_config.py checks).
       overwrite: allow replacing an existing entry (handy when re-running a
         notebook cell); otherwise a duplicate name is an error.
     """
@@ -91,7 +104,7 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
             )
         _REGISTRY[kind][name] = KernelInfo(
             name=name, kind=kind, paper=paper, fn=fn, experimental=experimental or name.startswith("experimental/"),
-            loop=loop,
+            loop=loop, ranges=hyperparameters.parse_ranges(fn, name, ranges),
         )
         return fn
 

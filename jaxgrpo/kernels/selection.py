@@ -42,6 +42,9 @@ def _bounds(value, m: int, name: str) -> np.ndarray:
 
 
 @register("selection", "knapsack_allocation", paper=_KNAPSACK,
+          ranges={"budget": (">= 0", "the total rollouts to hand out"),
+                  "min_rollouts": (">= 0", "the fewest rollouts of a prompt"),
+                  "max_rollouts": (">= min_rollouts", "the most rollouts of a prompt")},
           loop=("needs a sampler drawing a different number of rollouts per prompt; the loop draws group_size for"
                 " every prompt"))
 def knapsack_allocation(
@@ -140,7 +143,11 @@ def variance_promotion_score(success_rates, *, diversity=None, ovs_weight: float
     return score
 
 
-@register("selection", "mmr1_vas_weights", paper=_MMR1)
+@register("selection", "mmr1_vas_weights", paper=_MMR1, ranges={
+    "ovs_weight": (">= 0", "the weight of the outcome variance score"),
+    "tds_weight": (">= 0", "the weight of the trajectory diversity score"),
+    "weighted_fraction": ("in [0, 1]", "lambda, the share of score-weighted draws"),
+})
 def mmr1_vas_weights(
     success_rates,
     *,
@@ -177,6 +184,7 @@ def mmr1_vas_weights(
 
 
 @register("selection", "dump_ucb_weights", paper=_DUMP,
+          ranges={"temperature": ("> 0", "the softmax temperature over the UCB scores")},
           loop="needs several data distributions with statistics kept across steps (DUMP's curriculum)")
 def dump_ucb_weights(mean_abs_advantage, counts, *, temperature: float = 0.1) -> Array:
     """DUMP distribution weights: softmax of a UCB score over data distributions.

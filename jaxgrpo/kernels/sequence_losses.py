@@ -40,7 +40,12 @@ def gamma_weight(log_w: Array, k: Array | float, lam: Array | float) -> Array:
     return jnp.where(jnp.isfinite(phi), phi, 0.0)
 
 
-@register_loss("vespo", paper=_VESPO)
+@register_loss("vespo", paper=_VESPO, ranges={
+    "k_pos": (">= 0", "the power k of phi for non-negative advantages"),
+    "lambda_pos": (">= 0", "the decay lambda of phi for non-negative advantages"),
+    "k_neg": (">= 0", "the power k of phi for negative advantages"),
+    "lambda_neg": (">= 0", "the decay lambda of phi for negative advantages"),
+})
 def vespo(
     logp,
     old_logp,

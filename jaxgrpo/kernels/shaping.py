@@ -14,7 +14,10 @@ Array = jax.Array
 _DAPO = "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (2025)"
 
 
-@register("reward", "overlong_penalty", paper=_DAPO)
+@register("reward", "overlong_penalty", paper=_DAPO, ranges={
+    "max_len": (">= cache_len", "L_max, the length in tokens beyond which the penalty is -1"),
+    "cache_len": ("in (0, max_len]", "L_cache, the window in tokens before max_len where the penalty grows"),
+})
 def overlong_penalty(lengths, *, max_len: int = 20480, cache_len: int = 4096) -> Array:
     """DAPO's soft overlong punishment, measured in tokens.
 
@@ -36,7 +39,8 @@ def overlong_penalty(lengths, *, max_len: int = 20480, cache_len: int = 4096) ->
     return jnp.where(lengths <= soft_start, 0.0, jnp.where(lengths <= max_len, penalty, -1.0))
 
 
-@register("selection", "dynamic_sampling_filter", paper=_DAPO)
+@register("selection", "dynamic_sampling_filter", paper=_DAPO,
+          ranges={"atol": (">= 0", "the spread of rewards up to which a group counts as all-equal")})
 def dynamic_sampling_filter(rewards, group_ids, *, num_groups: int, valid=None, atol: float = 0.0) -> Array:
     """DAPO's dynamic sampling: keep groups whose raw rewards are not all equal.
 

@@ -13,7 +13,10 @@ import jax.numpy as jnp
 
 from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.registry import register
-from jaxgrpo.kernels.validation import check_token_inputs
+from jaxgrpo.kernels.validation import check_group_ids, check_num_groups, check_token_inputs
+
+GAMMA = ("in [0, 1]", "the discount factor")
+LAMBDA = ("in [0, 1]", "the GAE lambda")
 
 Array = jax.Array
 
@@ -39,7 +42,8 @@ def _reverse_scan(step, init, *xs):
     return tuple(o.T for o in out) if isinstance(out, tuple) else out.T
 
 
-@register("token_advantage", "discounted_returns", paper="Reinforcement Learning: An Introduction, Sutton & Barto (2018)")
+@register("token_advantage", "discounted_returns", paper="Reinforcement Learning: An Introduction, Sutton & Barto (2018)",
+          ranges={"gamma": GAMMA})
 def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
     """Reward-to-go G_t = sum_{k >= t} gamma^(k-t) r_k over the unmasked tokens.
 
@@ -60,7 +64,8 @@ def discounted_returns(token_rewards, mask, *, gamma: float = 1.0) -> Array:
     return _reverse_scan(step, jnp.zeros(token_rewards.shape[0], token_rewards.dtype), token_rewards, mask)
 
 
-@register("token_advantage", "reinforce_pp_returns", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)")
+@register("token_advantage", "reinforce_pp_returns", paper="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models (2025)",
+          ranges={"gamma": GAMMA, "eps": ("> 0", "added to the variance of the token whitening")})
 def reinforce_pp_returns(token_rewards, mask, *, gamma: float = 1.0, eps: float = 1e-8) -> Array:
     """REINFORCE++ token advantages: discounted returns whitened over the global batch.
 
@@ -74,7 +79,8 @@ def reinforce_pp_returns(token_rewards, mask, *, gamma: float = 1.0, eps: float 
     return masked_whiten(discounted_returns(token_rewards, mask, gamma=gamma), mask, eps=eps)
 
 
-@register("token_advantage", "gae", paper="High-Dimensional Continuous Control Using Generalized Advantage Estimation (2016)")
+@register("token_advantage", "gae", paper="High-Dimensional Continuous Control Using Generalized Advantage Estimation (2016)",
+          ranges={"gamma": GAMMA, "lam": LAMBDA})
 def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) -> tuple[Array, Array]:
     """Generalized advantage estimation over the unmasked tokens.
 
@@ -110,6 +116,7 @@ def gae(token_rewards, values, mask, *, gamma: float = 1.0, lam: float = 1.0) ->
 
 
 @register("token_advantage", "optimal_token_baseline", paper="The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL (2026)",
+          ranges={"eps": ("> 0", "added to the baseline's denominator")},
           loop=("needs the sum over the vocabulary of pi^2 at each token, which the trainer's vocabulary-chunked "
                 "scoring does not compute"))
 def optimal_token_baseline(
@@ -163,7 +170,8 @@ def optimal_token_baseline(
     n = token_rewards.shape[0]
     if group_ids.shape != (n,) or not jnp.issubdtype(group_ids.dtype, jnp.integer):
         raise ValueError(f"group_ids must be integers of shape [N]=[{n}], got {group_ids.dtype}{tuple(group_ids.shape)}")
-    valid = jnp.ones((n,), bool) if valid is None else jnp.asarray(valid).astype(bool)
+    group_ids, in_range = check_group_ids(group_ids, check_num_groups(num_groups))
+    valid = in_range if valid is None else jnp.asarray(valid).astype(bool) & in_range
     on = (mask != 0) & valid[:, None]
     token_rewards, old_logp, sum_pi_squared = segments.fill_masked(on, token_rewards, old_logp, sum_pi_squared)
     m = on.astype(token_rewards.dtype)

@@ -20,6 +20,7 @@ Array = jax.Array
 
 
 @register("mask", "off_policy_sequence_mask", paper="DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models (2025)",
+          ranges={"threshold": (">= 0", "delta, the bound on the sequence's mean KL")},
           loop=("needs the trained policy's log-probs and the advantages at each token; the loss_mask stage masks"
                 " rows of rewards and groups before the advantages"))
 def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, threshold: float) -> Array:
@@ -55,6 +56,7 @@ def off_policy_sequence_mask(logp, sampler_logp, advantages, mask, *, threshold:
 
 
 @register("mask", "high_entropy_token_mask", paper="Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning (2025)",
+          ranges={"top_quantile": ("in (0, 1]", "rho, the fraction of tokens kept")},
           loop="needs the update's entropy at each token; the loss_mask stage masks rows before the update")
 def high_entropy_token_mask(entropy, mask, *, top_quantile: float = 0.2) -> Array:
     """Keep only the highest-entropy tokens ("forking tokens") in the policy loss.

@@ -2,8 +2,12 @@
 
 Shape and dtype checks run at trace time and raise errors that name the
 argument and the expected shape. Value checks (e.g. `group_ids` in range) run
-only when the array is concrete (eager use); under `jax.jit` values are
-unknown, and out-of-range segment ids are dropped by the segment reductions.
+only when the array is concrete (eager use): an error. Under `jax.jit` values
+are unknown, so a row whose group id lies outside [0, num_groups) is treated
+as invalid instead (`check_group_ids`): it enters no group's statistics and
+gets what an invalid row gets (advantage 0), so it cannot change the other
+rows' results. Count such rows with `out_of_range_group_ids` (jittable) to
+log them.
 """
 
 from __future__ import annotations
@@ -57,6 +61,34 @@ def check_num_groups(num_groups: Any) -> int:
     return int(num_groups)
 
 
+def out_of_range_group_ids(group_ids, num_groups: int) -> Array:
+    """bool[N]: the rows whose group id lies outside [0, num_groups) (jittable; e.g. log `.sum()`)."""
+    group_ids = jnp.asarray(group_ids)
+    return (group_ids < 0) | (group_ids >= num_groups)
+
+
+def check_group_ids(group_ids, num_groups: int) -> tuple[Array, Array]:
+    """(group ids as int32 with out-of-range ones replaced by 0, bool[N] of the rows whose id is in range).
+
+    Eager (concrete ids): an id outside [0, num_groups) is a ValueError naming the range. Under jit the
+    caller treats the rows not in range as invalid: a segment reduction drops an out-of-range id, but a
+    gather clips it to the nearest group and a sort by group id mixes it into the others, which would
+    change in-range rows' results silently.
+    """
+    if is_concrete(group_ids) and np.size(group_ids):
+        # numpy, not jnp: under jit a closed-over concrete array stays concrete,
+        # but jnp.min of it is staged out as a tracer and int() would fail.
+        ids = np.asarray(group_ids)
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_groups:
+            raise ValueError(
+                f"group_ids must lie in [0, num_groups={num_groups}), got values in [{lo}, {hi}]"
+            )
+    group_ids = jnp.asarray(group_ids).astype(jnp.int32)
+    in_range = ~out_of_range_group_ids(group_ids, num_groups)
+    return jnp.where(in_range, group_ids, 0), in_range
+
+
 def check_outcome_inputs(rewards, group_ids, num_groups, valid, *, reward_shape: str = "[N]"):
     """Validates the outcome-estimator arguments and returns them as arrays.
 
@@ -64,7 +96,8 @@ def check_outcome_inputs(rewards, group_ids, num_groups, valid, *, reward_shape:
     invalid, as if `valid` were False there: every estimator then leaves it out
     of its group's statistics and gives it 0, so one bad reward does not turn
     its group's advantages into NaN. The rewards of invalid rows are returned
-    as 0, so they never reach arithmetic (nor a gradient).
+    as 0, so they never reach arithmetic (nor a gradient). So is a row whose
+    group id is out of range under jit (eager, that is an error; `check_group_ids`).
 
     Returns:
       (rewards, group_ids as int32, valid as bool[N], num_groups as int).
@@ -78,20 +111,12 @@ def check_outcome_inputs(rewards, group_ids, num_groups, valid, *, reward_shape:
             f"group_ids must have shape [N]=[{n}] like rewards' first axis, got shape {_shape(group_ids)}"
         )
     num_groups = check_num_groups(num_groups)
-    if is_concrete(group_ids) and n:
-        # numpy, not jnp: under jit a closed-over concrete array stays concrete,
-        # but jnp.min of it is staged out as a tracer and int() would fail.
-        ids = np.asarray(group_ids)
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= num_groups:
-            raise ValueError(
-                f"group_ids must lie in [0, num_groups={num_groups}), got values in [{lo}, {hi}]"
-            )
+    group_ids, in_range = check_group_ids(group_ids, num_groups)
     finite = jnp.isfinite(rewards)
     finite = finite if finite.ndim == 1 else finite.all(axis=1)
-    valid = check_valid("valid", valid, n) & finite
+    valid = check_valid("valid", valid, n) & finite & in_range
     rewards = jnp.where(valid.reshape(valid.shape + (1,) * (rewards.ndim - 1)), rewards, 0)
-    return rewards, group_ids.astype(jnp.int32), valid, num_groups
+    return rewards, group_ids, valid, num_groups
 
 
 def check_valid(name: str, valid, n: int) -> Array:

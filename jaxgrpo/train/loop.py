@@ -78,27 +78,29 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
-        from jaxgrpo import data
+        from jaxgrpo.errors import ConfigError
+        from jaxgrpo.train import preflight
 
         validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
+        # What the config names (task, rewards, model, context budget, mesh), then the data: before the model.
+        task, reward_fns, _ = preflight.check(
+            cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
+            num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
+        train_examples = preflight.load_split(cfg, task, cfg.task.train_split)
+        stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
+        eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
+                         if cfg.task.num_eval_examples else [])
         self.cfg = cfg
         self.mesh = mesh or state_lib.make_mesh(cfg)
-        if cfg.prompts_per_step % jax.process_count():
-            raise ValueError(
-                f"prompts_per_step={cfg.prompts_per_step} is not divisible by the {jax.process_count()} processes; "
-                "each host reads an equal block of whole prompt groups"
-            )
         if model is None:
             model, tokenizer = state_lib.build_model(cfg)
+            preflight.check_budget(cfg, model.config)  # a model built in code: its window is known now
         if tokenizer is None:
-            raise ValueError(f"model {cfg.model!r} has no tokenizer; the trainer needs one to render prompts")
+            raise ConfigError(f"model {cfg.model!r} has no tokenizer; the trainer needs one to render prompts: give "
+                              "a model directory with its tokenizer files")
         self.tokenizer = tokenizer
-        if task is None:
-            import jaxgrpo.toy  # noqa: F401  (registers the offline toy_sum task)
-
-            task = data.get_task(cfg.task.name, **cfg.task.kwargs)
         self.task = task
-        self.reward_fns = reward_fns or rollout_lib.resolve_rewards(cfg, self.task)
+        self.reward_fns = reward_fns
         self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
         self.pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
 
@@ -113,19 +115,14 @@ class Trainer:
         self._take_rows = jax.jit(lambda batch, rows: jax.tree.map(lambda x: x[rows], batch),
                                   out_shardings=NamedSharding(self.mesh, P(None, BATCH_AXES)))
 
-        self.train_examples = self.task.load(cfg.task.train_split, data_dir=cfg.task.data_dir)
-        stages.check_fields(cfg, self.train_examples)  # every field a stage's kernel reads, before compiling
+        self.train_examples = train_examples
         if cfg.value_tracker:  # a state per prompt of the training split, kept in the train state
             self.train_examples = trackers.indexed(self.train_examples)
             kernel_state = trackers.init_state(cfg, len(self.train_examples))
             self.state = self.state._replace(kernel_state=on_mesh(kernel_state, self.mesh))
         self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
         self.prompts = PromptStream(self.train_examples, cfg.seed)
-        self.eval_examples = (
-            self.task.load(cfg.task.eval_split, data_dir=cfg.task.data_dir, num_examples=cfg.task.num_eval_examples)
-            if cfg.task.num_eval_examples
-            else []
-        )
+        self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
 
     @property

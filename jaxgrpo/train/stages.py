@@ -16,7 +16,8 @@
 
 Each kernel reads the fields its signature names (`jaxgrpo.train.inputs`). `check_config` refuses a
 stage given a kernel of the wrong kind, a kernel whose registration declares it cannot run in the
-loop (`KernelInfo.loop`), and unknown keyword arguments (from the config alone); `check_fields`
+loop (`KernelInfo.loop`), unknown keyword arguments, and keyword arguments of the wrong type or outside the
+range the kernel's registration declares (`KernelInfo.ranges`), from the config alone; `check_fields`
 refuses a kernel reading a field the run cannot provide (with the task's examples). Both run before
 anything is compiled.
 """
@@ -30,6 +31,7 @@ import numpy as np
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
+from jaxgrpo.errors import ConfigError
 from jaxgrpo.train import inputs as inputs_lib, trackers
 
 
@@ -83,9 +85,9 @@ def info_of(cfg: Config, stage: Stage):
     valid = ", ".join(k.name for kind in stage.kinds for k in kernels.list_kernels(kind))
     if elsewhere:
         article = "an" if elsewhere[0][0] in "aeiou" else "a"
-        raise ValueError(f"{stage.field}={name!r} is {article} {elsewhere[0]} kernel, but the {stage.field} stage takes "
+        raise ConfigError(f"{stage.field}={name!r} is {article} {elsewhere[0]} kernel, but the {stage.field} stage takes "
                          f"{' or '.join(stage.kinds)} kernels; move it to the stage of its kind or pick one of: {valid}")
-    raise ValueError(f"{stage.field}={name!r} is not a registered {stage.kinds[0]} kernel; valid names: {valid}")
+    raise ConfigError(f"{stage.field}={name!r} is not a registered {stage.kinds[0]} kernel; valid names: {valid}")
 
 
 def check_config(cfg: Config) -> None:
@@ -97,10 +99,10 @@ def check_config(cfg: Config) -> None:
             continue
         kernel, name = found.fn, found.name
         if stage.field == "value_tracker" and name not in trackers.TRACKERS:
-            raise ValueError(f"value_tracker={name!r} is not a tracker (state in, state out); valid names: "
+            raise ConfigError(f"value_tracker={name!r} is not a tracker (state in, state out); valid names: "
                              f"{', '.join(trackers.TRACKERS)}")
         if found.loop:
-            raise ValueError(f"{stage.field}={name!r} cannot run in jaxgrpo's loop: it {found.loop}; pick another "
+            raise ConfigError(f"{stage.field}={name!r} cannot run in jaxgrpo's loop: it {found.loop}; pick another "
                              f"{found.kind} kernel (or call it from a custom loop)")
         kwargs = getattr(cfg, stage.kwargs_field)
         allowed = inputs_lib.hyperparameters(kernel)
@@ -109,23 +111,28 @@ def check_config(cfg: Config) -> None:
             needs = [p.name for p in inspect.signature(kernel).parameters.values() if p.default is p.empty
                      and p.kind is not p.VAR_KEYWORD and p.name not in stage.passes and p.name not in kwargs]
             if needs:
-                raise ValueError(f"{stage.field}={name!r} reads {', '.join(needs)}, but the {stage.field} stage "
+                raise ConfigError(f"{stage.field}={name!r} reads {', '.join(needs)}, but the {stage.field} stage "
                                  f"passes only {', '.join(stage.passes)}; pick another {found.kind} kernel")
-        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values()):
-            continue
-        for key in kwargs:
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values())
+        for key in () if takes_any else kwargs:
             if key not in allowed:
                 why = "is passed by the trainer itself" if key in inputs_lib.FIELDS else "is not an argument"
-                raise ValueError(f"{stage.kwargs_field} key {key!r} {why} of {stage.field} {name!r}; "
+                raise ConfigError(f"{stage.kwargs_field} key {key!r} {why} of {stage.field} {name!r}; "
                                  f"valid keys: {', '.join(allowed) or '(none)'}")
+        # Types and declared ranges (`KernelInfo.ranges`): a negative clip epsilon or a std over fewer rows than
+        # its ddof is refused here, before anything compiles, not at the first update.
+        found.check_kwargs(kwargs, prefix=stage.kwargs_field + ".",
+                           context={"group_size": cfg.group_size, "batch_size": cfg.batch_size})
+        if takes_any:
+            continue
         missing = [p.name for p in inspect.signature(kernel).parameters.values()
                    if p.name in allowed and p.default is p.empty and p.name not in kwargs]
         never = [n for n in inputs_lib.fields_read(kernel, kwargs)[0] if inputs_lib.FIELDS[n].available is None]
         if never:
-            raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs "
+            raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} needs "
                              f"{inputs_lib.unavailable(never[0], cfg, ())}; pick another kernel")
         if missing:
-            raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {', '.join(missing)}; set "
+            raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {', '.join(missing)}; set "
                              f"{stage.kwargs_field}={{{', '.join(repr(m) + ': ...' for m in missing)}}}")
 
 
@@ -140,16 +147,16 @@ def check_fields(cfg: Config, examples) -> None:
             required = [n for n in required if n not in ("logp", "old_logp", "advantages", "mask")]
             inside = [n for n in required if n not in LOSS_FIELDS and inputs_lib.FIELDS[n].available is not None]
             if inside:
-                raise ValueError(f"loss {cfg.loss!r} reads {inside[0]}, which the update does not pass a loss "
+                raise ConfigError(f"loss {cfg.loss!r} reads {inside[0]}, which the update does not pass a loss "
                                  f"(it passes {', '.join(LOSS_FIELDS)}); pick another loss")
         for name in required:
             if stage.field in HOST_STAGES and inputs_lib.FIELDS[name].shape == inputs_lib.LOSS:
                 if not (stage.field == "token_credit" and name == "advantages"):
-                    raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} reads {name}, which exists only "
+                    raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} reads {name}, which exists only "
                                      "inside the update; pick a kernel of another stage")
             why = inputs_lib.unavailable(name, cfg, examples)
             if why:
-                raise ValueError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {why}; pick another kernel "
+                raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {why}; pick another kernel "
                                  f"or provide it")
 
 

@@ -1,0 +1,75 @@
+"""The errors a user can cause, as opposed to bugs: what the console scripts report in one line.
+
+Every mistake in what a user gives (an experiment file, `--set` values, names of a model, task or
+reward, a data directory, a run directory, a study) raises an exception of this family, whose message is
+one line naming the problem and the fix. `jaxgrpo.cli` prints it as `jaxgrpo-<tool>: error: <message>` and
+exits with status 1 (2 for a bad command line or config, found before anything is built); an exception of
+any other type is a bug and keeps its traceback.
+
+The family (`user_errors`): `UserError` and its subclasses below, and the one-line errors other modules
+define for their own inputs (`jaxgrpo.config.ExperimentError`, `jaxgrpo.rundir.RunDirectoryError`,
+`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.loop.NoLearningSignal`, `jaxgrpo.runs.RunReadError`,
+`jaxgrpo.export.ExportError`, `jaxgrpo.policy_eval.EvalSetupError`, `jaxgrpo.study.StudyError`, and the
+model loader's `UnsupportedConfigError` and `WeightFileError`). An `OSError` naming a file (a disk full, a
+directory not writable, a path that does not exist) is the user's too: `os_error_message` says which.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+class UserError(Exception):
+    """Base of the errors of this module: what the user gave cannot be used; the message is one line."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config value, or what it names (a model, a task, a reward, a device layout), cannot be used."""
+
+
+class DataError(UserError, ValueError):
+    """A task's data cannot be used: a file is malformed or empty; the message names the file and the line."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+    """A task's data directory, or a file it must hold, does not exist."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Every exception type a user's mistake raises (imported here, when an error is being reported)."""
+    from jaxgrpo import export, policy_eval, runs, study
+    from jaxgrpo.checkpoint import CheckpointError
+    from jaxgrpo.config import ExperimentError
+    from jaxgrpo.models import UnsupportedConfigError, WeightFileError
+    from jaxgrpo.rundir import RunDirectoryError
+    from jaxgrpo.train.loop import NoLearningSignal
+
+    return (UserError, ExperimentError, RunDirectoryError, CheckpointError, NoLearningSignal, runs.RunReadError,
+            export.ExportError, policy_eval.EvalSetupError, study.StudyError, UnsupportedConfigError,
+            WeightFileError)
+
+
+#: OSError numbers that say something about a path the user chose, not about the program.
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG, errno.ENOTEMPTY}
+
+
+def os_error_message(error: OSError) -> str | None:
+    """One line for an OSError about a path the user gave (what, where, what to do); None for any other."""
+    if error.errno not in _PATH_ERRNOS or not error.filename:
+        return None
+    where = os.fspath(error.filename)
+    fixes = {errno.ENOSPC: "free space on that disk, then rerun", errno.EDQUOT: "free space on that disk, then rerun",
+             errno.EACCES: "make it writable or pick another path", errno.EPERM: "make it writable or pick another path",
+             errno.EROFS: "pick a path on a writable file system",
+             errno.EEXIST: "a file of that name is in the way: remove it or pick another path",
+             errno.ENOTDIR: "a part of the path is a file, not a directory: pick another path"}
+    fix = fixes.get(error.errno, "check the path")
+    return f"{where}: {error.strerror or error}; {fix}"
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (a KeyError's without its quotes)."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return " ".join(str(message).split()) or type(error).__name__

@@ -1,0 +1,137 @@
+"""What a config names, checked before anything heavy is built: the task, the rewards, the model, the budgets.
+
+`jaxgrpo.config.validate` checks the config's values on their own. `check` goes one step further, still
+without building a model or reading a data set: the task exists and takes the config's keyword arguments,
+the reward names resolve and include the correctness reward, the model resolves (a registered builder, or
+a checkpoint whose config file is read, not its weights), the prompt and completion budgets fit the
+model's context window, and the mesh fits the devices. Each mistake is a one-line `ConfigError` naming the
+config field and the fix. `Trainer.__init__` runs it first, and the console scripts before anything else,
+so a misspelt name fails in a second, not after a model build, a warm-up and a first sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jaxgrpo.config import Config
+from jaxgrpo.errors import ConfigError
+
+
+def task_of(cfg: Config):
+    """The task `cfg.task` names, built with its keyword arguments (no data is read)."""
+    from jaxgrpo import data
+    import jaxgrpo.toy  # noqa: F401  (registers the offline toy_sum task)
+
+    try:
+        task = data.get_task(cfg.task.name, **cfg.task.kwargs)
+        task.name  # noqa: B018  (a task checks its options when it names itself, e.g. arithmetic's difficulty)
+        return task
+    except TypeError as error:  # a keyword argument the task does not take
+        raise ConfigError(f"task.kwargs={cfg.task.kwargs!r} do not fit task {cfg.task.name!r}: "
+                          f"{' '.join(str(error).split())}; set only the task's options") from None
+    except ValueError as error:  # an unknown name or config (the message lists the valid ones)
+        raise ConfigError(f"task.name={cfg.task.name!r}: {' '.join(str(error).split())}") from None
+
+
+def reward_fns_of(cfg: Config, task) -> list:
+    """[(reward_fn, weight)] of `cfg.rewards` (or the task's defaults); the correctness reward among them."""
+    from jaxgrpo.train import rollout
+
+    for name, weight in cfg.rewards.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"rewards[{name!r}]={weight!r} must be a finite number (the reward's weight)")
+    try:
+        return rollout.resolve_rewards(cfg, task)
+    except KeyError as error:
+        raise ConfigError(error.args[0]) from None
+
+
+def check_correctness_reward(cfg: Config, reward_fns) -> None:
+    """`cfg.correctness_reward` is one of the rewards (it decides accuracy and dynamic sampling)."""
+    from jaxgrpo.rewards import combine
+
+    names = [combine.reward_name(fn) for fn, _ in reward_fns]
+    if cfg.correctness_reward not in names:
+        raise ConfigError(f"correctness_reward={cfg.correctness_reward!r} is not among the rewards {names}; set it "
+                          "to the reward that decides correctness, or add it to rewards")
+
+
+def model_config_of(cfg: Config):
+    """The architecture of `cfg.model` read from its config file, without its weights; None for a model a
+    registered builder makes in code (known once built)."""
+    from jaxgrpo.train.state import MODEL_BUILDERS
+
+    if cfg.model in MODEL_BUILDERS:
+        return None
+    from jaxgrpo.models import UnsupportedConfigError, WeightFileError, load_config
+
+    try:
+        return load_config(cfg.model)
+    except (KeyError, FileNotFoundError, WeightFileError, UnsupportedConfigError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise ConfigError(f"model={cfg.model!r}: {' '.join(str(message).split())}") from None
+
+
+def check_budget(cfg: Config, model_config: Any) -> None:
+    """The longest prompt the config allows plus the completion budget fit the model's context window.
+
+    Positions beyond the window have no meaning for the model (RoPE was trained up to it): rows that run
+    past it would train on garbage without a word. The sampler checks each real prompt too.
+    """
+    window = getattr(model_config, "max_position_embeddings", None)
+    s = cfg.sampling
+    if window and s.max_prompt_len + s.max_new_tokens > window:
+        fit = window - s.max_prompt_len
+        fix = (f"lower sampling.max_new_tokens to at most {fit} or sampling.max_prompt_len" if fit >= 1 else
+               f"lower sampling.max_prompt_len below {window}")
+        raise ConfigError(
+            f"sampling.max_prompt_len={s.max_prompt_len} + sampling.max_new_tokens={s.max_new_tokens} = "
+            f"{s.max_prompt_len + s.max_new_tokens} positions exceed the context window of model {cfg.model!r} "
+            f"({window} positions); {fix}")
+
+
+def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1) -> None:
+    """The mesh shape fits `num_devices`, and every process reads whole prompt groups."""
+    shape = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model]
+    fixed = math.prod(s for s in shape if s != -1)
+    if num_devices % fixed or (-1 not in shape and fixed != num_devices):
+        raise ConfigError(
+            f"mesh (data, fsdp, model) = ({', '.join(map(str, shape))}) does not fit the {num_devices} device(s) "
+            f"here: the sizes' product must be {num_devices}, or divide it with one axis -1 taking the rest; "
+            f"e.g. mesh.data=-1 mesh.fsdp=1 mesh.model=1")
+    if cfg.prompts_per_step % num_processes:
+        raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} is not divisible by the {num_processes} "
+                          "processes; each host reads an equal block of whole prompt groups")
+
+
+def load_split(cfg: Config, task, split: str, num_examples: int | None = None):
+    """The examples of a task's split; a ValueError of the task (no such split, options it refuses, a
+    data_dir it does not read) becomes a `ConfigError` naming the task and split."""
+    from jaxgrpo.errors import UserError
+
+    try:
+        return task.load(split, data_dir=cfg.task.data_dir,
+                         **({} if num_examples is None else {"num_examples": num_examples}))
+    except ValueError as error:
+        if isinstance(error, UserError):
+            raise
+        raise ConfigError(f"task {cfg.task.name!r}, split {split!r}: {' '.join(str(error).split())}") from error
+
+
+def check(cfg: Config, *, task=None, reward_fns=None, model_config=None, num_devices: int | None = None,
+          num_processes: int = 1):
+    """Every check above that what is given allows; returns (task, reward_fns, model_config).
+
+    `task`, `reward_fns` and `model_config` are taken as given when passed (a trainer built with its own
+    model or task); `num_devices` None skips the mesh check.
+    """
+    task = task_of(cfg) if task is None else task
+    reward_fns = reward_fns_of(cfg, task) if reward_fns is None else reward_fns
+    check_correctness_reward(cfg, reward_fns)
+    model_config = model_config_of(cfg) if model_config is None else model_config
+    if model_config is not None:
+        check_budget(cfg, model_config)
+    if num_devices is not None:
+        check_mesh(cfg, num_devices, num_processes)
+    return task, reward_fns, model_config
