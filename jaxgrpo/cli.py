@@ -39,7 +39,8 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="override config fields, e.g. --set optimizer.lr=1e-6 group_size=8")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run directory")
     parser.add_argument("--overwrite", action="store_true",
-                        help="delete what the run directory holds and start over (a fresh run into a non-empty one is refused)")
+                        help="delete the run directory's run files and start over (a fresh run into a non-empty one is refused; "
+                             "so is --overwrite of a directory holding files no run wrote)")
     parser.add_argument("--run-dir", help="where metrics, plots and checkpoints go (default: the config's run_dir)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     args = parser.parse_args(argv)
@@ -193,12 +194,14 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", help="a run directory of jaxgrpo-train (config.json and checkpoints/)")
     parser.add_argument("--out", required=True, help="the directory to write")
     parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out, replacing the files an export writes (others are kept)")
     args = parser.parse_args(argv)
     from jaxgrpo import export, runs
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
     try:
-        out, step = export.export_run(args.run_dir, args.out, step=args.step)
+        out, step = export.export_run(args.run_dir, args.out, step=args.step, overwrite=args.overwrite)
     except (runs.RunReadError, export.ExportError, UnsupportedConfigError, WeightFileError, KeyError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxgrpo-export: error: {message}", file=sys.stderr)

@@ -98,9 +98,9 @@ def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, 
     assert "already holds a run" in one_error_line(capsys)
     assert steps_of(run_dir) == [1, 2] and open(os.path.join(run_dir, "config.json")).read() == config_before
 
-    open(os.path.join(run_dir, "notes.txt"), "w").close()
+    open(os.path.join(run_dir, "eval_test_step2.jsonl"), "w").close()  # jaxgrpo-eval's output: a run file
     trainer.run(overwrite=True, progress=False)
-    assert steps_of(run_dir) == [1, 2] and not os.path.exists(os.path.join(run_dir, "notes.txt"))
+    assert steps_of(run_dir) == [1, 2] and not os.path.exists(os.path.join(run_dir, "eval_test_step2.jsonl"))
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
     with pytest.raises(RunDirectoryError, match="contradict"):
         trainer.run(resume=True, overwrite=True, progress=False)
@@ -110,6 +110,55 @@ def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, 
     with pytest.raises(CheckpointError, match="orbax did not save step 1 .* already holds step 2"):
         checkpointer.save(1, {"x": np.zeros(2)}, {})
     checkpointer.close()
+
+
+def test_overwrite_deletes_only_a_run_directory_and_nothing_of_a_users(copy_of, tmp_path, capsys, monkeypatch):
+    """Before: `--overwrite` into a folder holding a thesis deleted it all, and a run directory with a user's
+    notes in it lost them."""
+    thesis = tmp_path / "thesis"
+    (thesis / "figures").mkdir(parents=True)
+    (thesis / "thesis.tex").write_text("\\section{Results}")
+    (thesis / "figures" / "curve.pdf").write_text("%PDF")
+    with monkeypatch.context() as patch:  # refused before the model is built
+        patch.setattr(jaxgrpo.train.loop, "Trainer", lambda *a, **k: pytest.fail("the Trainer was built"))
+        assert train_main([TOY, "--run-dir", str(thesis), "--overwrite", "--set", *SMALL]) == 1
+    line = one_error_line(capsys)
+    assert "holds 2 that no run wrote (figures, thesis.tex)" in line and "nothing was deleted" in line
+    assert "another --run-dir" in line
+    assert (thesis / "thesis.tex").read_text() == "\\section{Results}" and (thesis / "figures" / "curve.pdf").exists()
+
+    # A run directory with a file of the user's beside the run's is refused whole too: nothing is deleted.
+    run_dir, trainer = copy_of()
+    (open(os.path.join(run_dir, "notes.txt"), "w")).write("keep me")
+    with pytest.raises(RunDirectoryError, match=r"holds 1 that no run wrote \(notes.txt\)"):
+        trainer.run(overwrite=True, progress=False)
+    assert open(os.path.join(run_dir, "notes.txt")).read() == "keep me" and steps_of(run_dir) == [1, 2]
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
+
+
+def test_export_refuses_a_non_empty_out_unless_overwrite_and_then_replaces_only_its_files(finished, tmp_path, capsys):
+    """Before: a second export silently replaced the first's config.json and model.safetensors."""
+    pytest.importorskip("transformers")
+    from jaxgrpo.cli import export_main
+
+    run_dir, _, _ = finished
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("{\"another\": \"export\"}")
+    (out / "model.safetensors").write_bytes(b"another export's weights")
+    (out / "README.md").write_text("my model card")
+    assert export_main([run_dir, "--out", str(out), "--step", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jaxgrpo-export: error: --out ") and "is not empty" in err[0], err
+    assert "--overwrite" in err[0]
+    assert (out / "config.json").read_text() == "{\"another\": \"export\"}"
+    assert (out / "model.safetensors").read_bytes() == b"another export's weights"
+
+    assert export_main([run_dir, "--out", str(out), "--step", "1", "--overwrite"]) == 0
+    capsys.readouterr()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert (out / "model.safetensors").read_bytes() != b"another export's weights"
+    assert (out / "README.md").read_text() == "my model card"  # not a file an export writes: kept
 
 
 _HOLDER = """
