@@ -279,7 +279,10 @@ def eval_main(argv: list[str] | None = None) -> int:
             ValueError, TypeError) as e:
         return fail(e.args[0] if isinstance(e, KeyError) and e.args else e)
 
-    trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
+    try:
+        trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
+    except runs.RunReadError as e:  # a checkpoint that does not restore, or whose arrays fail their checksums
+        return fail(e)
     result = policy_eval.evaluate_policy(trainer, trainer.eval_examples, ks, step=step)
     split = cfg.task.eval_split
     out = args.out or (os.path.join(run_dir, f"eval_{split}_step{step}.jsonl") if run_dir else f"eval_{split}.jsonl")

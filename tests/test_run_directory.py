@@ -250,6 +250,51 @@ def test_resume_falls_back_past_damaged_checkpoints_with_one_warning(copy_of, fi
     assert "--overwrite" in line
 
 
+def _flip_bytes(run_dir, step):
+    """Flips a byte in the middle of each array data file of a checkpoint bigger than 1 kB (the parameters' and
+    the optimizer moments'): the files keep their size, and orbax reads them back without a complaint."""
+    data = glob.glob(os.path.join(run_dir, "checkpoints", str(step), "state", "ocdbt.process_*", "d", "*"))
+    flipped = [f for f in data if os.path.getsize(f) > 1024]
+    for path in flipped:
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte ^ 0x5A]))
+    assert len(flipped) >= 2, data
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_by_resume_eval_and_export(copy_of, finished, caplog, capsys):
+    """Before: the flipped bytes restored without a word; training went on from wrong numbers (NaN in the toy's
+    case), jaxgrpo-eval reported the damaged policy's accuracy and jaxgrpo-export wrote its weights, all exit 0."""
+    from jaxgrpo.cli import eval_main, export_main
+
+    _, _, final_params = finished
+    run_dir, trainer = copy_of("resumed")
+    _flip_bytes(run_dir, 2)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        history = trainer.run(resume=True, progress=False)
+    warnings = [r.getMessage() for r in caplog.records if "did not restore" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "resumed from step 1: step 2: CheckpointDamaged: checkpoint of step 2 in " in warnings[0]
+    assert "is damaged: array train/" in warnings[0] and "does not match the checksum saved with it" in warnings[0]
+    assert os.listdir(os.path.join(run_dir, "checkpoints_damaged")) == ["2"]
+    # Step 2 trained again from checkpoint 1: the undamaged run's parameters, bit for bit.
+    assert [r["step"] for r in history] == [2]
+    jax.tree.map(np.testing.assert_array_equal, final_params, params_of(trainer))
+
+    run_dir, _ = copy_of("read_back")
+    _flip_bytes(run_dir, 2)
+    out = os.path.join(run_dir, "..", "hf")
+    for main, argv in ((eval_main, ["--num", "4", "--k", "1"]), (export_main, ["--out", out])):
+        assert main([run_dir, "--step", "2", *argv]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and ": error: checkpoint of step 2 in " in lines[0], lines
+        assert "is damaged: array train/" in lines[0] and "pass --step with another of its checkpoints (steps: 1)" in lines[0]
+    assert not os.path.exists(out) and not glob.glob(os.path.join(run_dir, "eval_*"))
+
+
 def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_by_resume(copy_of, caplog, capsys):
     """Before: a JSONDecodeError blocked both --resume and jaxgrpo-plot."""
     run_dir, trainer = copy_of(steps=3)
