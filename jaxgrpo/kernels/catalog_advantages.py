@@ -168,7 +168,7 @@ def _median_and_mad(rewards, group_ids, num_groups, valid):
     return median, mad, pivot, nonempty
 
 
-@register_advantage("mc_grpo", paper=_MC_GRPO_PAPER)
+@register_advantage("mc_grpo", paper=_MC_GRPO_PAPER, group_relative=True)
 def mc_grpo(rewards, group_ids, *, num_groups: int, valid=None, mad_eps: float = 1e-3) -> Array:
     """Median-centered advantage (MC-GRPO): A_i = (r_i - median_g) / (MAD_g + 1e-3).
 
@@ -214,7 +214,7 @@ def mc_grpo_pivot_mask(rewards, group_ids, *, num_groups: int, valid=None) -> Ar
 # --------------------------------------------------------------------------- #
 
 
-@register_advantage("bnpo", paper="BNPO: Beta Normalization Policy Optimization (2025)")
+@register_advantage("bnpo", paper="BNPO: Beta Normalization Policy Optimization (2025)", group_relative=True)
 def bnpo(
     rewards,
     group_ids,
@@ -271,7 +271,8 @@ def bnpo(
 
 
 @register_advantage(
-    "gdpo", paper="GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL Optimization (2026)"
+    "gdpo", paper="GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL Optimization (2026)",
+    group_relative=True,
 )
 def gdpo(
     rewards,
@@ -427,7 +428,7 @@ _DGPO_PAPER = (
 )
 
 
-@register_advantage("dgpo", paper=_DGPO_PAPER)
+@register_advantage("dgpo", paper=_DGPO_PAPER, group_relative=True)
 def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) -> Array:
     """Difficulty-balanced group advantage (DGPO): mean-absolute-deviation scaling.
 
@@ -494,7 +495,7 @@ def _normalize_in_segments(x, seg_ids, num_segments, valid, normalization, eps):
 
 
 @register_advantage("gigpo", paper="Group-in-Group Policy Optimization for LLM Agent Training (2025)",
-          loop="needs a multi-turn environment (the step returns and anchor states of its episodes)")
+          loop="needs a multi-turn environment (the step returns and anchor states of its episodes)", group_relative=True)
 def gigpo(
     rewards,
     group_ids,
@@ -557,6 +558,7 @@ def _grpo_normalize(rewards, seg_ids, num_segments, valid, ddof, eps):
 @register_advantage(
     "stratified_grpo",
     paper="Stratified GRPO: Handling Structural Heterogeneity in Reinforcement Learning of LLM Search Agents (2025)",
+    group_relative=True,
 )
 def stratified_grpo(
     rewards,
@@ -630,6 +632,7 @@ def semantic_entropy_from_clusters(group_ids, cluster_ids, num_groups: int, vali
     "seed_grpo",
     paper="SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware Policy Optimization (2025)",
     experimental=True,  # the scaling functions f and alpha are reconstructed
+    group_relative=True,
     loop=("needs semantic clusters of each group's answers (SEED-GRPO's cluster_ids or semantic_entropy), "
           "which no answer clusterer in the loop computes"),
 )
@@ -704,7 +707,8 @@ def seed_grpo(
 
 
 @register_advantage(
-    "riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training (2025)"
+    "riskpo", paper="RiskPO: Risk-based Policy Optimization via Verifiable Reward for LLM Post-Training (2025)",
+    group_relative=True,  # a bundle's papers are its questions' j-th rollouts: one per question, one paper
 )
 def riskpo(
     rewards,
@@ -792,6 +796,7 @@ def riskpo(
     "xrpo",
     paper="XRPO: Pushing the limits of GRPO with Targeted Exploration and Exploitation (2025)",
     experimental=True,  # formula from a third-party re-implementation
+    group_relative=True,
 )
 def xrpo(
     rewards,
@@ -844,7 +849,7 @@ _OFF_POLICY_PAPER = (
 )
 
 
-@register_advantage("asymre", paper=_OFF_POLICY_PAPER)
+@register_advantage("asymre", paper=_OFF_POLICY_PAPER, group_relative=True)
 def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: float = -0.1) -> Array:
     """Asymmetric REINFORCE advantage (AsymRE): A_i = r_i - (mean_g + delta), delta = -0.1.
 
@@ -862,7 +867,7 @@ def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: f
 OPMD_BASELINES = ("mean", "logmeanexp")
 
 
-@register_advantage("opmd", paper=_OFF_POLICY_PAPER)
+@register_advantage("opmd", paper=_OFF_POLICY_PAPER, group_relative=True)
 def opmd(rewards, group_ids, *, num_groups: int, valid=None, baseline: str = "mean", tau: float = 1.0) -> Array:
     """Online policy mirror descent advantage (OPMD): A_i = r_i - b_g.
 

@@ -358,7 +358,7 @@ def disco(
 # --------------------------------------------------------------------------- HAPO
 
 
-@register_advantage("hapo", paper=_HAPO)
+@register_advantage("hapo", paper=_HAPO, group_relative=True)
 def hapo(
     rewards,
     group_ids,

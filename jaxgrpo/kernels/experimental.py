@@ -369,7 +369,7 @@ def spo_advantage(rewards, group_ids, *, num_groups: int, baseline, valid=None, 
 # ------------------------------------------------------------------------ A-GRAE
 
 
-@register("advantage", "experimental/a_grae", paper=_AGRAE)
+@register("advantage", "experimental/a_grae", paper=_AGRAE, group_relative=True)
 def a_grae(
     rewards,
     group_ids,

@@ -47,6 +47,10 @@ class KernelInfo:
     #: Why the kernel cannot run in jaxgrpo's training loop (an input the loop has no way to produce), or
     #: None for a kernel an experiment can select. Declared at registration, shown in docs/methods.md.
     loop: str | None = None
+    #: An advantage that compares each completion with the others of its prompt's group: with one completion
+    #: per prompt (group_size=1) it is 0 for every row, so `validate` refuses that pairing. Declared at
+    #: registration (tests/test_kernels_group_relative.py checks each declaration against the kernel).
+    group_relative: bool = False
 
     @property
     def summary(self) -> str:
@@ -59,7 +63,7 @@ _REGISTRY: dict[str, dict[str, KernelInfo]] = {kind: {} for kind in KINDS}
 
 
 def register(kind: str, name: str, *, paper: str, experimental: bool = False, loop: str | None = None,
-             overwrite: bool = False):
+             group_relative: bool = False, overwrite: bool = False):
     """Decorator registering `fn` as a kernel of `kind` under `name`.
 
     Args:
@@ -71,6 +75,8 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
       loop: why the kernel cannot run in jaxgrpo's training loop, e.g. "needs a multi-turn environment"
         (what it reads that the loop cannot produce); None (the default) for a kernel an experiment can
         select, which tests/test_train_every_kernel.py then runs for two steps.
+      group_relative: an advantage whose value for a row compares it with the other rows of its group
+        (GRPO, RLOO, ...): zero for every row of a group of one, so it cannot train with group_size=1.
       overwrite: allow replacing an existing entry (handy when re-running a
         notebook cell); otherwise a duplicate name is an error.
     """
@@ -91,7 +97,7 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
             )
         _REGISTRY[kind][name] = KernelInfo(
             name=name, kind=kind, paper=paper, fn=fn, experimental=experimental or name.startswith("experimental/"),
-            loop=loop,
+            loop=loop, group_relative=group_relative,
         )
         return fn
 

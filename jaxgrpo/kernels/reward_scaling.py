@@ -18,7 +18,8 @@ from jaxgrpo.kernels.validation import check_outcome_inputs
 Array = jax.Array
 
 
-@register_advantage("grpo_batch_std", paper="Tricks or Traps? A Deep Dive into RL for LLM Reasoning (2025)")
+@register_advantage("grpo_batch_std", paper="Tricks or Traps? A Deep Dive into RL for LLM Reasoning (2025)",
+                    group_relative=True)
 def grpo_batch_std(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, eps: float = 1e-4) -> Array:
     """Group-mean baseline, batch-std scale (Lite PPO): A_i = (r_i - mean_g) / (std_batch + eps).
 
