@@ -69,7 +69,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from jaxgrpo.config import Config
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
-    from jaxgrpo.train.loop import NoLearningSignal, Trainer
+    from jaxgrpo.train.loop import NoLearningSignal, NonFiniteUpdates, Trainer
 
     try:  # a used or locked run directory is refused before the model is built (`Trainer.run` checks again)
         RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,
@@ -81,7 +81,7 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         trainer.run(resume=args.resume, overwrite=args.overwrite)
         plots = plot_run(cfg.run_dir) if jax.process_index() == 0 else []
-    except (RunDirectoryError, CheckpointError, NoLearningSignal) as e:
+    except (RunDirectoryError, CheckpointError, NoLearningSignal, NonFiniteUpdates) as e:
         print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # writing metrics, plots or config.json: a full or read-only disk

@@ -48,7 +48,7 @@ RUN_ENTRIES = frozenset({CONFIG_FILE, CONFIG_FILE + ".tmp", LOCK_FILE, "metrics.
 #: change (group size, seed, learning rate, ...) would silently continue a different experiment.
 RESUMABLE_KEYS = frozenset({
     "steps", "eval_every", "eval_pass_k", "task.num_eval_examples", "checkpoint_every", "keep_checkpoints",
-    "log_every", "run_dir", "max_steps_without_signal", "collapse_entropy", "collapse_window",
+    "log_every", "run_dir", "max_steps_without_signal", "collapse_entropy", "collapse_window", "max_nonfinite_steps",
 })
 
 

@@ -25,7 +25,7 @@ from jaxgrpo.cli import plot_main, train_main
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
 from jaxgrpo.metrics import MetricsWriter, read_jsonl
 from jaxgrpo.rundir import RunDirectory, RunDirectoryError
-from jaxgrpo.train import NoLearningSignal, Trainer
+from jaxgrpo.train import NoLearningSignal, NonFiniteUpdates, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -408,3 +408,78 @@ def test_a_run_that_trains_no_row_warns_each_step_and_stops(tmp_path, capsys, ca
     cfg.max_steps_without_signal = -1
     with pytest.raises(ValueError, match="max_steps_without_signal must be >= 0"):
         validate(cfg)
+
+
+def nan_advantages(monkeypatch, steps):
+    """Makes the advantages of the given steps' batches (counted from 1 in this process) NaN: their loss and
+    gradient are NaN, as an overflow or a NaN reward that slipped through would make them."""
+    calls = []
+    real = Trainer.train_batch
+
+    def train_batch(self, rollout, stats=None):
+        batch = real(self, rollout, stats)
+        calls.append(1)
+        return batch._replace(advantages=np.full_like(batch.advantages, np.nan)) if len(calls) in steps else batch
+
+    monkeypatch.setattr(Trainer, "train_batch", train_batch)
+
+
+def test_a_non_finite_update_is_skipped_keeping_the_state_bit_for_bit_and_counted(copy_of, monkeypatch, caplog):
+    """Before: a NaN gradient was applied, every weight went NaN, and the run trained on NaN to its end, exit 0."""
+    run_dir, trainer = copy_of(steps=3)
+    nan_advantages(monkeypatch, steps={2})
+    states = {}
+    on_step = lambda step, record: states.__setitem__(step, jax.tree.map(np.array, trainer.state))  # noqa: E731
+    with caplog.at_level(logging.WARNING):
+        history = trainer.run(overwrite=True, progress=False, on_step=on_step)
+    assert [r["skipped_nonfinite"] for r in history] == [0, 1, 0]
+    assert np.isnan(history[1]["loss"]) and np.isfinite(history[2]["loss"])
+    # Step 2's update was not applied: parameters, optimizer state and step counter as after step 1, bit for bit.
+    jax.tree.map(np.testing.assert_array_equal, states[1], states[2])
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(states[3].params))
+    assert not np.array_equal(jax.tree.leaves(states[2].params)[0], jax.tree.leaves(states[3].params)[0])
+    warned = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("step 2: 1 of 1 update(s) not applied: loss nan"), warned
+    assert "1 such step(s) in a row, the run stops at 3" in warned[0]
+
+
+def test_consecutive_non_finite_steps_stop_the_run(tmp_path, capsys, monkeypatch, caplog):
+    run_dir = str(tmp_path / "run")
+    nan_advantages(monkeypatch, steps={1, 2, 3, 4})
+    with caplog.at_level(logging.WARNING):
+        code = train_main([TOY, "--run-dir", run_dir, "--set", *SMALL, "steps=4", "max_nonfinite_steps=2"])
+    assert code == 1
+    line = one_error_line(capsys)
+    assert "steps 1-2 each had an update with a non-finite loss, gradient or result" in line
+    assert "max_nonfinite_steps=0" in line and "optimizer.lr" in line
+    assert [r.getMessage().split(":")[0] for r in caplog.records if "not applied" in r.getMessage()] == ["step 1"]
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [(r["step"], r["skipped_nonfinite"]) for r in records] == [(1, 1), (2, 1)]
+
+    cfg = Config()
+    cfg.max_nonfinite_steps = -1
+    with pytest.raises(ValueError, match=r"max_nonfinite_steps must be >= 0 \(0 = never stop\)"):
+        validate(cfg)
+
+
+def same_reward(completions, examples):
+    return np.ones(len(completions), np.float32)
+
+
+def test_a_run_whose_advantages_are_all_zero_warns_each_step_and_stops(tmp_path, capsys, caplog, monkeypatch):
+    """Before: a reward equal for every completion trained every row with advantage 0 (grad_norm 0.0) for the whole
+    run, and it exited 0 without a word."""
+    monkeypatch.setattr(jaxgrpo.rewards, "same_reward", same_reward, raising=False)
+    run_dir = str(tmp_path / "run")
+    with caplog.at_level(logging.WARNING):
+        code = train_main([TOY, "--run-dir", run_dir, "--set", *SMALL, "steps=4", "max_steps_without_signal=2",
+                           "rewards={'same_reward': 1.0}", "correctness_reward=same_reward"])
+    assert code == 1
+    line = one_error_line(capsys)
+    assert "steps 1-2 trained only rows whose advantage is zero (2 in a row, max_steps_without_signal=2)" in line
+    assert "the rewards were equal within every group" in line and "max_steps_without_signal=0" in line
+    warned = [r.getMessage() for r in caplog.records if "advantage is zero" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("step 1 trained only rows whose advantage is zero"), warned
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["frac_trained_rows"] == 1 and r["frac_signal_rows"] == 0 and r["grad_norm"] == 0 for r in records)
