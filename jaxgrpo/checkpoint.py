@@ -200,9 +200,6 @@ class Checkpointer:
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
         )
         state = restored["state"]
-        leaves, treedef = jax.tree.flatten(state)
-        # Named by `like`'s paths (orbax may hand NamedTuples back as plain tuples), in the same order.
-        names = [array_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(abstract)]
         if manifest is None:
             if not self._said_unverified and jax.process_index() == 0:
                 logger.warning("checkpoint of step %d in %s has no checksums (saved by a jaxgrpo before they were "
@@ -210,9 +207,12 @@ class Checkpointer:
                                "verified", step, self.directory)
             self._said_unverified = True
             return state, restored["meta"]
+        leaves, treedef = jax.tree.flatten(state)
+        # Named by `like`'s paths (orbax may hand NamedTuples back as plain tuples), in the same order.
+        names = [array_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(abstract)]
         self._verify(step, names, leaves, manifest["arrays"])
         wanted = [np.dtype(x.dtype) for x in jax.tree.leaves(like)]
-        state = jax.tree.unflatten(treedef, [x if x.dtype == d else x.astype(d) for x, d in zip(leaves, wanted)])
+        state = jax.tree.unflatten(treedef, [x if x.dtype == d else x.astype(d) for x, d in zip(leaves, wanted, strict=True)])
         return state, restored["meta"]
 
     def _manifest(self, step: int) -> dict | None:
@@ -227,7 +227,7 @@ class Checkpointer:
 
     def _verify(self, step: int, names: list[str], leaves: list, saved: dict) -> None:
         """Raises `CheckpointDamaged` unless each array `leaves[i]` has the checksum `saved` holds for `names[i]`."""
-        bad = [name for name, checksum in zip(names, _checksums(leaves))
+        bad = [name for name, checksum in zip(names, _checksums(leaves), strict=True)
                if saved.get(name, {}).get("checksum") != checksum]
         if bad:
             name = bad[0]
