@@ -214,7 +214,8 @@ def _check(path: str, config: dict, *, resume: bool, overwrite: bool, defaults: 
             shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
             raise RunDirectoryError(
                 f"--overwrite deletes only a run directory's own files, and {path} holds {len(foreign)} "
-                f"that no run wrote ({shown}); nothing was deleted: move those elsewhere, or pick another --run-dir"
+                f"{'entry' if len(foreign) == 1 else 'entries'} no run wrote ({shown}); nothing was deleted: move "
+                "those elsewhere, or pick another --run-dir"
             )
         if not delete:
             return

@@ -123,14 +123,14 @@ def test_overwrite_deletes_only_a_run_directory_and_nothing_of_a_users(copy_of, 
         patch.setattr(jaxgrpo.train.loop, "Trainer", lambda *a, **k: pytest.fail("the Trainer was built"))
         assert train_main([TOY, "--run-dir", str(thesis), "--overwrite", "--set", *SMALL]) == 1
     line = one_error_line(capsys)
-    assert "holds 2 that no run wrote (figures, thesis.tex)" in line and "nothing was deleted" in line
+    assert "holds 2 entries no run wrote (figures, thesis.tex)" in line and "nothing was deleted" in line
     assert "another --run-dir" in line
     assert (thesis / "thesis.tex").read_text() == "\\section{Results}" and (thesis / "figures" / "curve.pdf").exists()
 
     # A run directory with a file of the user's beside the run's is refused whole too: nothing is deleted.
     run_dir, trainer = copy_of()
     (open(os.path.join(run_dir, "notes.txt"), "w")).write("keep me")
-    with pytest.raises(RunDirectoryError, match=r"holds 1 that no run wrote \(notes.txt\)"):
+    with pytest.raises(RunDirectoryError, match=r"holds 1 entry no run wrote \(notes.txt\)"):
         trainer.run(overwrite=True, progress=False)
     assert open(os.path.join(run_dir, "notes.txt")).read() == "keep me" and steps_of(run_dir) == [1, 2]
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
