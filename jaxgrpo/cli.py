@@ -103,7 +103,8 @@ def train_main(argv: list[str] | None = None) -> int:
                         help="override config fields, e.g. --set optimizer.lr=1e-6 group_size=8")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run directory")
     parser.add_argument("--overwrite", action="store_true",
-                        help="delete what the run directory holds and start over (a fresh run into a non-empty one is refused)")
+                        help="delete the run directory's run files and start over (a fresh run into a non-empty one is refused; "
+                             "so is --overwrite of a directory holding files no run wrote)")
     parser.add_argument("--run-dir", help="where metrics, plots and checkpoints go (default: the config's run_dir)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     args = parser.parse_args(argv)
@@ -133,7 +134,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.train import preflight
-    from jaxgrpo.train.loop import NoLearningSignal, Trainer
+    from jaxgrpo.train.loop import NoLearningSignal, NonFiniteUpdates, Trainer
 
     try:  # the task, rewards, model, context budget and mesh the config names, before anything is built
         preflight.check(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())
@@ -150,7 +151,7 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         trainer.run(resume=args.resume, overwrite=args.overwrite)
         plots = plot_run(cfg.run_dir) if jax.process_index() == 0 else []
-    except (RunDirectoryError, CheckpointError, NoLearningSignal) as e:
+    except (RunDirectoryError, CheckpointError, NoLearningSignal, NonFiniteUpdates) as e:
         print(f"jaxgrpo-train: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # writing metrics, plots or config.json: a full or read-only disk
@@ -274,12 +275,14 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", help="a run directory of jaxgrpo-train (config.json and checkpoints/)")
     parser.add_argument("--out", required=True, help="the directory to write")
     parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out, replacing the files an export writes (others are kept)")
     args = parser.parse_args(argv)
     from jaxgrpo import export, runs
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
     try:
-        out, step = export.export_run(args.run_dir, args.out, step=args.step)
+        out, step = export.export_run(args.run_dir, args.out, step=args.step, overwrite=args.overwrite)
     except (runs.RunReadError, export.ExportError, UnsupportedConfigError, WeightFileError, KeyError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxgrpo-export: error: {message}", file=sys.stderr)
@@ -357,7 +360,10 @@ def eval_main(argv: list[str] | None = None) -> int:
             ValueError, TypeError) as e:
         return _fail("jaxgrpo-eval", e, 2)
 
-    trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
+    try:
+        trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
+    except runs.RunReadError as e:  # a checkpoint that does not restore, or whose arrays fail their checksums
+        return fail(e)
     result = policy_eval.evaluate_policy(trainer, trainer.eval_examples, ks, step=step)
     split = cfg.task.eval_split
     out = args.out or (os.path.join(run_dir, f"eval_{split}_step{step}.jsonl") if run_dir else f"eval_{split}.jsonl")

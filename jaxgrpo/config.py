@@ -207,6 +207,10 @@ class Config(_Fields):
     #: Stop the run (an error) after this many consecutive steps in which no row trains (every reward
     #: invalid, e.g. NaN, or every group filtered out): such a run learns nothing. 0 = never stop.
     max_steps_without_signal: int = 5
+    #: Stop the run (an error) after this many consecutive steps with an update that was not applied because
+    #: its loss, gradient norm or result was not finite (each such update is skipped, the state kept as it was,
+    #: and warned about). 0 = never stop.
+    max_nonfinite_steps: int = 3
     #: Collapse warnings (`jaxgrpo.train.health`), each given once: the mean token entropy (nats) of the last
     #: `collapse_window` steps is below `collapse_entropy` while their accuracy is no better than the first
     #: `collapse_window` steps', or every completion of `collapse_window` steps in a row ran to the token cap.
@@ -472,6 +476,8 @@ def _check_ranges(cfg: Config) -> None:
         (cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}"),
         (cfg.max_steps_without_signal >= 0,
          f"max_steps_without_signal must be >= 0 (0 = never stop), got {cfg.max_steps_without_signal}"),
+        (cfg.max_nonfinite_steps >= 0,
+         f"max_nonfinite_steps must be >= 0 (0 = never stop), got {cfg.max_nonfinite_steps}"),
         (cfg.collapse_entropy >= 0, f"collapse_entropy must be >= 0 (0 = no entropy warning), got {cfg.collapse_entropy}"),
         (cfg.collapse_window >= 0, f"collapse_window must be >= 0 (0 = no collapse warnings), got {cfg.collapse_window}"),
         *((size == -1 or size >= 1, f"mesh.{axis} must be -1 (every remaining device) or >= 1, got {size}")

@@ -8,7 +8,7 @@ any other type is a bug and keeps its traceback.
 
 The family (`user_errors`): `UserError` and its subclasses below, and the one-line errors other modules
 define for their own inputs (`jaxgrpo.config.ExperimentError`, `jaxgrpo.rundir.RunDirectoryError`,
-`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.loop.NoLearningSignal`, `jaxgrpo.runs.RunReadError`,
+`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.loop.NoLearningSignal` and `NonFiniteUpdates`, `jaxgrpo.runs.RunReadError`,
 `jaxgrpo.export.ExportError`, `jaxgrpo.policy_eval.EvalSetupError`, `jaxgrpo.study.StudyError`, and the
 model loader's `UnsupportedConfigError` and `WeightFileError`). An `OSError` naming a file (a disk full, a
 directory not writable, a path that does not exist) is the user's too: `os_error_message` says which.
@@ -43,11 +43,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from jaxgrpo.config import ExperimentError
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
     from jaxgrpo.rundir import RunDirectoryError
-    from jaxgrpo.train.loop import NoLearningSignal
+    from jaxgrpo.train.loop import NoLearningSignal, NonFiniteUpdates
 
-    return (UserError, ExperimentError, RunDirectoryError, CheckpointError, NoLearningSignal, runs.RunReadError,
-            export.ExportError, policy_eval.EvalSetupError, study.StudyError, UnsupportedConfigError,
-            WeightFileError)
+    return (UserError, ExperimentError, RunDirectoryError, CheckpointError, NoLearningSignal, NonFiniteUpdates,
+            runs.RunReadError, export.ExportError, policy_eval.EvalSetupError, study.StudyError,
+            UnsupportedConfigError, WeightFileError)
 
 
 #: OSError numbers that say something about a path the user chose, not about the program.

@@ -150,14 +150,32 @@ def hf_tokenizer(tokenizer):
                       "to_hf_tokenizer(); give it one that builds a PreTrainedTokenizerFast")
 
 
-def export_model(model, tokenizer, out_dir: str) -> str:
-    """Writes `model` (a jaxgrpo `Decoder`) and `tokenizer` to `out_dir` as a Hugging Face model directory."""
+def check_out_dir(out_dir: str, *, overwrite: bool = False) -> None:
+    """Raises `ExportError` unless `out_dir` is absent, empty, or `overwrite` is given: an export never replaces
+    another export's (or anyone's) files unasked. With `overwrite` the files an export writes are replaced and
+    everything else in `out_dir` is left as it is."""
+    if not os.path.exists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise ExportError(f"--out {out_dir} is a file, not a directory; choose another --out")
+    entries = sorted(os.listdir(out_dir))
+    if entries and not overwrite:
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise ExportError(f"--out {out_dir} is not empty (it holds {shown}); pass --overwrite to replace the files an "
+                          "export writes there (the others are kept), or choose another --out")
+
+
+def export_model(model, tokenizer, out_dir: str, *, overwrite: bool = False) -> str:
+    """Writes `model` (a jaxgrpo `Decoder`) and `tokenizer` to `out_dir` as a Hugging Face model directory.
+
+    A non-empty `out_dir` is refused unless `overwrite` (`check_out_dir`)."""
     from safetensors.numpy import save_file
 
     from jaxgrpo import sampler
 
     config = model.config
     check_exportable(config)
+    check_out_dir(out_dir, overwrite=overwrite)
     if tokenizer is None:
         raise ExportError("the model has no tokenizer; a Hugging Face directory without one cannot render prompts")
     hf_tok = hf_tokenizer(tokenizer)
@@ -176,17 +194,20 @@ def export_model(model, tokenizer, out_dir: str) -> str:
     return out_dir
 
 
-def export_run(run_dir: str, out_dir: str, *, step: int | None = None) -> tuple[str, int]:
-    """Exports the policy of `run_dir`'s checkpoint of `step` (default: the newest); returns (out_dir, step)."""
+def export_run(run_dir: str, out_dir: str, *, step: int | None = None, overwrite: bool = False) -> tuple[str, int]:
+    """Exports the policy of `run_dir`'s checkpoint of `step` (default: the newest); returns (out_dir, step).
+
+    A non-empty `out_dir` is refused unless `overwrite`, before anything is built (`check_out_dir`)."""
     from jaxgrpo import runs
     from jaxgrpo.models import load_config
     from jaxgrpo.train.state import MODEL_BUILDERS
 
     cfg = runs.read_config(run_dir)
     step = runs.choose_step(run_dir, step)
+    check_out_dir(out_dir, overwrite=overwrite)
     if cfg.model not in MODEL_BUILDERS:  # a checkpoint's architecture is known before anything is built
         check_exportable(load_config(cfg.model))
     # A PPO value head is the critic of training, not part of the policy: only the decoder is written.
     trainer, _ = runs.build_trainer(cfg, run_dir, step)
-    export_model(trainer.policy.decoder, trainer.tokenizer, out_dir)
+    export_model(trainer.policy.decoder, trainer.tokenizer, out_dir, overwrite=overwrite)
     return out_dir, step

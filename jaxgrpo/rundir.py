@@ -6,7 +6,11 @@
   same directory fails at once, naming the holder. The kernel drops a flock when its process dies
   (SIGKILL included), so a lock left by a killed run is taken over, not obeyed;
 * a fresh run (no `resume`) into a directory that holds anything but the lock is refused, unless
-  `overwrite`, which deletes the directory's contents first;
+  `overwrite`, which deletes the directory's contents first, and only when every entry is one a run
+  writes (`is_run_entry`: config.json, metrics.jsonl, checkpoints/, ...): a directory holding anything
+  else (a user's `thesis.tex`, a folder of their own) is refused whole, naming those entries, and nothing
+  in it is deleted. Refusing is safer than deleting the run's files and keeping the rest: a directory
+  mixing both is more likely a user's folder with a stray run in it than a run with a stray file;
 * `resume` compares the saved `config.json` with the new config and refuses changes other than
   `RESUMABLE_KEYS`, naming each changed key with its old and new value;
 * `config.json` is written by `write_config` once the run can start (after these checks and the
@@ -35,12 +39,16 @@ from jaxgrpo.config import Config
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
+#: What a run (`jaxgrpo-train`, and `jaxgrpo-eval` into its directory) writes there: the only entries
+#: `--overwrite` deletes. `eval_*` are `jaxgrpo-eval`'s completions and summaries of a checkpoint.
+RUN_ENTRIES = frozenset({CONFIG_FILE, CONFIG_FILE + ".tmp", LOCK_FILE, "metrics.jsonl", "eval.jsonl", "checkpoints",
+                         "checkpoints_damaged", "tensorboard", "plots"})
 
 #: Config keys `--resume` may change: how long to train and what to evaluate, log and keep. Any other
 #: change (group size, seed, learning rate, ...) would silently continue a different experiment.
 RESUMABLE_KEYS = frozenset({
     "steps", "eval_every", "eval_pass_k", "task.num_eval_examples", "checkpoint_every", "keep_checkpoints",
-    "log_every", "run_dir", "max_steps_without_signal", "collapse_entropy", "collapse_window",
+    "log_every", "run_dir", "max_steps_without_signal", "collapse_entropy", "collapse_window", "max_nonfinite_steps",
 })
 
 
@@ -104,7 +112,8 @@ class RunDirectory:
                   defaults: dict | None = None) -> None:
         """The checks of `open` that change nothing, for a caller to run before anything heavy (building the
         model): contradicting flags, a directory another run holds (its lock taken and let go at once), a
-        used directory without `resume` or `overwrite`, a changed config on `resume`. `open` checks again."""
+        used directory without `resume` or `overwrite`, a changed config on `resume`, files no run wrote under
+        `overwrite` (nothing is deleted here). `open` checks again."""
         if resume and overwrite:
             raise RunDirectoryError("--resume and --overwrite contradict each other: pick one")
         message = ""
@@ -113,8 +122,7 @@ class RunDirectory:
         elif jax.process_index() == 0 and os.path.isdir(path):
             try:
                 os.close(_lock(path))
-                if not overwrite:
-                    _check(path, config, resume=resume, overwrite=False, defaults=defaults)
+                _check(path, config, resume=resume, overwrite=overwrite, defaults=defaults, delete=False)
             except RunDirectoryError as e:
                 message = str(e)
             except OSError as e:
@@ -201,9 +209,26 @@ def _entries(path: str) -> list[str]:
     return sorted(e for e in os.listdir(path) if e not in (LOCK_FILE, CONFIG_FILE + ".tmp"))
 
 
-def _check(path: str, config: dict, *, resume: bool, overwrite: bool, defaults: dict | None) -> None:
+def is_run_entry(name: str) -> bool:
+    """Whether `name`, an entry of a run directory, is one a run writes (`RUN_ENTRIES`, `eval_*.jsonl` and
+    their `.summary.json`): what `--overwrite` may delete."""
+    return name in RUN_ENTRIES or (name.startswith("eval_") and name.endswith((".jsonl", ".summary.json")))
+
+
+def _check(path: str, config: dict, *, resume: bool, overwrite: bool, defaults: dict | None,
+           delete: bool = True) -> None:
     entries = _entries(path)
     if overwrite:
+        foreign = [e for e in entries if not is_run_entry(e)]
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            raise RunDirectoryError(
+                f"--overwrite deletes only a run directory's own files, and {path} holds {len(foreign)} "
+                f"{'entry' if len(foreign) == 1 else 'entries'} no run wrote ({shown}); nothing was deleted: move "
+                "those elsewhere, or pick another --run-dir"
+            )
+        if not delete:
+            return
         for entry in entries:
             full = os.path.join(path, entry)
             if os.path.isdir(full) and not os.path.islink(full):

@@ -91,28 +91,29 @@ def choose_step(run_dir: str, step: int | None) -> int:
 
 
 def restore_trainer(run_dir: str, step: int, trainer):
-    """Replaces `trainer`'s parameters by those of `run_dir`'s checkpoint of `step` (read-only); returns its metadata."""
-    import jax
-    import orbax.checkpoint as ocp
+    """Replaces `trainer`'s parameters by those of `run_dir`'s checkpoint of `step` (read-only); returns its metadata.
 
+    The checkpoint's arrays are verified against their checksums (`Checkpointer.restore`): a damaged one is a
+    `RunReadError` naming the step and the array, never a policy of flipped bits.
+    """
+    from jaxgrpo.checkpoint import CheckpointDamaged, Checkpointer
     from jaxgrpo.train.state import checkpoint_tree, state_of
 
     directory = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))
-    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
-        create=False, read_only=True, enable_async_checkpointing=False, cleanup_tmp_directories=False))
+    others = ", ".join(str(s) for s in checkpoint_steps(run_dir) if s != step) or "none"
+    checkpointer = Checkpointer(directory, read_only=True)
     try:
-        like = checkpoint_tree(trainer.state, trainer.ref_params)
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                                 meta=ocp.args.JsonRestore()))
+        state, meta = checkpointer.restore(step, checkpoint_tree(trainer.state, trainer.ref_params))
+    except CheckpointDamaged as error:
+        raise RunReadError(f"{error}; pass --step with another of its checkpoints (steps: {others})") from error
     except Exception as error:  # orbax and tensorstore raise many kinds for an unreadable checkpoint
         first = (str(error).strip().splitlines() or [""])[0]
         raise RunReadError(f"checkpoint of step {step} in {directory} does not restore ({type(error).__name__}: "
                            f"{first}); pass --step with another of its steps") from error
     finally:
-        manager.close()
-    trainer.state = state_of(restored["state"])
-    return dict(restored["meta"])
+        checkpointer.close()
+    trainer.state = state_of(state)
+    return dict(meta)
 
 
 def build_trainer(cfg: Config, run_dir: str | None = None, step: int | None = None):

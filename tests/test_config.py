@@ -153,9 +153,28 @@ def test_optimizer_values_must_make_sense(override, needle):
     ("gae_lambda=-0.1", "gae_lambda must be in [0, 1]"),
     ("mesh.data=0", "mesh.data must be -1 (every remaining device) or >= 1"),
     ("mesh.model=-2", "mesh.model must be -1 (every remaining device) or >= 1"),
+    ("max_nonfinite_steps=-1", "max_nonfinite_steps must be >= 0 (0 = never stop)"),
 ])
 def test_out_of_range_values_are_named(override, needle):
     assert needle in _rejected(override)
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo"])
+def test_one_completion_per_prompt_is_refused_for_a_group_relative_advantage(advantage):
+    """Before: group_size=1 with GRPO gave every row an advantage of 0, and the run trained nothing, exit 0."""
+    cfg = apply_overrides(Config(), ["group_size=1", f"advantage={advantage}"])
+    with pytest.raises(ValueError, match=rf"group_size=1 with advantage='{advantage}': .* 0 for every row .* set "
+                                         r"group_size >= 2, or pick an advantage that works with one sample \(.*"
+                                         r"reinforce_pp.*\), or value_head=true"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("overrides", [["advantage=reinforce_pp"], ["advantage=reinforce_pp_baseline"],
+                                       ["value_head=true"], ["advantage=experimental/spo_advantage",
+                                                             "value_tracker=experimental/spo_value_tracker"]],
+                         ids=["reinforce_pp", "reinforce_pp_baseline", "gae", "spo"])
+def test_one_completion_per_prompt_is_allowed_for_advantages_that_need_no_group(overrides):
+    validate(apply_overrides(Config(), ["group_size=1", *overrides]))
 
 
 def test_mesh_takes_the_remaining_devices_on_one_axis_only():
@@ -290,6 +309,8 @@ CLI_CASES = {
     "loss_mask": (["--set", "loss_mask=pivot"], "loss_mask='pivot' is not a registered mask kernel"),
     "aggregation": (["--set", "aggregation=mean"], "aggregation='mean' is not an aggregation mode"),
     "kl_kind": (["--set", "kl_kind=k4"], "kl_kind='k4' is not a registered kl kernel"),
+    "group_size=1": (["--set", "group_size=1"], "group_size=1 with advantage='grpo': a group-relative advantage "
+                     "compares each completion with the others of its prompt"),
     "misspelt field": ("c.group_sise = 4", "x.py line 7: AttributeError: Config has no field 'group_sise'; did you mean 'group_size'?"),
     "syntax error": ("c.group_size = = 4", "x.py line 7: invalid syntax"),
     "error in config()": ("c.group_size = {'a': 4}['b']", "x.py line 7: KeyError: 'b'"),

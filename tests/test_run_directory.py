@@ -25,7 +25,7 @@ from jaxgrpo.cli import plot_main, train_main
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
 from jaxgrpo.metrics import MetricsWriter, read_jsonl
 from jaxgrpo.rundir import RunDirectory, RunDirectoryError
-from jaxgrpo.train import NoLearningSignal, Trainer
+from jaxgrpo.train import NoLearningSignal, NonFiniteUpdates, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -98,9 +98,9 @@ def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, 
     assert "already holds a run" in one_error_line(capsys)
     assert steps_of(run_dir) == [1, 2] and open(os.path.join(run_dir, "config.json")).read() == config_before
 
-    open(os.path.join(run_dir, "notes.txt"), "w").close()
+    open(os.path.join(run_dir, "eval_test_step2.jsonl"), "w").close()  # jaxgrpo-eval's output: a run file
     trainer.run(overwrite=True, progress=False)
-    assert steps_of(run_dir) == [1, 2] and not os.path.exists(os.path.join(run_dir, "notes.txt"))
+    assert steps_of(run_dir) == [1, 2] and not os.path.exists(os.path.join(run_dir, "eval_test_step2.jsonl"))
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
     with pytest.raises(RunDirectoryError, match="contradict"):
         trainer.run(resume=True, overwrite=True, progress=False)
@@ -110,6 +110,55 @@ def test_a_fresh_run_into_a_used_directory_is_refused_unless_overwrite(copy_of, 
     with pytest.raises(CheckpointError, match="orbax did not save step 1 .* already holds step 2"):
         checkpointer.save(1, {"x": np.zeros(2)}, {})
     checkpointer.close()
+
+
+def test_overwrite_deletes_only_a_run_directory_and_nothing_of_a_users(copy_of, tmp_path, capsys, monkeypatch):
+    """Before: `--overwrite` into a folder holding a thesis deleted it all, and a run directory with a user's
+    notes in it lost them."""
+    thesis = tmp_path / "thesis"
+    (thesis / "figures").mkdir(parents=True)
+    (thesis / "thesis.tex").write_text("\\section{Results}")
+    (thesis / "figures" / "curve.pdf").write_text("%PDF")
+    with monkeypatch.context() as patch:  # refused before the model is built
+        patch.setattr(jaxgrpo.train.loop, "Trainer", lambda *a, **k: pytest.fail("the Trainer was built"))
+        assert train_main([TOY, "--run-dir", str(thesis), "--overwrite", "--set", *SMALL]) == 1
+    line = one_error_line(capsys)
+    assert "holds 2 entries no run wrote (figures, thesis.tex)" in line and "nothing was deleted" in line
+    assert "another --run-dir" in line
+    assert (thesis / "thesis.tex").read_text() == "\\section{Results}" and (thesis / "figures" / "curve.pdf").exists()
+
+    # A run directory with a file of the user's beside the run's is refused whole too: nothing is deleted.
+    run_dir, trainer = copy_of()
+    (open(os.path.join(run_dir, "notes.txt"), "w")).write("keep me")
+    with pytest.raises(RunDirectoryError, match=r"holds 1 entry no run wrote \(notes.txt\)"):
+        trainer.run(overwrite=True, progress=False)
+    assert open(os.path.join(run_dir, "notes.txt")).read() == "keep me" and steps_of(run_dir) == [1, 2]
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["1", "2"]
+
+
+def test_export_refuses_a_non_empty_out_unless_overwrite_and_then_replaces_only_its_files(finished, tmp_path, capsys):
+    """Before: a second export silently replaced the first's config.json and model.safetensors."""
+    pytest.importorskip("transformers")
+    from jaxgrpo.cli import export_main
+
+    run_dir, _, _ = finished
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("{\"another\": \"export\"}")
+    (out / "model.safetensors").write_bytes(b"another export's weights")
+    (out / "README.md").write_text("my model card")
+    assert export_main([run_dir, "--out", str(out), "--step", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jaxgrpo-export: error: --out ") and "is not empty" in err[0], err
+    assert "--overwrite" in err[0]
+    assert (out / "config.json").read_text() == "{\"another\": \"export\"}"
+    assert (out / "model.safetensors").read_bytes() == b"another export's weights"
+
+    assert export_main([run_dir, "--out", str(out), "--step", "1", "--overwrite"]) == 0
+    capsys.readouterr()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert (out / "model.safetensors").read_bytes() != b"another export's weights"
+    assert (out / "README.md").read_text() == "my model card"  # not a file an export writes: kept
 
 
 _HOLDER = """
@@ -199,6 +248,51 @@ def test_resume_falls_back_past_damaged_checkpoints_with_one_warning(copy_of, fi
     line = one_error_line(capsys)
     assert "no checkpoint in" in line and "restores (step 2: ValueError: NOT_FOUND" in line and "; step 1: " in line
     assert "--overwrite" in line
+
+
+def _flip_bytes(run_dir, step):
+    """Flips a byte in the middle of each array data file of a checkpoint bigger than 1 kB (the parameters' and
+    the optimizer moments'): the files keep their size, and orbax reads them back without a complaint."""
+    data = glob.glob(os.path.join(run_dir, "checkpoints", str(step), "state", "ocdbt.process_*", "d", "*"))
+    flipped = [f for f in data if os.path.getsize(f) > 1024]
+    for path in flipped:
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte ^ 0x5A]))
+    assert len(flipped) >= 2, data
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_by_resume_eval_and_export(copy_of, finished, caplog, capsys):
+    """Before: the flipped bytes restored without a word; training went on from wrong numbers (NaN in the toy's
+    case), jaxgrpo-eval reported the damaged policy's accuracy and jaxgrpo-export wrote its weights, all exit 0."""
+    from jaxgrpo.cli import eval_main, export_main
+
+    _, _, final_params = finished
+    run_dir, trainer = copy_of("resumed")
+    _flip_bytes(run_dir, 2)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        history = trainer.run(resume=True, progress=False)
+    warnings = [r.getMessage() for r in caplog.records if "did not restore" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "resumed from step 1: step 2: CheckpointDamaged: checkpoint of step 2 in " in warnings[0]
+    assert "is damaged: array train/" in warnings[0] and "does not match the checksum saved with it" in warnings[0]
+    assert os.listdir(os.path.join(run_dir, "checkpoints_damaged")) == ["2"]
+    # Step 2 trained again from checkpoint 1: the undamaged run's parameters, bit for bit.
+    assert [r["step"] for r in history] == [2]
+    jax.tree.map(np.testing.assert_array_equal, final_params, params_of(trainer))
+
+    run_dir, _ = copy_of("read_back")
+    _flip_bytes(run_dir, 2)
+    out = os.path.join(run_dir, "..", "hf")
+    for main, argv in ((eval_main, ["--num", "4", "--k", "1"]), (export_main, ["--out", out])):
+        assert main([run_dir, "--step", "2", *argv]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and ": error: checkpoint of step 2 in " in lines[0], lines
+        assert "is damaged: array train/" in lines[0] and "pass --step with another of its checkpoints (steps: 1)" in lines[0]
+    assert not os.path.exists(out) and not glob.glob(os.path.join(run_dir, "eval_*"))
 
 
 def test_a_torn_last_metrics_line_is_skipped_by_readers_and_dropped_by_resume(copy_of, caplog, capsys):
@@ -314,3 +408,78 @@ def test_a_run_that_trains_no_row_warns_each_step_and_stops(tmp_path, capsys, ca
     cfg.max_steps_without_signal = -1
     with pytest.raises(ValueError, match="max_steps_without_signal must be >= 0"):
         validate(cfg)
+
+
+def nan_advantages(monkeypatch, steps):
+    """Makes the advantages of the given steps' batches (counted from 1 in this process) NaN: their loss and
+    gradient are NaN, as an overflow or a NaN reward that slipped through would make them."""
+    calls = []
+    real = Trainer.train_batch
+
+    def train_batch(self, rollout, stats=None):
+        batch = real(self, rollout, stats)
+        calls.append(1)
+        return batch._replace(advantages=np.full_like(batch.advantages, np.nan)) if len(calls) in steps else batch
+
+    monkeypatch.setattr(Trainer, "train_batch", train_batch)
+
+
+def test_a_non_finite_update_is_skipped_keeping_the_state_bit_for_bit_and_counted(copy_of, monkeypatch, caplog):
+    """Before: a NaN gradient was applied, every weight went NaN, and the run trained on NaN to its end, exit 0."""
+    run_dir, trainer = copy_of(steps=3)
+    nan_advantages(monkeypatch, steps={2})
+    states = {}
+    on_step = lambda step, record: states.__setitem__(step, jax.tree.map(np.array, trainer.state))  # noqa: E731
+    with caplog.at_level(logging.WARNING):
+        history = trainer.run(overwrite=True, progress=False, on_step=on_step)
+    assert [r["skipped_nonfinite"] for r in history] == [0, 1, 0]
+    assert np.isnan(history[1]["loss"]) and np.isfinite(history[2]["loss"])
+    # Step 2's update was not applied: parameters, optimizer state and step counter as after step 1, bit for bit.
+    jax.tree.map(np.testing.assert_array_equal, states[1], states[2])
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(states[3].params))
+    assert not np.array_equal(jax.tree.leaves(states[2].params)[0], jax.tree.leaves(states[3].params)[0])
+    warned = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("step 2: 1 of 1 update(s) not applied: loss nan"), warned
+    assert "1 such step(s) in a row, the run stops at 3" in warned[0]
+
+
+def test_consecutive_non_finite_steps_stop_the_run(tmp_path, capsys, monkeypatch, caplog):
+    run_dir = str(tmp_path / "run")
+    nan_advantages(monkeypatch, steps={1, 2, 3, 4})
+    with caplog.at_level(logging.WARNING):
+        code = train_main([TOY, "--run-dir", run_dir, "--set", *SMALL, "steps=4", "max_nonfinite_steps=2"])
+    assert code == 1
+    line = one_error_line(capsys)
+    assert "steps 1-2 each had an update with a non-finite loss, gradient or result" in line
+    assert "max_nonfinite_steps=0" in line and "optimizer.lr" in line
+    assert [r.getMessage().split(":")[0] for r in caplog.records if "not applied" in r.getMessage()] == ["step 1"]
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [(r["step"], r["skipped_nonfinite"]) for r in records] == [(1, 1), (2, 1)]
+
+    cfg = Config()
+    cfg.max_nonfinite_steps = -1
+    with pytest.raises(ValueError, match=r"max_nonfinite_steps must be >= 0 \(0 = never stop\)"):
+        validate(cfg)
+
+
+def same_reward(completions, examples):
+    return np.ones(len(completions), np.float32)
+
+
+def test_a_run_whose_advantages_are_all_zero_warns_each_step_and_stops(tmp_path, capsys, caplog, monkeypatch):
+    """Before: a reward equal for every completion trained every row with advantage 0 (grad_norm 0.0) for the whole
+    run, and it exited 0 without a word."""
+    monkeypatch.setattr(jaxgrpo.rewards, "same_reward", same_reward, raising=False)
+    run_dir = str(tmp_path / "run")
+    with caplog.at_level(logging.WARNING):
+        code = train_main([TOY, "--run-dir", run_dir, "--set", *SMALL, "steps=4", "max_steps_without_signal=2",
+                           "rewards={'same_reward': 1.0}", "correctness_reward=same_reward"])
+    assert code == 1
+    line = one_error_line(capsys)
+    assert "steps 1-2 trained only rows whose advantage is zero (2 in a row, max_steps_without_signal=2)" in line
+    assert "the rewards were equal within every group" in line and "max_steps_without_signal=0" in line
+    warned = [r.getMessage() for r in caplog.records if "advantage is zero" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("step 1 trained only rows whose advantage is zero"), warned
+    records = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["frac_trained_rows"] == 1 and r["frac_signal_rows"] == 0 and r["grad_norm"] == 0 for r in records)

@@ -57,7 +57,7 @@ def _finish(advantages: Array, group_ids: Array, num_groups: int, valid: Array) 
 
 
 @register_advantage("grpo", paper="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models (2024)",
-                    ranges={"std_ddof": STD_DDOF, "eps": STD_EPS})
+                    ranges={"std_ddof": STD_DDOF, "eps": STD_EPS}, group_relative=True)
 def grpo(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, eps: float = 1e-6) -> Array:
     """Group-normalized advantage (GRPO): A_i = (r_i - mean_g) / (std_g + eps).
 
@@ -80,7 +80,8 @@ def grpo(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, 
     return _finish(normalized, group_ids, num_groups, valid)
 
 
-@register_advantage("dr_grpo", paper="Understanding R1-Zero-Like Training: A Critical Perspective (2025)")
+@register_advantage("dr_grpo", paper="Understanding R1-Zero-Like Training: A Critical Perspective (2025)",
+                    group_relative=True)
 def dr_grpo(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
     """Dr. GRPO advantage: A_i = r_i - mean_g (no division by the group std).
 
@@ -94,7 +95,8 @@ def dr_grpo(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
     return _finish(group_centered(rewards, group_ids, num_groups, valid), group_ids, num_groups, valid)
 
 
-@register_advantage("rloo", paper="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs (2024)")
+@register_advantage("rloo", paper="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs (2024)",
+                    group_relative=True)
 def rloo(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
     """Leave-one-out baseline (RLOO): A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g).
 
@@ -275,6 +277,7 @@ def gpg(rewards, group_ids, *, num_groups: int, valid=None, f_norm: float = 1.0)
 @register_advantage(
     "pass_at_k", paper="Optimizing Language Models for Inference Time Objectives using Reinforcement Learning (2025)",
     ranges={"eps": STD_EPS},
+    group_relative=True,
 )
 def pass_at_k(rewards, group_ids, *, num_groups: int, valid=None, std_normalize: bool = True, eps: float = 1e-6) -> Array:
     """Pass@k advantage: only each group's best row gets A = (r_max - r_second) / (std_g + eps).

@@ -169,7 +169,7 @@ def _median_and_mad(rewards, group_ids, num_groups, valid):
 
 
 @register_advantage("mc_grpo", paper=_MC_GRPO_PAPER,
-                    ranges={"mad_eps": ("> 0", "added to the MAD, so that a group whose MAD is 0 does not divide by 0")})
+                    ranges={"mad_eps": ("> 0", "added to the MAD, so that a group whose MAD is 0 does not divide by 0")}, group_relative=True)
 def mc_grpo(rewards, group_ids, *, num_groups: int, valid=None, mad_eps: float = 1e-3) -> Array:
     """Median-centered advantage (MC-GRPO): A_i = (r_i - median_g) / (MAD_g + 1e-3).
 
@@ -219,7 +219,7 @@ def mc_grpo_pivot_mask(rewards, group_ids, *, num_groups: int, valid=None) -> Ar
     "min_value": ("< max_value", "the lowest reward, mapped to 0"),
     "max_value": ("> min_value", "the highest reward, mapped to 1"),
     "max_inverse_density": ("> 0", "the clamp of 1 / Beta pdf"),
-})
+}, group_relative=True)
 def bnpo(
     rewards,
     group_ids,
@@ -278,6 +278,7 @@ def bnpo(
 @register_advantage(
     "gdpo", paper="GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL Optimization (2026)",
     ranges={"std_ddof": STD_DDOF, "eps": STD_EPS, "whiten": WHITEN},
+    group_relative=True,
 )
 def gdpo(
     rewards,
@@ -442,7 +443,7 @@ _DGPO_PAPER = (
 
 
 @register_advantage("dgpo", paper=_DGPO_PAPER,
-                    ranges={"eps": ("> 0", "added to the sum of absolute deviations, so a constant group does not divide by 0")})
+                    ranges={"eps": ("> 0", "added to the sum of absolute deviations, so a constant group does not divide by 0")}, group_relative=True)
 def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) -> Array:
     """Difficulty-balanced group advantage (DGPO): mean-absolute-deviation scaling.
 
@@ -514,7 +515,7 @@ def _normalize_in_segments(x, seg_ids, num_segments, valid, normalization, eps):
           ranges={"num_anchors": (">= 1", "the range of anchor ids"),
                   "step_weight": ("any", "omega, the weight of the step-level advantage"),
                   "normalization": ("one of mean_norm, std", "the scale F of both levels: 1 or the std"),
-                  "eps": STD_EPS})
+                  "eps": STD_EPS}, group_relative=True)
 def gigpo(
     rewards,
     group_ids,
@@ -580,6 +581,7 @@ def _grpo_normalize(rewards, seg_ids, num_segments, valid, ddof, eps):
     ranges={"num_strata": (">= 1", "the number of strata"),
             "blend": ("in [0, 1]", "alpha, the weight of the stratified normalization against the global one"),
             "std_ddof": STD_DDOF, "eps": STD_EPS},
+    group_relative=True,
 )
 def stratified_grpo(
     rewards,
@@ -656,6 +658,7 @@ def semantic_entropy_from_clusters(group_ids, cluster_ids, num_groups: int, vali
     ranges={"alpha": (">= 0", "the strength of the semantic-entropy scaling"),
             "scaling": ("one of linear, exp, focal", "the scaling function f"),
             "focal_gamma": (">= 0", "the exponent of the focal scaling"), "eps": STD_EPS},
+    group_relative=True,
     loop=("needs semantic clusters of each group's answers (SEED-GRPO's cluster_ids or semantic_entropy), "
           "which no answer clusterer in the loop computes"),
 )
@@ -735,6 +738,7 @@ def seed_grpo(
             "quantile_low": ("in (0, 1)", "a, the lower quantile level (below quantile_high)"),
             "quantile_high": ("in (quantile_low, 1)", "b, the upper quantile level"),
             "cvar_weight": (">= 0", "w, the weight of the lower tail"), "eps": STD_EPS},
+    group_relative=True,  # a bundle's papers are its questions' j-th rollouts: one per question, one paper
 )
 def riskpo(
     rewards,
@@ -830,6 +834,7 @@ XRPO_BASES = ("grpo", "dr_grpo", "rloo", "gpg", "pass_at_k", "reinforce_pp", "re
     ranges={"base": ("one of " + ", ".join(XRPO_BASES), "the base advantage estimator, one that reads only the rewards"),
             "novelty_weight": (">= 0", "lambda, the scale of the novelty bonus"),
             "clip_ratio": (">= 0", "kappa, the bonus's cap as a fraction of |A|")},
+    group_relative=True,
 )
 def xrpo(
     rewards,
@@ -883,7 +888,7 @@ _OFF_POLICY_PAPER = (
 
 
 @register_advantage("asymre", paper=_OFF_POLICY_PAPER,
-                    ranges={"baseline_shift": ("any", "delta, added to the group mean baseline")})
+                    ranges={"baseline_shift": ("any", "delta, added to the group mean baseline")}, group_relative=True)
 def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: float = -0.1) -> Array:
     """Asymmetric REINFORCE advantage (AsymRE): A_i = r_i - (mean_g + delta), delta = -0.1.
 
@@ -903,7 +908,7 @@ OPMD_BASELINES = ("mean", "logmeanexp")
 
 @register_advantage("opmd", paper=_OFF_POLICY_PAPER,
                     ranges={"baseline": ("one of mean, logmeanexp", "the group baseline b_g"),
-                            "tau": ("> 0", "the temperature of the logmeanexp baseline")})
+                            "tau": ("> 0", "the temperature of the logmeanexp baseline")}, group_relative=True)
 def opmd(rewards, group_ids, *, num_groups: int, valid=None, baseline: str = "mean", tau: float = 1.0) -> Array:
     """Online policy mirror descent advantage (OPMD): A_i = r_i - b_g.
 

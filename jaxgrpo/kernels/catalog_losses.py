@@ -376,7 +376,7 @@ def disco(
 @register_advantage("hapo", paper=_HAPO, ranges={
     "eps": ("> 0", "added to the token-level std so that a constant group does not divide by 0"),
     "fallback_threshold": ("> 0", "the |advantage| at which a group falls back to GRPO's"),
-})
+}, group_relative=True)
 def hapo(
     rewards,
     group_ids,

@@ -394,7 +394,7 @@ def spo_advantage(rewards, group_ids, *, num_groups: int, baseline, valid=None, 
     "positive_scale": (">= 0", "lambda_+, the factor of positive advantages"),
     "difficulty_strength": ("in [0, 1]", "k, the strength of the difficulty weight (keeps it >= 0)"),
     "std_ddof": STD_DDOF, "eps": STD_EPS,
-})
+}, group_relative=True)
 def a_grae(
     rewards,
     group_ids,

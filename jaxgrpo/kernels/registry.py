@@ -53,6 +53,10 @@ class KernelInfo:
     #: The values each numeric (or fixed-choice string) hyper-parameter may take, with what it is
     #: (`jaxgrpo.kernels.hyperparameters`); checked by `jaxgrpo.config.validate` before anything compiles.
     ranges: Mapping[str, Range] = dataclasses.field(default_factory=dict)
+    #: An advantage that compares each completion with the others of its prompt's group: with one completion
+    #: per prompt (group_size=1) it is 0 for every row, so `validate` refuses that pairing. Declared at
+    #: registration (tests/test_kernels_group_relative.py checks each declaration against the kernel).
+    group_relative: bool = False
 
     def check_kwargs(self, kwargs: Mapping[str, Any], *, prefix: str = "", context: Mapping[str, Any] | None = None):
         """Raises ValueError (one line) for a keyword argument of the wrong type or outside its declared range."""
@@ -69,7 +73,7 @@ _REGISTRY: dict[str, dict[str, KernelInfo]] = {kind: {} for kind in KINDS}
 
 
 def register(kind: str, name: str, *, paper: str, experimental: bool = False, loop: str | None = None,
-             ranges: Mapping[str, Any] | None = None, overwrite: bool = False):
+             ranges: Mapping[str, Any] | None = None, group_relative: bool = False, overwrite: bool = False):
     """Decorator registering `fn` as a kernel of `kind` under `name`.
 
     Args:
@@ -84,6 +88,8 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
       ranges: for each numeric hyper-parameter (and string one with fixed values), (range, what it is),
         e.g. {"eps_low": (">= 0", "the lower clip epsilon")} (see `jaxgrpo.kernels.hyperparameters`).
         Every built-in kernel declares one for each numeric hyper-parameter (tests/test_config.py checks).
+      group_relative: an advantage whose value for a row compares it with the other rows of its group
+        (GRPO, RLOO, ...): zero for every row of a group of one, so it cannot train with group_size=1.
       overwrite: allow replacing an existing entry (handy when re-running a
         notebook cell); otherwise a duplicate name is an error.
     """
@@ -104,7 +110,7 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
             )
         _REGISTRY[kind][name] = KernelInfo(
             name=name, kind=kind, paper=paper, fn=fn, experimental=experimental or name.startswith("experimental/"),
-            loop=loop, ranges=hyperparameters.parse_ranges(fn, name, ranges),
+            loop=loop, ranges=hyperparameters.parse_ranges(fn, name, ranges), group_relative=group_relative,
         )
         return fn
 

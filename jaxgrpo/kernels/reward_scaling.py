@@ -20,7 +20,7 @@ Array = jax.Array
 
 @register_advantage("grpo_batch_std", paper="Tricks or Traps? A Deep Dive into RL for LLM Reasoning (2025)",
                     ranges={"std_ddof": ("in [0, batch_size)", "delta degrees of freedom of the batch std"),
-                            "eps": ("> 0", "added to the batch std so that constant rewards do not divide by 0")})
+                            "eps": ("> 0", "added to the batch std so that constant rewards do not divide by 0")}, group_relative=True)
 def grpo_batch_std(rewards, group_ids, *, num_groups: int, valid=None, std_ddof: int = 1, eps: float = 1e-4) -> Array:
     """Group-mean baseline, batch-std scale (Lite PPO): A_i = (r_i - mean_g) / (std_batch + eps).
 

@@ -16,7 +16,7 @@ Submodules load on first use (`jaxgrpo.sampler` imports `distributed` without th
 import importlib
 
 _EXPORTS = {
-    "Trainer": "loop", "NoLearningSignal": "loop",
+    "Trainer": "loop", "NoLearningSignal": "loop", "NonFiniteUpdates": "loop",
     "TrainState": "state", "Policy": "state", "ValueHead": "state", "make_optimizer": "state",
     "build_model": "state", "make_mesh": "state", "register_model_builder": "state", "MODEL_BUILDERS": "state",
     "TrainBatch": "step", "Objective": "step", "make_update_fn": "step", "make_loss_fn": "step",

@@ -69,6 +69,11 @@ class NoLearningSignal(RuntimeError):
     """Consecutive steps trained no row (`Config.max_steps_without_signal`); the message says what to check."""
 
 
+class NonFiniteUpdates(RuntimeError):
+    """Consecutive steps had updates not applied for a non-finite loss, gradient or result
+    (`Config.max_nonfinite_steps`); the message says what to change."""
+
+
 class Trainer:
     """Runs a `Config`: builds the policy, task, rewards, mesh and jitted update, then loops.
 
@@ -201,6 +206,7 @@ class Trainer:
             history.append(metrics)
         metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
+        metrics["skipped_nonfinite"] = float(sum(float(h["skipped_nonfinite"]) for h in history))  # updates, not a mean
         return metrics
 
     def train_step(self, step: int, key: Array) -> dict:
@@ -209,12 +215,14 @@ class Trainer:
         rollout, metrics = self.rollout(jax.random.fold_in(key, step))
         stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
         batch = self.train_batch(rollout, stats)
+        signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`
         t0 = time.perf_counter()
         metrics.update(self.update(batch))
         if self.cfg.value_tracker:
             self.track(rollout, stats, batch)
         metrics["time_train"] = time.perf_counter() - t0
-        metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), time_step=time.perf_counter() - t_start)
+        metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), frac_signal_rows=float(signal.mean()),
+                       time_step=time.perf_counter() - t_start)
         return metrics
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -223,9 +231,11 @@ class Trainer:
 
         A run directory that already holds a run is refused unless `resume` (continue from its newest
         checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
-        `overwrite` (delete it and start over); a directory another run holds is refused
-        (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal` after
-        `cfg.max_steps_without_signal` consecutive steps in which no row trains, and warns once of each sign
+        `overwrite` (delete its run files and start over; refused when it holds files no run wrote); a directory
+        another run holds is refused (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal`
+        after `cfg.max_steps_without_signal` consecutive steps in which no row trains, with `NonFiniteUpdates`
+        after `cfg.max_nonfinite_steps` consecutive steps with an update skipped as non-finite (each warned
+        about; the state stays as before it), and warns once of each sign
         of collapse (`jaxgrpo.train.health`: entropy fallen while accuracy does not rise, every completion
         truncated).
 
@@ -256,7 +266,8 @@ class Trainer:
                 if start == 0 and evaluating:
                     writer.write(0, evaluate(0), file=EVAL_FILE, prefix="eval/")
                 history = []
-                without_signal = 0  # consecutive steps in which no row trained
+                without_signal = []  # why each of the consecutive steps without a learning signal had none
+                nonfinite = 0  # consecutive steps with an update not applied (non-finite)
                 warned = set()  # the kinds of collapse already warned about (each once)
                 bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
                 for step in bar:
@@ -266,9 +277,13 @@ class Trainer:
                         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
                                         s_per_step=f"{record['time_step']:.1f}")
                     done = step + 1
-                    without_signal = without_signal + 1 if record["frac_trained_rows"] == 0 else 0
+                    reason = no_signal_reason(record)
+                    without_signal = without_signal + [reason] if reason else []
                     if without_signal:
                         check_signal(cfg, done, without_signal, warn=writer.enabled)
+                    nonfinite = nonfinite + 1 if record["skipped_nonfinite"] else 0
+                    if nonfinite:
+                        check_finite(cfg, done, nonfinite, record, warn=writer.enabled)
                     for sign in health.collapse_warnings(history, entropy_floor=cfg.collapse_entropy,
                                                          window=cfg.collapse_window,
                                                          max_new_tokens=cfg.sampling.max_new_tokens):
@@ -352,19 +367,73 @@ def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:
     )
 
 
-def check_signal(cfg: Config, step: int, count: int, *, warn: bool) -> None:
-    """Warns of a step in which no row trained; raises `NoLearningSignal` at `max_steps_without_signal` in a row."""
-    limit = cfg.max_steps_without_signal
+def rows_with_signal(batch: TrainBatch) -> np.ndarray:
+    """bool[n]: the rows of (this host's) batch that train with a non-zero advantage on some token: the rows the
+    policy-gradient term learns from."""
+    return np.any((np.asarray(batch.advantages) != 0) & (np.asarray(batch.completion_mask) > 0), axis=-1)
+
+
+#: Why a step has no learning signal: (what the step did, the metric that shows it, the cause and fix an error names).
+NO_SIGNAL = {
+    "no_row": (
+        "trained no row", "frac_trained_rows=0: every reward invalid or every group filtered out",
+        "every reward was invalid (NaN: check the reward functions and that the task's examples have answers) or "
+        "dynamic sampling found no group with differing rewards",
+    ),
+    "zero_advantage": (
+        "trained only rows whose advantage is zero",
+        "frac_signal_rows=0: within every group the rewards were equal, so the update has no learning signal",
+        "every row's advantage was zero: the rewards were equal within every group (a reward that is the same "
+        "for every completion, groups of one, or a task the policy always or never solves; try "
+        "dynamic_sampling=true, more varied rewards or a larger group_size)",
+    ),
+}
+
+
+def no_signal_reason(record: dict) -> str | None:
+    """The key of `NO_SIGNAL` for a step's metrics, or None for a step with a learning signal."""
+    if record["frac_trained_rows"] == 0:
+        return "no_row"
+    if record["frac_signal_rows"] == 0:
+        return "zero_advantage"
+    return None
+
+
+def check_signal(cfg: Config, step: int, reasons: list[str], *, warn: bool) -> None:
+    """Warns of a step without a learning signal (no row trained, or only zero advantages); raises `NoLearningSignal`
+    at `max_steps_without_signal` such steps in a row. `reasons`: the `NO_SIGNAL` key of each of those steps."""
+    limit, count = cfg.max_steps_without_signal, len(reasons)
     if limit and count >= limit:
+        if len(set(reasons)) == 1:
+            what, _, cause = NO_SIGNAL[reasons[0]]
+        else:
+            what = "had no learning signal, training no row or only rows whose advantage is zero"
+            cause = "; or ".join(NO_SIGNAL[r][2] for r in sorted(set(reasons)))
         raise NoLearningSignal(
-            f"steps {step - count + 1}-{step} trained no row ({count} in a row, max_steps_without_signal={limit}): "
-            "every reward was invalid (NaN: check the reward functions and that the task's examples have "
-            "answers) or dynamic sampling found no group with differing rewards; fix that, or set "
-            "max_steps_without_signal=0 to train on regardless"
+            f"steps {step - count + 1}-{step} {what} ({count} in a row, max_steps_without_signal={limit}): {cause}; "
+            "fix that, or set max_steps_without_signal=0 to train on regardless"
         )
     if warn:
-        logger.warning("step %d trained no row (frac_trained_rows=0: every reward invalid or every group "
-                       "filtered out); %d such step(s) in a row%s", step, count,
+        what, shown, _ = NO_SIGNAL[reasons[-1]]
+        logger.warning("step %d %s (%s); %d such step(s) in a row%s", step, what, shown, count,
+                       f", the run stops at {limit}" if limit else "")
+
+
+def check_finite(cfg: Config, step: int, count: int, record: dict, *, warn: bool) -> None:
+    """Warns of a step with updates not applied (non-finite); raises `NonFiniteUpdates` at `max_nonfinite_steps`
+    such steps in a row."""
+    limit = cfg.max_nonfinite_steps
+    if limit and count >= limit:
+        raise NonFiniteUpdates(
+            f"steps {step - count + 1}-{step} each had an update with a non-finite loss, gradient or result ({count} "
+            f"in a row, max_nonfinite_steps={limit}); those updates were not applied: lower optimizer.lr, check the "
+            "rewards for huge values, or train in float32; set max_nonfinite_steps=0 to keep skipping them"
+        )
+    if warn:
+        updates = cfg.num_epochs * cfg.num_minibatches
+        logger.warning("step %d: %d of %d update(s) not applied: loss %s, grad_norm %s (a non-finite loss, gradient "
+                       "or result; the state is as before them); %d such step(s) in a row%s", step,
+                       int(record["skipped_nonfinite"]), updates, record["loss"], record["grad_norm"], count,
                        f", the run stops at {limit}" if limit else "")
 
 

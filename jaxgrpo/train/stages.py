@@ -134,6 +134,22 @@ def check_config(cfg: Config) -> None:
         if missing:
             raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {', '.join(missing)}; set "
                              f"{stage.kwargs_field}={{{', '.join(repr(m) + ': ...' for m in missing)}}}")
+    check_group_size(cfg)
+
+
+def check_group_size(cfg: Config) -> None:
+    """Refuses one completion per prompt with a group-relative advantage (`KernelInfo.group_relative`), which
+    would give every row an advantage of 0: a run that trains nothing."""
+    advantage = info_of(cfg, STAGES[1])  # None with a value head: GAE needs no group
+    if cfg.group_size != 1 or advantage is None or not advantage.group_relative:
+        return
+    alone = [k.name for k in kernels.list_kernels("advantage") if not k.group_relative and k.loop is None]
+    raise ValueError(
+        f"group_size=1 with advantage={advantage.name!r}: a group-relative advantage compares each completion with "
+        "the others of its prompt, so with one completion per prompt it is 0 for every row and nothing trains; set "
+        f"group_size >= 2, or pick an advantage that works with one sample ({', '.join(alone)}), or value_head=true "
+        "(PPO with GAE)"
+    )
 
 
 def check_fields(cfg: Config, examples) -> None:

@@ -158,13 +158,21 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
     return loss_fn
 
 
+def all_finite(tree) -> Array:
+    """bool[]: every floating-point element of `tree` is finite (integer leaves always are)."""
+    flags = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(flags).all() if flags else jnp.array(True)
+
+
 def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransformation, mesh, state_sharding,
                    packed_shape: tuple[int, int] | None = None, objective: Objective | None = None):
     """The jitted update: (TrainState, TrainBatch [num_micro, micro, ...][, layout]) -> (TrainState, metrics).
 
     Gradients of the micro-batches are summed in a `lax.scan`; each micro-batch
     loss is divided by the whole minibatch's aggregation denominator, so the sum
-    is exactly the minibatch loss and gradient. `packed_shape`, `objective`: as in
+    is exactly the minibatch loss and gradient. An update whose loss, gradient norm,
+    new parameters or new optimizer state is not finite is not applied: the state
+    comes back unchanged and the metric `skipped_nonfinite` is 1. `packed_shape`, `objective`: as in
     `make_loss_fn`, with `layout` the plan's (group rows, group offsets) [num_micro,
     groups per micro-batch] (no `layout` without packing).
     """
@@ -190,8 +198,15 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
         with jax.named_scope("optimizer"):
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-        metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
-        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), metrics
+        grad_norm = optax.tree.norm(grads)
+        updated = state._replace(params=params, opt_state=opt_state, step=state.step + 1)
+        # A non-finite loss, gradient or result is not applied: one NaN would reach every weight within a
+        # step and stay. The select keeps the state bit for bit (its step counter too), inside the update,
+        # so the donated buffers hold the right state either way.
+        applied = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((params, opt_state))
+        new_state = jax.tree.map(lambda new, old: jnp.where(applied, new, old), updated, state)
+        metrics.update(loss=loss, grad_norm=grad_norm, skipped_nonfinite=1.0 - applied.astype(jnp.float32))
+        return new_state, metrics
 
     in_shardings = (state_sharding, NamedSharding(mesh, P(None, BATCH_AXES)))
     if packed_shape:
