@@ -4,7 +4,8 @@ One-digit sums of three numbers ("What is 4 + 7 + 9?"): 1000 possible questions,
 (`test_share=2`), so the 300 evaluation examples hold 216 distinct questions that training never sees.
 `jaxgrpo-train experiments/quickstart.py` evaluates them greedily before and after training (accuracy,
 and the shares of well-formed and of well-formed-but-wrong answers) and prints where its curves and
-checkpoints are. About 12 minutes on an idle 2-core CPU (11 min 46 s measured).
+checkpoints are. About 12 minutes on an idle 2-core Xeon with AMX, 20-30 on an AVX2-only CPU; the held-out
+accuracy it reaches, and how it varies with the host and seed, are in the README ("The main job").
 """
 
 from jaxgrpo.config import Config
@@ -22,8 +23,8 @@ def config() -> Config:
     c.prompts_per_step, c.group_size = 8, 8
     c.micro_batch_size = 16  # exact gradient accumulation; bounds activation memory to a few GB
     c.sampling.temperature = 1.0
-    c.sampling.max_new_tokens = 32  # answers take ~10 tokens; rambling past 32 scores 0
-    c.optimizer.lr = 3e-5
+    c.sampling.max_new_tokens = 16  # "The answer is N." takes ~7 tokens; a cut-off reply is scored on what it stated
+    c.optimizer.lr = 1.5e-5  # 3e-5 collapsed on an AVX2 EPYC host (seed 0: 0.090 -> 0.030); docs/tasks.md
     c.steps = 30
     c.eval_every = 30
     c.eval_pass_k = 1  # greedy only: 300 questions x k samples would double the evaluation's time per k
