@@ -14,7 +14,7 @@ import os
 import typing
 from typing import Any
 
-from jaxgrpo.config import Config
+from jaxgrpo.config import Config, optional_section
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -33,6 +33,13 @@ def config_from_dict(values: dict, cfg: Any = None) -> Config:
             raise RunReadError(f"config.json has a field {name!r} that this version of jaxgrpo does not know; "
                                "read it with the jaxgrpo version that wrote it")
         current = getattr(cfg, name)
+        section = optional_section(cfg, name)
+        if section is not None:  # an optional section (Config.lora): None, or its fields
+            if value is not None and not isinstance(value, dict):
+                raise RunReadError(f"config.json's {name!r} is {value!r}, neither null nor a section of fields; "
+                                   "restore the run's config.json")
+            setattr(cfg, name, None if value is None else config_from_dict(value, current or section()))
+            continue
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise RunReadError(f"config.json's {name!r} is {value!r}, not a section of fields; restore the "
