@@ -247,7 +247,7 @@ def trainable():
     return nnx.Any(nnx.LoRAParam, nnx.PathContains("value_head"))
 
 
-def adapters(model) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def adapters_of(model) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{target: (A [layers, *contracted, rank], B [layers, rank, *out])} of an adapted decoder, as numpy float32."""
     out = {}
     for name in settings(model).targets:
@@ -263,17 +263,17 @@ def delta(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
     return scale * product.reshape(layers, *a.shape[1:-1], *b.shape[2:])
 
 
-def merged_params(model) -> dict:
+def merged_params(model, *, adapters: bool = True) -> dict:
     """The decoder's parameters as a nested dict of float32 numpy arrays with every projection merged:
-    W + (alpha / r) A B, W dequantized where it is stored quantized (what the adapted model multiplies by). A
-    model without adapters gives its own parameters."""
+    W + (alpha / r) A B, W dequantized where it is stored quantized (what the adapted model multiplies by); with
+    `adapters=False` the base's W alone. A model without adapters gives its own parameters."""
     # The parameters but the adapters; quantized projections are not parameters and are set below.
     base = nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), nnx.to_pure_dict(base))
     lora = settings(model)
     if lora is None:
         return params
-    found = adapters(model)
+    found = adapters_of(model) if adapters else {}
     for name, projection in PROJECTIONS.items():
         module = getattr(model.layers, projection.module)
         weight = np.asarray(dequantized(getattr(module, name)), np.float32)
