@@ -80,8 +80,8 @@ def check(rank: int, alpha: float, targets: Sequence[str], quantize_base: str | 
     if not alpha > 0:
         raise ValueError(f"lora.alpha must be > 0 (the adapters are scaled by alpha / rank), got {alpha}")
     if quantize_base is not None and quantize_base not in QUANTIZATIONS:
-        raise ValueError(f"lora.quantize_base must be none or one of qwix's {', '.join(map(repr, QUANTIZATIONS))}, "
-                         f"got {quantize_base!r}")
+        raise ValueError(f"lora.quantize_base must be none (the base as loaded) or one of "
+                         f"{', '.join(map(repr, QUANTIZATIONS))} (the base stored quantized by qwix), got {quantize_base!r}")
 
 
 def apply(model: Decoder, *, rank: int, alpha: float, targets: Sequence[str] = TARGETS,
@@ -303,8 +303,15 @@ def shardings(state, mesh, rules: Rules = DEFAULT_RULES):
 def shard(model, mesh, rules: Rules = DEFAULT_RULES):
     """Lays an adapted decoder's state out on `mesh` (in place; returns the model): `partitioning.shard_model` for
     a model whose quantized weights are not variables."""
-    state = nnx.state(model)
-    nnx.update(model, jax.device_put(state, shardings(state, mesh, rules)))
+    variables = nnx.state(model, nnx.Variable)
+    nnx.update(model, jax.device_put(variables, shardings(variables, mesh, rules)))
+    # A quantized weight is replaced whole: nnx.update cannot write into qwix's QArray (an immutable pytree node).
+    for name, projection in PROJECTIONS.items():
+        module = getattr(model.layers, projection.module)
+        weight = getattr(module, name)
+        if is_quantized(weight):
+            placed = shardings({"layers": {projection.module: {name: weight}}}, mesh, rules)
+            setattr(module, name, jax.device_put(weight, placed["layers"][projection.module][name]))
     return model
 
 
