@@ -46,8 +46,11 @@ def config_from_dict(values: dict, cfg: Any = None) -> Config:
                                    "run's config.json")
             config_from_dict(value, current)
         else:
-            if typing.get_type_hints(type(cfg))[name] is float and isinstance(value, int):
+            hint = typing.get_type_hints(type(cfg))[name]
+            if hint is float and isinstance(value, int):
                 value = float(value)
+            elif (hint is tuple or typing.get_origin(hint) is tuple) and isinstance(value, list):
+                value = tuple(value)  # JSON has no tuples: e.g. LoraConfig.targets comes back a list
             setattr(cfg, name, value)
     return cfg
 
