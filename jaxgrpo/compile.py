@@ -429,14 +429,19 @@ class Report:
     num_params: int
     programs: list
     attention: str  # the attention implementation the programs were traced with ("auto" resolved)
+    lora: dict | None = None  # the run's `LoraConfig` fields, None for a full fine-tune
+    num_trained: int = 0  # the parameters that train (with LoRA the adapters, else num_params)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def table(self) -> str:
         """A human-readable summary, one line per program."""
-        lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters) on {self.topology}: {self.chips} x {self.chip}, "
-                 f"{self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
+        trained = "" if not self.lora else (
+            f", LoRA rank {self.lora['rank']} ({self.num_trained / 1e6:.1f}M trained"
+            f"{', base ' + self.lora['quantize_base'] if self.lora['quantize_base'] else ''})")
+        lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters{trained}) on {self.topology}: {self.chips} x "
+                 f"{self.chip}, {self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
         for p in self.programs:
             estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
             step = "" if p.step_floor_seconds is None else f", a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
@@ -571,7 +576,7 @@ def _compile_experiment(cfg: Config, topology: str, programs) -> Report:
     policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
     attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name
     return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports,
-                  attention)
+                  attention, dataclasses.asdict(cfg.lora) if cfg.lora else None, abstract.num_trained)
 
 
 def fits_everywhere(report: Report) -> bool:
