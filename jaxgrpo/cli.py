@@ -376,7 +376,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     try:
         trainer, _ = runs.build_trainer(cfg, run_dir, step if run_dir else None)
     except runs.RunReadError as e:  # a checkpoint that does not restore, or whose arrays fail their checksums
-        return fail(e)
+        return _fail("jaxgrpo-eval", e, 2)
     result = policy_eval.evaluate_policy(trainer, trainer.eval_examples, ks, step=step)
     split = cfg.task.eval_split
     out = args.out or (os.path.join(run_dir, f"eval_{split}_step{step}.jsonl") if run_dir else f"eval_{split}.jsonl")

@@ -70,7 +70,7 @@ def test_a_run_driven_to_collapse_warns_once_of_each_sign(tmp_path, caplog):
     better than at the start, every completion cut off at the token cap. Each sign is warned about once, in
     one line naming the step and a fix, and the run goes on."""
     cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=8", "optimizer.lr=0.1",
-                     "collapse_window=3")
+                     "collapse_window=3", "max_steps_without_signal=0")
     with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.loop"):
         history = Trainer(cfg).run(progress=False)
     assert len(history) == 8 and max(h["entropy"] for h in history[-3:]) < 0.1
