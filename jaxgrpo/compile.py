@@ -144,10 +144,20 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
     from jaxgrpo.models import Decoder
 
     config, dtype = decoder_config(cfg), getattr(jnp, cfg.dtype)
-    policy = nnx.eval_shape(lambda: train.Policy(train.adapt(
-        Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat, attention=cfg.attention, rngs=nnx.Rngs(0)),
-        cfg), value_head=cfg.value_head))
-    graphdef, params, rest = nnx.split(policy, train.trainable(cfg), ...)
+    graphdefs = []
+
+    def split_policy():
+        policy = train.Policy(train.adapt(Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat,
+                                                  attention=cfg.attention, rngs=nnx.Rngs(0)), cfg),
+                              value_head=cfg.value_head)
+        graphdef, params, rest = nnx.split(policy, train.trainable(cfg), ...)
+        graphdefs.append(graphdef)
+        return params, rest
+
+    # Split while tracing, not after `nnx.eval_shape`: a QLoRA base weight is a pytree of arrays (qwix's QArray),
+    # not a variable, and is state only while its leaves are arrays; as shapes it would be folded into the graph.
+    params, rest = jax.eval_shape(split_policy)
+    graphdef = graphdefs[0]
     params, rest = _placed(params, mesh), _placed(rest, mesh)
     replicated = NamedSharding(mesh, P())
     optimizer = train.make_optimizer(cfg.optimizer)
