@@ -121,6 +121,7 @@ class Abstract(NamedTuple):
     state: Any
     num_params: int
     num_trained: int = 0
+    decoder_graphdef: Any = None  # the policy's decoder alone (the sampler's programs take it with its state)
 
 
 def _placed(tree, mesh):
@@ -151,13 +152,13 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
                                                   attention=cfg.attention, rngs=nnx.Rngs(0)), cfg),
                               value_head=cfg.value_head)
         graphdef, params, rest = nnx.split(policy, train.trainable(cfg), ...)
-        graphdefs.append(graphdef)
+        graphdefs.append((graphdef, nnx.split(policy.decoder)[0]))
         return params, rest
 
     # Split while tracing, not after `nnx.eval_shape`: a QLoRA base weight is a pytree of arrays (qwix's QArray),
     # not a variable, and is state only while its leaves are arrays; as shapes it would be folded into the graph.
     params, rest = jax.eval_shape(split_policy)
-    graphdef = graphdefs[0]
+    graphdef, decoder_graphdef = graphdefs[0]
     params, rest = _placed(params, mesh), _placed(rest, mesh)
     replicated = NamedSharding(mesh, P())
     optimizer = train.make_optimizer(cfg.optimizer)
@@ -171,7 +172,7 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
     # A quantized weight counts its values (its scales are not parameters of the model).
     frozen = sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(rest)
                  if jax.tree_util.keystr(path[-1:]) != "['scale']")
-    return Abstract(graphdef, rest, optimizer, state, trained + frozen, trained)
+    return Abstract(graphdef, rest, optimizer, state, trained + frozen, trained, decoder_graphdef)
 
 
 def _batch_shapes(cfg: Config) -> tuple[int, int, int, int]:
@@ -239,7 +240,10 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
     from jaxgrpo import sampler
 
     decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
-    graphdef, state = nnx.split(decoder)
+    # The decoder's graph as split while tracing (`abstract_train_state`: a QLoRA base is state, not graph) and
+    # its state from the policy's, as placed.
+    graphdef = abstract.decoder_graphdef
+    state = nnx.merge_state(abstract.state.params["decoder"], abstract.rest["decoder"])
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
     prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
     params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
