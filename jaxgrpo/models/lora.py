@@ -279,7 +279,8 @@ def merged_params(model, *, adapters: bool = True) -> dict:
         weight = np.asarray(dequantized(getattr(module, name)), np.float32)
         if name in found:
             weight = weight + delta(*found[name], lora.scale)
-        params["layers"][projection.module][name] = weight
+        # Under QLoRA a module may have no parameter left (attention without q/k norms): its entry starts here.
+        params["layers"].setdefault(projection.module, {})[name] = weight
     return params
 
 
