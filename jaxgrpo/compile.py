@@ -243,7 +243,7 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
     # The decoder's graph as split while tracing (`abstract_train_state`: a QLoRA base is state, not graph) and
     # its state from the policy's, as placed.
     graphdef = abstract.decoder_graphdef
-    state = nnx.merge_state(abstract.state.params["decoder"], abstract.rest["decoder"])
+    state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
     prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
     params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
