@@ -6,6 +6,9 @@ CORE = [
     "jax==0.10.2",
     "jaxlib==0.10.2",
     "flax==0.12.8",
+    # LoRA and QLoRA (jaxgrpo/models/lora.py); its own requirements (jax, flax>=0.12, numpy, opt_einsum,
+    # absl-py) are met by the pins here and theirs.
+    "qwix==0.1.8",
     "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
     "chex==0.1.92",
@@ -43,6 +46,8 @@ PARITY = ["torch==2.13.0"]
 
 # The peer for the side-by-side benchmarks; the tests run the loss cross-check against it too.
 PEERS = ["trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0"]
+# Loads a LoRA run's adapters exported in PEFT's format onto the base (tests/test_lora.py).
+PEFT = ["peft==0.21.2"]
 BENCH = PARITY + PEERS
 
 # libtpu: compiles for TPU topologies on any machine (jaxgrpo-compile), and runs on TPU hosts.
@@ -60,7 +65,7 @@ setup(
     # use (jaxgrpo/models/cpu_kernels.py).
     package_data={"jaxgrpo.models": ["cpu_attention.cc", "cpu_matmul.cc", "cpu_parallel.h"]},
     install_requires=CORE,
-    extras_require={"test": TEST + PARITY + PEERS + TPU, "parity": PARITY, "bench": BENCH, "tpu": TPU},
+    extras_require={"test": TEST + PARITY + PEERS + PEFT + TPU, "parity": PARITY, "bench": BENCH, "tpu": TPU},
     entry_points={
         "console_scripts": [
             "jaxgrpo-train=jaxgrpo.cli:train_main",

@@ -39,6 +39,12 @@ LONG_FIT_GOALS = (("Qwen3-1.7B GRPO at T = 32k fits a v5e-8", "qwen3_1_7b_v5e_8_
                   ("Qwen3-8B GRPO at T = 16k fits a v5p-8", "qwen3_8b_v5p_8_t16k_pallas_tpu"))
 #: Qwen3-1.7B's update temporaries with splash at T = 2k, 8k, 16k, 32k: linear in T, not quadratic.
 LINEAR_SWEEP = tuple(f"qwen3_1_7b_v5e_8_t{t}_pallas_tpu" for t in ("2k", "8k", "16k", "32k"))
+#: LoRA and QLoRA at the recipes' shapes (issue 35): reports that must fit, each beside the full fine-tune of the
+#: same model and topology (the same recipe compiled with `--set lora=none`).
+LORA_FIT_GOALS = (("Qwen3-8B GRPO with LoRA fits a v5e-8", "qwen3_8b_lora_gsm8k_v5e_8"),
+                  ("Qwen3-8B GRPO with QLoRA nf4 fits a v5e-8", "qwen3_8b_lora_gsm8k_v5e_8_nf4"))
+#: How a LoRA recipe is compiled as a full fine-tune of the same model, for comparison.
+FULL_FINE_TUNE = "lora=none"
 
 
 def load_reports(directory: str = REPORTS) -> list[dict]:
@@ -101,10 +107,22 @@ def _program(report: dict, name: str) -> dict | None:
     return next((p for p in report["programs"] if p["program"] == name), None)
 
 
+def training(report: dict) -> str:
+    """What a report's programs train: "LoRA r16", "QLoRA nf4 r16", or "full" (every parameter)."""
+    lora = report.get("lora")
+    if not lora:
+        return "full"
+    return (f"QLoRA {lora['quantize_base']}" if lora.get("quantize_base") else "LoRA") + f" r{lora['rank']}"
+
+
 def label(report: dict) -> str:
-    """The model, with what the report changed from its recipe (overrides, the CPU forms)."""
-    changes = list(report.get("overrides") or []) + (["CPU forms"] if report.get("cpu_forms") else [])
-    return report["model"] + (f" ({', '.join(changes)})" if changes else "")
+    """The model, with what it trains if not every parameter, and what the report changed from its recipe
+    (overrides other than LoRA's, the CPU forms); a LoRA recipe compiled with `lora=none` is a "full fine-tune"."""
+    overrides = [o for o in report.get("overrides") or [] if not o.startswith("lora")]
+    changes = (["full fine-tune"] if FULL_FINE_TUNE in (report.get("overrides") or []) else []) + overrides + (
+        ["CPU forms"] if report.get("cpu_forms") else [])
+    trains = "" if training(report) == "full" else f" + {training(report)}"
+    return report["model"] + trains + (f" ({', '.join(changes)})" if changes else "")
 
 
 def _ms(seconds) -> str:
@@ -170,6 +188,7 @@ def goals(reports: list[dict]) -> list[str]:
                      f"{ours['pallas_seconds']:.2f}) / {theirs['estimated_seconds']:.2f} s = {ratio:.2f}x | "
                      f"{'yes' if ratio <= SPLASH_GOAL else 'no'} |")
     lines += _long_sequence_goals(by_name)
+    lines += _lora_goals(by_name)
     for model, topology in FIT_GOALS:
         r = by_model.get((model, topology))
         if r is None:
@@ -235,6 +254,68 @@ def _long_sequence_goals(by_name: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _full_fine_tune_of(report: dict, reports: list[dict]) -> dict | None:
+    """The report of `report`'s recipe compiled as a full fine-tune (`--set lora=none`), if there is one."""
+    return next((r for r in reports if r.get("experiment") == report.get("experiment")
+                 and FULL_FINE_TUNE in (r.get("overrides") or [])), None)
+
+
+def _lora_goals(by_name: dict[str, dict]) -> list[str]:
+    lines = []
+    for goal, name in LORA_FIT_GOALS:
+        r = by_name.get(name)
+        if r is None:
+            lines.append(f"| {goal} (16 x 8 rows, 512 + 1024 tokens) | not compiled | no |")
+            continue
+        worst = max(r["programs"], key=lambda p: p["hbm_bytes"] / p["hbm_capacity"])
+        full = _full_fine_tune_of(r, list(by_name.values()))
+        full_update = None if full is None else _program(full, "update")
+        beside = "" if full_update is None else f"; the full fine-tune's update {full_update['hbm_bytes'] / GiB:.2f}"
+        fits = all(p["fits"] for p in r["programs"])
+        lines.append(f"| {goal} (16 x 8 rows, 512 + 1024 tokens) | largest: {worst['program']} "
+                     f"{worst['hbm_bytes'] / GiB:.2f} of {worst['hbm_capacity'] / GiB:.0f} GiB{beside} | "
+                     f"{'yes' if fits else 'no'} |")
+    return lines
+
+
+def lora_table(reports: list[dict]) -> list[str]:
+    """Per chip, each LoRA recipe's programs beside its full fine-tune: what trains, what the update holds."""
+    lines = ["| model | topology | trains | parameters trained | update: HBM per chip (GiB) | of which arguments "
+             "| of which temporaries | KL reference's copy per chip (GiB) | decode: HBM per chip (GiB) | update fits |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    compared = [r for r in reports if r.get("lora") or FULL_FINE_TUNE in (r.get("overrides") or [])]
+    # Per model and topology: the full fine-tune, then LoRA, then QLoRA.
+    compared.sort(key=lambda r: (r["model"], r["topology"], bool(r.get("lora")),
+                                 bool((r.get("lora") or {}).get("quantize_base"))))
+    for r in compared:
+        update, decode = _program(r, "update"), _program(r, "decode")
+        trained = r.get("num_trained") or r["num_params"]
+        cells = ["-"] * 4 if update is None else [
+            f"{update['hbm_bytes'] / GiB:.2f} of {update['hbm_capacity'] / GiB:.0f}",
+            f"{update['argument_bytes'] / GiB:.2f}", f"{update['temp_bytes'] / GiB:.2f}",
+            "yes" if update["fits"] else "**no**"]
+        lines.append(f"| {r['model']} | {r['topology']} | {training(r)} | {trained / 1e6:,.1f}M of "
+                     f"{r['num_params'] / 1e6:,.1f}M | {cells[0]} | {cells[1]} | {cells[2]} | {_reference_copy(r)} | "
+                     f"{'-' if decode is None else format(decode['hbm_bytes'] / GiB, '.2f')} | {cells[3]} |")
+    return lines
+
+
+def _reference_copy(report: dict) -> str:
+    """The bytes per chip of the KL reference's own copy of the weights, which a full fine-tune with a KL term keeps
+    in HBM beside the update's state (an input of the reference forward, not of the update, so not in its figure);
+    a LoRA run has none: its reference is the base with the adapters off."""
+    from jaxgrpo.config import apply_overrides, load_experiment
+
+    cfg = load_experiment(os.path.join(ROOT, report["experiment"]))
+    apply_overrides(cfg, list(report.get("overrides") or []))
+    if not cfg.kl_coef:
+        return "none (no KL term)"
+    if cfg.lora is not None:
+        return "none (the base, adapters off)"
+    itemsize = {"bfloat16": 2, "float32": 4}[cfg.dtype]
+    return f"{report['num_params'] * itemsize / report['chips'] / GiB:.2f}"
+
+
 def causes(reports: list[dict]) -> list[str]:
     lines = ["| model | topology | program | largest values the compiled program computes | collectives (count, MiB) |",
              "|---|---|---|---|---|"]
@@ -284,6 +365,18 @@ def render(directory: str = REPORTS) -> str:
         "## Benchmark goals",
         "",
         *goals(reports),
+        "",
+        "## LoRA and QLoRA",
+        "",
+        "A LoRA recipe trains rank-r adapters on every projection (`Config.lora`, docs/lora.md): the update's",
+        "arguments are the read-only base (in bfloat16, or in 4-bit NormalFloat with `lora.quantize_base=nf4`),",
+        "the adapters and their Adam moments; the base gets no gradient and no optimizer state. Each is shown",
+        "beside the same recipe compiled as a full fine-tune (`--set lora=none`), whose KL term also keeps a",
+        "reference copy of the weights in HBM (an input of the reference forward, so not in the update's figure);",
+        "with LoRA the reference is the base with the adapters off. The MFU of a LoRA update counts 4·N FLOPs",
+        "per token for the frozen weights (no weight gradient) and 6 per adapter parameter.",
+        "",
+        *lora_table(reports),
         "",
         "## What the compiled programs hold and move",
         "",

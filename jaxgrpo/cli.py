@@ -270,25 +270,38 @@ def export_main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="jaxgrpo-export",
         description="Write a run's trained policy as a Hugging Face model directory (config.json, model.safetensors, "
-                    "tokenizer with its chat template) that transformers loads as it is.",
+                    "tokenizer with its chat template) that transformers loads as it is; a LoRA run's merged, or its "
+                    "adapters alone for peft (--peft), or its base (--base).",
     )
     parser.add_argument("run_dir", help="a run directory of jaxgrpo-train (config.json and checkpoints/)")
     parser.add_argument("--out", required=True, help="the directory to write")
     parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into a non-empty --out, replacing the files an export writes (others are kept)")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--peft", action="store_true",
+                      help="a LoRA run: write its adapters alone in PEFT's format (adapter_config.json, "
+                           "adapter_model.safetensors) instead of the merged model")
+    form.add_argument("--base", action="store_true",
+                      help="a LoRA run: write the base model its adapters apply to (dequantized under QLoRA)")
     args = parser.parse_args(argv)
     from jaxgrpo import export, runs
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
+    chosen = "peft" if args.peft else "base" if args.base else "model"
     try:
-        out, step = export.export_run(args.run_dir, args.out, step=args.step, overwrite=args.overwrite)
+        out, step = export.export_run(args.run_dir, args.out, step=args.step, overwrite=args.overwrite, form=chosen)
     except (runs.RunReadError, export.ExportError, UnsupportedConfigError, WeightFileError, KeyError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"jaxgrpo-export: error: {message}", file=sys.stderr)
         return 2
-    print(f"exported step {step} of {args.run_dir} to {out}: load it with "
-          f"transformers.AutoModelForCausalLM.from_pretrained({out!r}) and AutoTokenizer.from_pretrained({out!r})")
+    if chosen == "peft":
+        print(f"exported the adapters of step {step} of {args.run_dir} to {out}: load them with "
+              f"peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), {out!r}), BASE the run's "
+              f"base in Hugging Face's format (jaxgrpo-export {args.run_dir} --base --out BASE writes it)")
+    else:
+        print(f"exported {'the base of ' if args.base else ''}step {step} of {args.run_dir} to {out}: load it with "
+              f"transformers.AutoModelForCausalLM.from_pretrained({out!r}) and AutoTokenizer.from_pretrained({out!r})")
     return 0
 
 

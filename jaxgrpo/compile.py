@@ -111,31 +111,55 @@ def decoder_config(cfg: Config):
 
 
 class Abstract(NamedTuple):
-    """What the programs are traced with: the policy's graph, its non-parameter state, the optimizer, and
-    the abstract train state (every leaf a `ShapeDtypeStruct` carrying its sharding)."""
+    """What the programs are traced with: the policy's graph, its read-only state (`rest`: with LoRA the base
+    weights), the optimizer, the abstract train state (every leaf a `ShapeDtypeStruct` carrying its sharding),
+    and the parameter counts: the whole policy's and the trained ones' (the same without LoRA)."""
 
     graphdef: Any
     rest: Any
     optimizer: optax.GradientTransformation
     state: Any
     num_params: int
+    num_trained: int = 0
+    decoder_graphdef: Any = None  # the policy's decoder alone (the sampler's programs take it with its state)
+
+
+def _placed(tree, mesh):
+    """`tree` (an abstract nnx state) with every leaf a `ShapeDtypeStruct` carrying its sharding on `mesh` as the
+    trainer lays it out (`lora.shardings`: by logical axes; a LoRA run's quantized weights as their projections)."""
+    from jaxgrpo.models import lora
+
+    def place(sharding, leaf):
+        if isinstance(leaf, nnx.Variable):
+            value = leaf.get_value()
+            return leaf.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(place, lora.shardings(tree, mesh), tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def abstract_train_state(cfg: Config, mesh) -> Abstract:
-    """The policy and its optimizer state as the trainer lays them out on `mesh`, from shapes alone."""
+    """The policy and its optimizer state as the trainer lays them out on `mesh`, from shapes alone (with LoRA,
+    the adapted policy: its base weights quantized under QLoRA)."""
     from jaxgrpo import train
-    from jaxgrpo.models import Decoder, partitioning
+    from jaxgrpo.models import Decoder
 
     config, dtype = decoder_config(cfg), getattr(jnp, cfg.dtype)
-    policy = nnx.eval_shape(lambda: train.Policy(
-        Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat, attention=cfg.attention, rngs=nnx.Rngs(0)),
-        value_head=cfg.value_head))
-    graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
-    leaves, treedef = jax.tree.flatten(params)
-    variables = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    params = treedef.unflatten([
-        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=partitioning.variable_sharding(variable, mesh))
-        for leaf, variable in zip(leaves, variables)])
+    graphdefs = []
+
+    def split_policy():
+        policy = train.Policy(train.adapt(Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat,
+                                                  attention=cfg.attention, rngs=nnx.Rngs(0)), cfg),
+                              value_head=cfg.value_head)
+        graphdef, params, rest = nnx.split(policy, train.trainable(cfg), ...)
+        graphdefs.append((graphdef, nnx.split(policy.decoder)[0]))
+        return params, rest
+
+    # Split while tracing, not after `nnx.eval_shape`: a QLoRA base weight is a pytree of arrays (qwix's QArray),
+    # not a variable, and is state only while its leaves are arrays; as shapes it would be folded into the graph.
+    params, rest = jax.eval_shape(split_policy)
+    graphdef, decoder_graphdef = graphdefs[0]
+    params, rest = _placed(params, mesh), _placed(rest, mesh)
     replicated = NamedSharding(mesh, P())
     optimizer = train.make_optimizer(cfg.optimizer)
     # The optimizer's moments live where their parameters do (as `optimizer.init` on placed parameters gives).
@@ -144,7 +168,11 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
         jax.eval_shape(optimizer.init, params), params,
         transform_non_params=lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated))
     state = train.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
-    return Abstract(graphdef, rest, optimizer, state, sum(math.prod(leaf.shape) for leaf in leaves))
+    trained = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+    # A quantized weight counts its values (its scales are not parameters of the model).
+    frozen = sum(math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(rest)
+                 if jax.tree_util.keystr(path[-1:]) != "['scale']")
+    return Abstract(graphdef, rest, optimizer, state, trained + frozen, trained, decoder_graphdef)
 
 
 def _batch_shapes(cfg: Config) -> tuple[int, int, int, int]:
@@ -192,15 +220,15 @@ def lower_forward(cfg: Config, mesh, abstract: Abstract):
     _, _, length, completion = _batch_shapes(cfg)
     rows = NamedSharding(mesh, P(train.BATCH_AXES))
 
-    def forward(params, tokens, attention, positions):
-        policy = nnx.merge(abstract.graphdef, params, abstract.rest)
+    def forward(rest, params, tokens, attention, positions):
+        policy = nnx.merge(abstract.graphdef, params, rest)
         logp, _, values = train.completion_outputs(policy, tokens, attention, positions, completion,
                                                      cfg.sampling.temperature, with_values=cfg.value_head)
         return logp, (values if values is not None else jnp.zeros_like(logp))
 
     shape = (cfg.batch_size, length)
     with jax.set_mesh(mesh):
-        traced = jax.jit(forward).trace(abstract.state.params, _sharded(shape, jnp.int32, rows),
+        traced = jax.jit(forward).trace(abstract.rest, abstract.state.params, _sharded(shape, jnp.int32, rows),
                                         _sharded(shape, jnp.bool_, rows), _sharded(shape, jnp.int32, rows))
         return traced.lower(), cfg.batch_size * length, traced.jaxpr
 
@@ -212,7 +240,10 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
     from jaxgrpo import sampler
 
     decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
-    graphdef, state = nnx.split(decoder)
+    # The decoder's graph as split while tracing (`abstract_train_state`: a QLoRA base is state, not graph) and
+    # its state from the policy's, as placed.
+    graphdef = abstract.decoder_graphdef
+    state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
     prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
     params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
@@ -412,14 +443,19 @@ class Report:
     num_params: int
     programs: list
     attention: str  # the attention implementation the programs were traced with ("auto" resolved)
+    lora: dict | None = None  # the run's `LoraConfig` fields, None for a full fine-tune
+    num_trained: int = 0  # the parameters that train (with LoRA the adapters, else num_params)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def table(self) -> str:
         """A human-readable summary, one line per program."""
-        lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters) on {self.topology}: {self.chips} x {self.chip}, "
-                 f"{self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
+        trained = "" if not self.lora else (
+            f", LoRA rank {self.lora['rank']} ({self.num_trained / 1e6:.1f}M trained"
+            f"{', base ' + self.lora['quantize_base'] if self.lora['quantize_base'] else ''})")
+        lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters{trained}) on {self.topology}: {self.chips} x "
+                 f"{self.chip}, {self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
         for p in self.programs:
             estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
             step = "" if p.step_floor_seconds is None else f", a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
@@ -537,20 +573,24 @@ def _compile_experiment(cfg: Config, topology: str, programs) -> Report:
         if "prefill" in programs:
             reports.append(_program_report("prefill", *prefill, chip, chips, 2 * n * prompt_tokens))
         if "decode" in programs:
-            # One step reads every parameter and the whole cache (prompt and completion slots) once.
-            floor = per_chip_bytes(abstract.state.params) + carry_bytes
+            # One step reads every parameter (a LoRA run's base and adapters) and the whole cache once.
+            floor = per_chip_bytes((abstract.state.params, abstract.rest)) + carry_bytes
             reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor))
     if "forward" in programs:
         lowered, tokens, jaxpr = lower_forward(cfg, mesh, abstract)
         reports.append(_program_report("forward", *_compile(lowered), jaxpr, chip, chips, 2 * n * tokens))
     if "update" in programs:
         lowered, tokens, jaxpr = lower_update(cfg, mesh, abstract)
-        reports.append(_program_report("update", *_compile(lowered), jaxpr, chip, chips, 6 * n * tokens))
+        # 6·N per trained token: the forward (2·N), the activations' gradients (2·N) and the weights' (2·N);
+        # with LoRA the frozen weights get no gradient (4·N, and 6 per adapter parameter).
+        frozen = n - abstract.num_trained
+        reports.append(_program_report("update", *_compile(lowered), jaxpr, chip, chips,
+                                       (6 * abstract.num_trained + 4 * frozen) * tokens))
     hosts = len({d.process_index for d in devices})
     policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
     attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name
     return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports,
-                  attention)
+                  attention, dataclasses.asdict(cfg.lora) if cfg.lora else None, abstract.num_trained)
 
 
 def fits_everywhere(report: Report) -> bool:

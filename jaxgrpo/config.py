@@ -40,6 +40,9 @@ DTYPES = ("float32", "bfloat16")
 STATE_DTYPES = ("float32", "bfloat16")
 #: Attention implementations `Config.attention` can name (`jaxgrpo.models.attention`: "auto" and its NAMES).
 ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "cpu")
+#: The projections `LoraConfig.targets` can name: every projection weight of the decoder's blocks
+#: (`jaxgrpo.models.decoder.PROJECTIONS`, the same names; a test keeps them equal).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 class _Fields:
@@ -99,6 +102,22 @@ class OptimizerConfig(_Fields):
     #: The float type Adam's moments are kept in between steps (`STATE_DTYPES`); they are
     #: updated in float32 either way. "bfloat16" halves their memory (8 -> 4 bytes per parameter).
     state_dtype: str = "float32"
+
+
+@dataclasses.dataclass
+class LoraConfig(_Fields):
+    """LoRA ("LoRA: Low-Rank Adaptation of Large Language Models", Hu et al. 2021) on the decoder's projections,
+    with qwix (`jaxgrpo.models.lora`): only the adapters train (and are checkpointed); the base weights are read-only,
+    stored quantized under QLoRA ("QLoRA", Dettmers et al. 2023). Defaults: every projection, rank 16, alpha 32."""
+
+    #: The adapters' inner dimension r.
+    rank: int = 16
+    #: Each adapted product adds (alpha / rank) x A B.
+    alpha: float = 32.0
+    #: The projections to adapt (`LORA_TARGETS`): attention's q, k, v, o and the MLP's gate, up, down.
+    targets: tuple = LORA_TARGETS
+    #: None, or how to store the base weights: "int8" or "nf4" (4-bit NormalFloat, in blocks of 64), qwix's; QLoRA.
+    quantize_base: str | None = None
 
 
 @dataclasses.dataclass
@@ -186,6 +205,9 @@ class Config(_Fields):
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    #: LoRA / QLoRA on the decoder's projections (`LoraConfig`), or None to train every parameter. The KL
+    #: reference is then the base model with the adapters switched off.
+    lora: LoraConfig | None = None
     #: Recompute each layer's activations in the backward pass instead of storing them. On by default:
     #: besides the memory, it is faster on CPU, where XLA would otherwise store [layers, tokens, hidden]
     #: activations and write transposed copies of them in the backward pass (benchmarks/profile_step.py).
@@ -227,11 +249,25 @@ class Config(_Fields):
 # -- overrides -----------------------------------------------------------------------
 
 
+def optional_section(cfg: Any, name: str) -> type | None:
+    """The section type of `cfg`'s field `name` when the field is an optional section (e.g. `Config.lora`:
+    `LoraConfig | None`), else None."""
+    annotation = _field_type(cfg, name)
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    sections = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a)]
+    return sections[0] if len(sections) == 1 and type(None) in typing.get_args(annotation) else None
+
+
 def valid_keys(cfg: Any, prefix: str = "") -> list[str]:
-    """Every dotted key that `--set` accepts for `cfg`."""
+    """Every dotted key that `--set` accepts for `cfg` (the fields of an optional section that is None too)."""
     keys = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        section = optional_section(cfg, f.name)
+        if value is None and section is not None:
+            keys.append(prefix + f.name)
+            value = section()
         if dataclasses.is_dataclass(value):
             keys.extend(valid_keys(value, prefix + f.name + "."))
         else:
@@ -276,7 +312,8 @@ def apply_override(cfg: Any, key: str, text: str) -> None:
     """Sets the dotted `key` of `cfg` from its command-line text `text`.
 
     Keys into dict fields (e.g. `loss_kwargs.eps_high`, `rewards.format`) set
-    or add that entry, parsed as a Python literal.
+    or add that entry, parsed as a Python literal. A key into an optional section that is None (e.g.
+    `lora.rank` without LoRA) creates the section with its defaults first.
     """
     parts = key.split(".")
     node = cfg
@@ -294,6 +331,9 @@ def apply_override(cfg: Any, key: str, text: str) -> None:
             )
         if last:
             value = getattr(node, part)
+            if optional_section(node, part) is not None and text.lower() in ("none", "null"):
+                setattr(node, part, None)  # an optional section switched off, e.g. lora=none
+                return
             if dataclasses.is_dataclass(value):
                 raise KeyError(f"config key {key!r} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(value)[0].name}=...")
             try:
@@ -301,6 +341,8 @@ def apply_override(cfg: Any, key: str, text: str) -> None:
             except ValueError as e:
                 raise ValueError(f"bad value for {key}: {e}") from None
             return
+        if getattr(node, part) is None and (section := optional_section(node, part)) is not None:
+            setattr(node, part, section())
         node = getattr(node, part)
 
 
@@ -397,6 +439,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         )
     if cfg.steps < 0:
         raise ConfigError(f"steps must be >= 0, got {cfg.steps}")
+    if cfg.lora is not None:
+        _check_lora(cfg.lora)
     _check_kernels(cfg)
 
 
@@ -488,6 +532,16 @@ def _check_ranges(cfg: Config) -> None:
     for ok, message in rules:
         if not ok:
             raise ConfigError(message)
+
+
+def _check_lora(lora: LoraConfig) -> None:
+    """LoRA's rank and alpha are positive, its targets projections of the decoder, its quantization one qwix offers."""
+    from jaxgrpo.models import lora as lora_lib
+
+    try:
+        lora_lib.check(lora.rank, lora.alpha, lora.targets, lora.quantize_base)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _check_kernels(cfg: Config) -> None:

@@ -6,6 +6,12 @@ tokenizer's files with its chat template. `AutoModelForCausalLM.from_pretrained(
 `AutoTokenizer.from_pretrained(out)` then give the same logits as the jaxgrpo decoder (checked to 1e-4
 per family in tests/test_export.py).
 
+A LoRA run (`Config.lora`) exports three ways: merged (the default: each adapted projection written as
+W + (alpha / r) A B, W dequantized under QLoRA, so transformers needs nothing more), its adapters alone in PEFT's
+format (`export_adapters`: `adapter_config.json` + `adapter_model.safetensors`, which `peft` loads onto the base,
+checked to 1e-4 in tests/test_lora.py), or the base the adapters apply to (`adapters=False`, for a base with no
+Hugging Face original, e.g. the main job's GGUF).
+
 The mapping is the inverse of `jaxgrpo.models.weights.decoder_params`. What needs no conversion, and why:
 the decoder stores Gemma's RMSNorm weights as transformers does (the forward pass adds 1), scales
 Gemma's embeddings in the forward pass as transformers' `Gemma3TextScaledWordEmbedding` does, and a
@@ -133,11 +139,64 @@ def hf_tensors(params: Mapping[str, Any], config: DecoderConfig) -> dict[str, np
     return tensors
 
 
-def decoder_params_of(model) -> dict[str, Any]:
-    """The decoder's parameters as a nested dict of numpy arrays (the tree `decoder_params` builds)."""
-    from flax import nnx
+def decoder_params_of(model, *, adapters: bool = True) -> dict[str, Any]:
+    """The decoder's parameters as a nested dict of numpy arrays (the tree `decoder_params` builds). A LoRA-adapted
+    decoder's projections are merged with their adapters (`lora.merged_params`), or with `adapters=False` are
+    its base's (dequantized under QLoRA)."""
+    from jaxgrpo.models import lora
 
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return lora.merged_params(model, adapters=adapters)
+
+
+#: The decoder's projections by their Hugging Face module names under `model.layers.{i}.`.
+HF_PROJECTIONS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                  "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+
+
+def peft_tensors(adapters: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    """PEFT's LoRA tensors of stacked adapters {target: (A [layers, *in, r], B [layers, r, *out])}: per layer
+    `...lora_A.weight` [r, in] and `...lora_B.weight` [out, r], a projection's in and out axes flattened in the
+    order of its Hugging Face weight (heads-major, as `hf_tensors` writes q, k, v and o)."""
+    tensors = {}
+    for name, (a, b) in adapters.items():
+        rank = a.shape[-1]
+        for i in range(a.shape[0]):
+            prefix = f"base_model.model.model.layers.{i}.{HF_PROJECTIONS[name]}"
+            tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[i].reshape(-1, rank).T, np.float32)
+            tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[i].reshape(rank, -1).T, np.float32)
+    return tensors
+
+
+def peft_config(settings, base_model: str) -> dict[str, Any]:
+    """PEFT's `adapter_config.json` for adapters of `settings` (`lora.LoraSettings`) on `base_model`: its scale
+    lora_alpha / r is qwix's alpha / rank."""
+    alpha = settings.alpha
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": settings.rank, "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
+            "target_modules": sorted(HF_PROJECTIONS[t].split(".")[-1] for t in settings.targets),
+            "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+            "init_lora_weights": True, "inference_mode": True, "modules_to_save": None, "layers_to_transform": None}
+
+
+def export_adapters(model, out_dir: str, *, base_model: str, overwrite: bool = False) -> str:
+    """Writes the adapters of `model` (a LoRA-adapted `Decoder`) to `out_dir` in PEFT's format, for `peft` to load
+    onto `base_model` (written into the config as `base_model_name_or_path`). A non-empty `out_dir` is refused
+    unless `overwrite`."""
+    from safetensors.numpy import save_file
+
+    from jaxgrpo.models import lora
+
+    settings = lora.settings(model)
+    if settings is None:
+        raise ExportError("the model has no LoRA adapters to export; export it whole (without --peft)")
+    check_exportable(model.config)
+    check_out_dir(out_dir, overwrite=overwrite)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(peft_tensors(lora.adapters_of(model)), os.path.join(out_dir, "adapter_model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+        json.dump(peft_config(settings, base_model), f, indent=2)
+    return out_dir
 
 
 def hf_tokenizer(tokenizer):
@@ -165,10 +224,11 @@ def check_out_dir(out_dir: str, *, overwrite: bool = False) -> None:
                           "export writes there (the others are kept), or choose another --out")
 
 
-def export_model(model, tokenizer, out_dir: str, *, overwrite: bool = False) -> str:
+def export_model(model, tokenizer, out_dir: str, *, overwrite: bool = False, adapters: bool = True) -> str:
     """Writes `model` (a jaxgrpo `Decoder`) and `tokenizer` to `out_dir` as a Hugging Face model directory.
 
-    A non-empty `out_dir` is refused unless `overwrite` (`check_out_dir`)."""
+    A LoRA-adapted model is written merged, or with `adapters=False` as its base. A non-empty `out_dir` is refused
+    unless `overwrite` (`check_out_dir`)."""
     from safetensors.numpy import save_file
 
     from jaxgrpo import sampler
@@ -183,7 +243,7 @@ def export_model(model, tokenizer, out_dir: str, *, overwrite: bool = False) -> 
     eos = stop[0] if len(stop) == 1 else (stop or None)
     bos = getattr(tokenizer, "bos_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
-    tensors = hf_tensors(decoder_params_of(model), config)
+    tensors = hf_tensors(decoder_params_of(model, adapters=adapters), config)
     os.makedirs(out_dir, exist_ok=True)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -194,20 +254,45 @@ def export_model(model, tokenizer, out_dir: str, *, overwrite: bool = False) -> 
     return out_dir
 
 
-def export_run(run_dir: str, out_dir: str, *, step: int | None = None, overwrite: bool = False) -> tuple[str, int]:
-    """Exports the policy of `run_dir`'s checkpoint of `step` (default: the newest); returns (out_dir, step).
+#: What `export_run` writes: the policy (merged with its adapters under LoRA), a LoRA run's adapters alone in
+#: PEFT's format, or a LoRA run's base.
+FORMS = ("model", "peft", "base")
 
-    A non-empty `out_dir` is refused unless `overwrite`, before anything is built (`check_out_dir`)."""
+
+def base_model_name(source: str) -> str:
+    """What PEFT's `base_model_name_or_path` names for a run's model: a published architecture's Hugging Face
+    repository (its weights are that repository's), else the model as the run names it."""
+    from jaxgrpo.models import architectures
+
+    found = architectures.ARCHITECTURES.get(source)
+    return found.repo_id if found is not None else source
+
+
+def export_run(run_dir: str, out_dir: str, *, step: int | None = None, overwrite: bool = False,
+               form: str = "model") -> tuple[str, int]:
+    """Exports `run_dir`'s checkpoint of `step` (default: the newest) as `form` (`FORMS`); returns (out_dir, step).
+
+    A non-empty `out_dir` is refused unless `overwrite`, and `peft` / `base` for a run without LoRA, before anything
+    is built (`check_out_dir`)."""
     from jaxgrpo import runs
     from jaxgrpo.models import load_config
     from jaxgrpo.train.state import MODEL_BUILDERS
 
+    if form not in FORMS:
+        raise ExportError(f"unknown export form {form!r}; valid: {', '.join(FORMS)}")
     cfg = runs.read_config(run_dir)
+    if form != "model" and cfg.lora is None:
+        raise ExportError(f"run {run_dir} trained every parameter (its config has no lora): it has no adapters and "
+                          f"no separate base; export it without --{form}")
     step = runs.choose_step(run_dir, step)
     check_out_dir(out_dir, overwrite=overwrite)
     if cfg.model not in MODEL_BUILDERS:  # a checkpoint's architecture is known before anything is built
         check_exportable(load_config(cfg.model))
     # A PPO value head is the critic of training, not part of the policy: only the decoder is written.
     trainer, _ = runs.build_trainer(cfg, run_dir, step)
-    export_model(trainer.policy.decoder, trainer.tokenizer, out_dir, overwrite=overwrite)
+    if form == "peft":
+        export_adapters(trainer.policy.decoder, out_dir, base_model=base_model_name(cfg.model), overwrite=overwrite)
+    else:
+        export_model(trainer.policy.decoder, trainer.tokenizer, out_dir, overwrite=overwrite,
+                     adapters=form == "model")
     return out_dir, step

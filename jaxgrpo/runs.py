@@ -14,7 +14,7 @@ import os
 import typing
 from typing import Any
 
-from jaxgrpo.config import Config
+from jaxgrpo.config import Config, optional_section
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -33,14 +33,24 @@ def config_from_dict(values: dict, cfg: Any = None) -> Config:
             raise RunReadError(f"config.json has a field {name!r} that this version of jaxgrpo does not know; "
                                "read it with the jaxgrpo version that wrote it")
         current = getattr(cfg, name)
+        section = optional_section(cfg, name)
+        if section is not None:  # an optional section (Config.lora): None, or its fields
+            if value is not None and not isinstance(value, dict):
+                raise RunReadError(f"config.json's {name!r} is {value!r}, neither null nor a section of fields; "
+                                   "restore the run's config.json")
+            setattr(cfg, name, None if value is None else config_from_dict(value, current or section()))
+            continue
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise RunReadError(f"config.json's {name!r} is {value!r}, not a section of fields; restore the "
                                    "run's config.json")
             config_from_dict(value, current)
         else:
-            if typing.get_type_hints(type(cfg))[name] is float and isinstance(value, int):
+            hint = typing.get_type_hints(type(cfg))[name]
+            if hint is float and isinstance(value, int):
                 value = float(value)
+            elif (hint is tuple or typing.get_origin(hint) is tuple) and isinstance(value, list):
+                value = tuple(value)  # JSON has no tuples: e.g. LoraConfig.targets comes back a list
             setattr(cfg, name, value)
     return cfg
 

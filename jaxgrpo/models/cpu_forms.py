@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.models import cpu_matmul
+from jaxgrpo.models.decoder import PROJECTIONS
 from jaxgrpo.models.memory_forms import PLAIN, MemoryForms
 from jaxgrpo.models.partitioning import active_mesh
 
@@ -40,8 +41,7 @@ class PackedWeights(NamedTuple):
 
 # The layers' weights that multiply activations, with how many of their axes (after the layer axis)
 # the product contracts: q/k/v [E, heads, D], o [heads, D, E], gate/up [E, F], down [F, E].
-_PRODUCT_WEIGHTS = {("attn", "q"): 1, ("attn", "k"): 1, ("attn", "v"): 1, ("attn", "o"): 2,
-                    ("mlp", "gate"): 1, ("mlp", "up"): 1, ("mlp", "down"): 1}
+_PRODUCT_WEIGHTS = {(p.module, name): p.contracted for name, p in PROJECTIONS.items()}
 
 
 # Slots of the KV cache read per iteration when the live length is only known at run time: a decode
@@ -209,12 +209,24 @@ def _product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
     return PLAIN.product(spec, x, weight, dtype)
 
 
+def _plain_products(model) -> bool:
+    """Whether every projection of `model` multiplies by its parameter as it is: no LoRA adapters beside it, not
+    quantized (`jaxgrpo.models.lora`). Those products are qwix's, which a packed weight would bypass."""
+    from flax import nnx
+
+    for (module, name) in _PRODUCT_WEIGHTS:
+        block = getattr(model.layers, module)
+        if not isinstance(getattr(block, name), nnx.Param) or hasattr(block, f"{name}_lora_a"):
+            return False
+    return True
+
+
 def pack_weights(model) -> PackedWeights | None:
     """A decoder's weights packed for its decode loop's one-token calls through `cpu_matmul`, or None where
     that kernel does not apply (see `cpu_matmul.use_for`).
 
     An XLA computation, run once before the loop (a copy of the weights, 270 MB for SmolLM2)."""
-    if not cpu_matmul.use_for(model.dtype, active_mesh(model.embed[...])):
+    if not cpu_matmul.use_for(model.dtype, active_mesh(model.embed[...])) or not _plain_products(model):
         return None
     layers = {name: cpu_matmul.pack(getattr(getattr(model.layers, name[0]), name[1])[...], in_dims)
               for name, in_dims in _PRODUCT_WEIGHTS.items()}

@@ -182,6 +182,36 @@ def _merge_blocks(a, b):
     return top, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a[..., None] + b[2] * scale_b[..., None]
 
 
+class Projection(NamedTuple):
+    """A projection weight of a block: the module holding it, its logical axes after the layer axis, and how many
+    of its leading axes its product contracts (the rest are the output's)."""
+
+    module: str
+    axes: tuple[str, ...]
+    contracted: int
+
+
+#: The projection weights of every block (`Block.attn` and `Block.mlp`), by name: the matrices the layers multiply
+#: activations by, and so what LoRA adapts (`jaxgrpo.models.lora`) and the CPU decode packs (`cpu_forms`).
+PROJECTIONS: dict[str, Projection] = {
+    "q": Projection("attn", ("embed", "heads", "head_dim"), 1),
+    "k": Projection("attn", ("embed", "kv_heads", "head_dim"), 1),
+    "v": Projection("attn", ("embed", "kv_heads", "head_dim"), 1),
+    "o": Projection("attn", ("heads", "head_dim", "embed"), 2),
+    "gate": Projection("mlp", ("embed", "mlp"), 1),
+    "up": Projection("mlp", ("embed", "mlp"), 1),
+    "down": Projection("mlp", ("mlp", "embed"), 1),
+}
+
+
+def _projection_weight(module: nnx.Module, name: str):
+    """`module`'s projection weight `name` as its product takes it: a parameter's array, or the weight itself where
+    it is not a parameter (qwix's quantized weights, QLoRA). The object itself, not a view of it: qwix's
+    interception (`jaxgrpo.models.lora`) finds which weight a product multiplies by identity."""
+    weight = getattr(module, name)
+    return weight[...] if isinstance(weight, nnx.Variable) else weight
+
+
 def _product(spec: str, x: jax.Array, weight, dtype, forms: memory_forms.MemoryForms) -> jax.Array:
     """`einsum(spec, x, weight)` in `dtype`, accumulated and returned by the kernel in float32, then cast:
     XLA:CPU runs a bfloat16 x bfloat16 -> float32 product natively (AVX512-BF16), but converts both
@@ -319,10 +349,10 @@ class Attention(nnx.Module):
         lead = ("layers",) * len(stack)
         self.config = c
         self.dtype = dtype
-        self.q = _param(rngs, (*stack, c.hidden_size, c.num_heads, c.head_dim), lead + ("embed", "heads", "head_dim"), param_dtype)
-        self.k = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + ("embed", "kv_heads", "head_dim"), param_dtype)
-        self.v = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + ("embed", "kv_heads", "head_dim"), param_dtype)
-        self.o = _param(rngs, (*stack, c.num_heads, c.head_dim, c.hidden_size), lead + ("heads", "head_dim", "embed"), param_dtype)
+        self.q = _param(rngs, (*stack, c.hidden_size, c.num_heads, c.head_dim), lead + PROJECTIONS["q"].axes, param_dtype)
+        self.k = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["k"].axes, param_dtype)
+        self.v = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["v"].axes, param_dtype)
+        self.o = _param(rngs, (*stack, c.num_heads, c.head_dim, c.hidden_size), lead + PROJECTIONS["o"].axes, param_dtype)
         if c.qkv_bias:
             self.q_bias = _param(rngs, (*stack, c.num_heads, c.head_dim), lead + ("heads", "head_dim"), param_dtype)
             self.k_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
@@ -332,7 +362,7 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
 
     def _project(self, x, name, forms):
-        y = _product("btd,dhk->bthk", x, getattr(self, name)[...], self.dtype, forms)
+        y = _product("btd,dhk->bthk", x, _projection_weight(self, name), self.dtype, forms)
         if self.config.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
@@ -378,7 +408,7 @@ class Attention(nnx.Module):
                                          self.dtype, forms, prefix, prefix_mask, mesh, cache_reader, cache_blocks)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
-            out = _product("bthk,hkd->btd", out, self.o[...], self.dtype, forms)
+            out = _product("bthk,hkd->btd", out, _projection_weight(self, "o"), self.dtype, forms)
             return constrain_activation(out, ("batch", None, None), mesh), new_kv
 
 
@@ -390,17 +420,17 @@ class MLP(nnx.Module):
         e, f = config.hidden_size, config.intermediate_size
         self.dtype = dtype
         self.gemma = config.is_gemma
-        self.gate = _param(rngs, (*stack, e, f), lead + ("embed", "mlp"), param_dtype)
-        self.up = _param(rngs, (*stack, e, f), lead + ("embed", "mlp"), param_dtype)
-        self.down = _param(rngs, (*stack, f, e), lead + ("mlp", "embed"), param_dtype)
+        self.gate = _param(rngs, (*stack, e, f), lead + PROJECTIONS["gate"].axes, param_dtype)
+        self.up = _param(rngs, (*stack, e, f), lead + PROJECTIONS["up"].axes, param_dtype)
+        self.down = _param(rngs, (*stack, f, e), lead + PROJECTIONS["down"].axes, param_dtype)
 
     @jax.named_scope("mlp")
     def __call__(self, x, forms, mesh=None):
         hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
-        gate = hidden(_product("bte,ef->btf", x, self.gate[...], self.dtype, forms))
+        gate = hidden(_product("bte,ef->btf", x, _projection_weight(self, "gate"), self.dtype, forms))
         gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
-        up = hidden(_product("bte,ef->btf", x, self.up[...], self.dtype, forms))
-        out = _product("btf,fe->bte", gate * up, self.down[...], self.dtype, forms)
+        up = hidden(_product("bte,ef->btf", x, _projection_weight(self, "up"), self.dtype, forms))
+        out = _product("btf,fe->bte", gate * up, _projection_weight(self, "down"), self.dtype, forms)
         return constrain_activation(out, ("batch", None, None), mesh)
 
 

@@ -69,13 +69,19 @@ def _layer_weights(params, stacks, index, packed=None):
     return params
 
 
+def _as_dtype(weight, dtype):
+    """`weight` in `dtype`; the weight object itself when it already is (a quantized weight, whose product qwix
+    computes, must reach it unconverted: see `decoder._projection_weight`)."""
+    return weight if weight.dtype == dtype else weight.astype(dtype)
+
+
 PLAIN = MemoryForms(
     name="plain",
     to_carry=lambda cache: cache,
     from_carry=lambda cache, dtype: cache,
     take_rows=lambda table, ids: table[ids],
     layer_weights=_layer_weights,
-    product=lambda spec, x, weight, dtype: jnp.einsum(spec, x, weight.astype(dtype),
+    product=lambda spec, x, weight, dtype: jnp.einsum(spec, x, _as_dtype(weight, dtype),
                                                       preferred_element_type=jnp.float32),
     read_slots=jax.lax.dynamic_slice,
     write_slots=jax.lax.dynamic_update_slice,

@@ -1,8 +1,9 @@
 """Logical axis rules: how the decoder's named parameter axes map onto a `data`/`fsdp`/`model` mesh.
 
 Every parameter carries `logical_axes` metadata (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`,
-`mlp`, `layers`, `norm`). A rule set maps each logical name to mesh axes (a name, a tuple of names,
-or None for replicated). Two conventions keep one rule set usable on any mesh:
+`mlp`, `layers`, `norm`; `lora_rank` for LoRA adapters, `jaxgrpo.models.lora`). A rule set maps each
+logical name to mesh axes (a name, a tuple of names, or None for replicated). Two conventions keep one
+rule set usable on any mesh:
 
 * mesh axes the mesh does not have are dropped (`("data", "fsdp")` on a `data`/`model` mesh
   shards over `data` only);
@@ -42,6 +43,7 @@ DEFAULT_RULES: Rules = (
     ("head_dim", ("data", "fsdp")),
     ("layers", None),
     ("norm", ("data", "fsdp")),
+    ("lora_rank", None),  # an adapter's rank is small: each adapter is split along its weight's other axes
 )
 
 FSDP_RULES: Rules = (
@@ -53,6 +55,7 @@ FSDP_RULES: Rules = (
     ("head_dim", ("data", "fsdp")),
     ("layers", None),
     ("norm", ("data", "fsdp")),
+    ("lora_rank", None),
 )
 
 

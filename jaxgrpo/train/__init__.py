@@ -1,6 +1,6 @@
 """Training: the state a checkpoint holds, the pure jitted update, rollouts, multi-host helpers, the loop.
 
-* `state`: `TrainState`, the policy, the optimizer, the mesh, checkpoints.
+* `state`: `TrainState`, the policy (LoRA-adapted with `adapt`), the optimizer, the mesh, checkpoints.
 * `step`: the pure update `(TrainState, TrainBatch) -> (TrainState, metrics)` and its loss.
 * `rollout`: sampling, scoring and dynamic sampling of a step's groups (`Rollout`).
 * `batch`: a scored rollout to the update's `TrainBatch` (advantages, reference log-probs, GAE).
@@ -19,6 +19,7 @@ _EXPORTS = {
     "Trainer": "loop", "NoLearningSignal": "loop", "NonFiniteUpdates": "loop",
     "TrainState": "state", "Policy": "state", "ValueHead": "state", "make_optimizer": "state",
     "build_model": "state", "make_mesh": "state", "register_model_builder": "state", "MODEL_BUILDERS": "state",
+    "adapt": "state", "trainable": "state",
     "TrainBatch": "step", "Objective": "step", "make_update_fn": "step", "make_loss_fn": "step",
     "completion_outputs": "step",
     "BATCH_AXES": "distributed",

@@ -44,7 +44,6 @@ import time
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -80,6 +79,8 @@ class Trainer:
     Everything can also be passed in (a model and tokenizer, a task, reward functions) so tests and
     notebooks run without downloads. The state that changes is `self.state` (a `TrainState`, what
     the update donates) with `ref_params` and the prompt stream's position: what a checkpoint holds.
+    With `cfg.lora` the model is adapted (`state.adapt`): `self.state.params` are the adapters, `self.rest`
+    the read-only base, and the KL reference the base with the adapters off (`ref_params` None).
     """
 
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
@@ -111,10 +112,13 @@ class Trainer:
 
         self.attention_scale = packing.attention_scale(model.config)  # for packed row layouts
         shard_model(model, self.mesh)  # FSDP / tensor-parallel layout from the model's logical axes
-        self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head), nnx.Param, ...)
+        model = state_lib.adapt(model, cfg, self.mesh)  # LoRA: adapters on the projections, the base read-only
+        # `params` train (every parameter, or LoRA's adapters); `rest` is read-only, an argument of every program.
+        self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head),
+                                                     state_lib.trainable(cfg), ...)
         self.optimizer = state_lib.make_optimizer(cfg.optimizer)
         self.state = state_lib.init_state(params, self.optimizer, self.mesh)
-        self.ref_params = jax.tree.map(jnp.copy, params) if cfg.kl_coef else None
+        self.ref_params = state_lib.reference_params(cfg, params)
         self._updates: dict = {}  # packed shape -> jitted update (compiled on first use)
         self._forward = step_lib.make_forward_fn(cfg, self.graphdef, self.rest)
         self._take_rows = jax.jit(lambda batch, rows: jax.tree.map(lambda x: x[rows], batch),
@@ -161,7 +165,8 @@ class Trainer:
 
     def score(self, tokens, attention, positions, completion_len: int, which: str) -> np.ndarray:
         """f32[n, C] for this host's rows: the "reference" or current ("policy") log-probs, or the "values"."""
-        params = self.ref_params if which == "reference" else self.state.params
+        params = (state_lib.reference_of(self.cfg, self.state.params, self.ref_params) if which == "reference"
+                  else self.state.params)
         outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
         return local_rows(outputs[1 if which == "values" else 0], self.mesh)
 

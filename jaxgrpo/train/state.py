@@ -2,7 +2,9 @@
 
 `TrainState` is the pytree the jitted update donates and returns. A checkpoint holds it with the
 reference policy (when a KL term needs one); the step, the data position and the RNG key go in the
-checkpoint's metadata (`save` / `restore`).
+checkpoint's metadata (`save` / `restore`). With LoRA (`Config.lora`) the parameters that train are the
+adapters (`trainable`), so the state and a checkpoint hold only them and their optimizer state; the base
+weights are rebuilt from the model's source, and the KL reference is the base with the adapters off.
 """
 
 from __future__ import annotations
@@ -94,6 +96,49 @@ def build_model(cfg: Config):
         model.attention = cfg.attention
         return model, tokenizer
     return models.load(cfg.model, dtype=dtype, remat=cfg.remat, attention=cfg.attention)
+
+
+def adapt(model, cfg: Config, mesh=None):
+    """`model` with the LoRA of `cfg.lora` (`jaxgrpo.models.lora.apply`: adapters on its projections, the base
+    weights quantized under QLoRA), laid out on `mesh` if given; `model` itself without `cfg.lora`."""
+    if cfg.lora is None:
+        return model
+    from jaxgrpo.models import lora
+
+    adapted = lora.apply(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, targets=cfg.lora.targets,
+                         quantize_base=cfg.lora.quantize_base, seed=cfg.seed)
+    return lora.shard(adapted, mesh) if mesh is not None else adapted
+
+
+def trainable(cfg: Config):
+    """The nnx filter of the policy's parameters that train (`TrainState.params`): every parameter, or with LoRA
+    the adapters (and a value head); the rest of the policy's state is read-only."""
+    if cfg.lora is None:
+        return nnx.Param
+    from jaxgrpo.models import lora
+
+    return lora.trainable()
+
+
+def reference_params(cfg: Config, params):
+    """The KL reference's parameters at the start: a copy of `params` with a KL term, None without one. With LoRA
+    None too (the reference is the base: the adapters switched off, `reference_of`), unless a supervised warm-up
+    will move the adapters first: the reference is then the warmed-up adapters (megabytes)."""
+    if not cfg.kl_coef or (cfg.lora is not None and not cfg.warmup_sft_steps):
+        return None
+    return jax.tree.map(jnp.copy, params)
+
+
+def reference_of(cfg: Config, params, ref_params):
+    """The parameters the KL reference is scored with: `ref_params`, or with LoRA and none kept, `params` with
+    every adapter zero (the base model, no second copy of its weights)."""
+    if ref_params is not None:
+        return ref_params
+    if cfg.lora is None:
+        raise ValueError("no reference policy: this run has no KL term (kl_coef=0)")
+    from jaxgrpo.models import lora
+
+    return lora.adapters_off(params)
 
 
 def make_mesh(cfg: Config, devices: Sequence | None = None) -> jax.sharding.Mesh:

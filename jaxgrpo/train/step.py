@@ -164,8 +164,34 @@ def all_finite(tree) -> Array:
     return jnp.stack(flags).all() if flags else jnp.array(True)
 
 
+class BoundProgram(NamedTuple):
+    """A jitted program of (frozen, *args) with `frozen` bound: called, traced and lowered with *args.
+
+    `frozen` is the policy's state that does not train (`nnx.split`'s rest: a LoRA run's base weights, nothing
+    much otherwise). It is an argument of the compiled program, laid out where it lives, never a constant
+    folded into it, so a program over a frozen 8B model takes its weights as inputs (as the compile report counts them).
+    """
+
+    program: Callable
+    frozen: object
+
+    def __call__(self, *args):
+        return self.program(self.frozen, *args)
+
+    def trace(self, *args):
+        return self.program.trace(self.frozen, *args)
+
+    def lower(self, *args):
+        return self.program.lower(self.frozen, *args)
+
+
+def shardings_of(tree):
+    """The shardings of a tree of placed arrays (or of `jax.ShapeDtypeStruct`s carrying one)."""
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
 def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransformation, mesh, state_sharding,
-                   packed_shape: tuple[int, int] | None = None, objective: Objective | None = None):
+                   packed_shape: tuple[int, int] | None = None, objective: Objective | None = None) -> BoundProgram:
     """The jitted update: (TrainState, TrainBatch [num_micro, micro, ...][, layout]) -> (TrainState, metrics).
 
     Gradients of the micro-batches are summed in a `lax.scan`; each micro-batch
@@ -174,12 +200,13 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
     new parameters or new optimizer state is not finite is not applied: the state
     comes back unchanged and the metric `skipped_nonfinite` is 1. `packed_shape`, `objective`: as in
     `make_loss_fn`, with `layout` the plan's (group rows, group offsets) [num_micro,
-    groups per micro-batch] (no `layout` without packing).
+    groups per micro-batch] (no `layout` without packing). `rest`, the policy's state besides `state.params`
+    (read-only: with LoRA the base weights), is the program's first argument, bound (`BoundProgram`).
     """
     o = objective or objective_of(cfg)
-    grad_fn = jax.value_and_grad(make_loss_fn(cfg, graphdef, rest, packed_shape, o), has_aux=True)
 
-    def update(state: TrainState, batch: TrainBatch, layout=None):
+    def update(rest, state: TrainState, batch: TrainBatch, layout=None):
+        grad_fn = jax.value_and_grad(make_loss_fn(cfg, graphdef, rest, packed_shape, o), has_aux=True)
         flat_mask = batch.completion_mask.reshape(-1, batch.completion_mask.shape[-1])
         denominator = kernels.aggregation_denominator(flat_mask, o.aggregation, max_len=o.max_len)
 
@@ -208,27 +235,29 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
         metrics.update(loss=loss, grad_norm=grad_norm, skipped_nonfinite=1.0 - applied.astype(jnp.float32))
         return new_state, metrics
 
-    in_shardings = (state_sharding, NamedSharding(mesh, P(None, BATCH_AXES)))
+    in_shardings = (shardings_of(rest), state_sharding, NamedSharding(mesh, P(None, BATCH_AXES)))
     if packed_shape:
         in_shardings += (NamedSharding(mesh, P()),)  # the layout, replicated
-    return jax.jit(
+    program = jax.jit(
         update,
         in_shardings=in_shardings,
         out_shardings=(state_sharding, NamedSharding(mesh, P())),
-        donate_argnums=(0,),
+        donate_argnums=(1,),
     )
+    return BoundProgram(program, rest)
 
 
-def make_forward_fn(cfg: Config, graphdef, rest):
+def make_forward_fn(cfg: Config, graphdef, rest) -> BoundProgram:
     """jit(params, tokens, attention, positions, completion_len) -> (log-probs, values) f32[n, C], no gradients.
 
     Values are zeros without a value head. Scores the reference policy (KL) and the values before an update (GAE).
+    `rest` (the policy's state besides `params`) is bound as the program's first argument (`BoundProgram`).
     """
 
-    def forward(params, tokens, attention, positions, completion_len):
+    def forward(rest, params, tokens, attention, positions, completion_len):
         policy = nnx.merge(graphdef, params, rest)
         logp, _, values = completion_outputs(policy, tokens, attention, positions, completion_len,
                                              cfg.sampling.temperature, with_values=cfg.value_head)
         return logp, (values if values is not None else jnp.zeros_like(logp))
 
-    return jax.jit(forward, static_argnums=(4,))
+    return BoundProgram(jax.jit(forward, static_argnums=(5,)), rest)

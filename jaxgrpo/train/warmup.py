@@ -72,6 +72,6 @@ def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_siz
             state, metrics = update(state, batch)
         losses.append(float(metrics["loss"]))
     trainer.state = trainer.state._replace(params=state.params)
-    if trainer.ref_params is not None:
+    if trainer.ref_params is not None:  # with LoRA too: the warmed-up adapters (`state.reference_params`)
         trainer.ref_params = jax.tree.map(jnp.copy, state.params)
     return losses
