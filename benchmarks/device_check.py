@@ -1,0 +1,606 @@
+"""One command that measures what matters on the accelerator it runs on, into one JSON file.
+
+    python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
+        [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
+        [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,train,torch]
+
+Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
+by default) in bfloat16, from a checkout with only the core install and the platform's jax; nothing is
+downloaded. The sections, each written to the JSON as soon as it is measured (a run cut short keeps what
+it measured):
+
+* `env`: the chip, its memory, jax and jaxlib versions, the platform;
+* `matmul`: the measured bfloat16 matmul peak (a jitted N x N x N product, median of repeats) and the
+  measured memory bandwidth (a jitted elementwise pass over a large array: bytes read + written);
+* `attention`: forward + backward of one layer's training attention on the packed prompt-group layout
+  (one prompt and its samples in a row) and on unpacked rows, for every implementation that runs here;
+* `sampler`: `sampler.generate` of prompts x samples rows, `--prompt-len` random prompt tokens, `--new-tokens`
+  new tokens, no stop token: tokens/s and ms per decode step (the slope between a short and the full run,
+  so prefill is out of it) beside the HBM floor (the weights plus the live KV cache read once a step, the
+  prompt's cache once per group as the sampler shares it, over the measured bandwidth);
+* `train`: the trainer's GRPO step (`Trainer.train_step`: sample, score, update) on a task whose reward is
+  the parity of each completion's token sum (so every group has signal), packing on and off: seconds per
+  step and per update, update tokens/s and MFU (6 N x the update's tokens, prompt + completion slots of
+  every row as `jaxgrpo-compile` counts them, over the matmul peak measured here), with the compile
+  report's roofline estimate of the same update (`compile.count_products` at the measured peak and
+  bandwidth) and the measured/estimate factor;
+* `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
+  accelerator (or with `--small` on a CPU): `generate`, and forward + backward + AdamW over the step's rows
+  in micro-batches of 32 with gradient checkpointing: the anchor.
+
+`--small` runs all of it on a tiny Qwen3-shaped model in seconds (on a CPU): a test runs it so the script
+cannot rot. Without `--small` the defaults are the shapes of the issue that asked for this (16 prompts x 8
+samples, 256-token prompts, 512 new tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+
+SECTIONS = ("env", "matmul", "attention", "sampler", "train", "torch")
+
+#: A Qwen3-shaped model small enough for a CPU to run every section in seconds (`--small`).
+SMALL_HF_CONFIG = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "hidden_act": "silu", "attention_bias": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+    "rope_scaling": None, "max_position_embeddings": 4096, "sliding_window": None, "use_sliding_window": False,
+    "tie_word_embeddings": True,
+}
+SMALL_SHAPES = {"prompts": 2, "samples": 4, "prompt_len": 16, "new_tokens": 16, "steps": 2, "micro_batch": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    prompts: int
+    samples: int
+    prompt_len: int
+    new_tokens: int
+    steps: int
+    micro_batch: int
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.samples
+
+
+# -- a tokenizer and task for random weights --------------------------------------------------------------
+
+
+class IdTokenizer:
+    """Text is token ids written as decimal numbers ("17 4 99"): any id a random model samples decodes, and a
+    prompt of n numbers is n tokens. No special tokens, so nothing stops a completion early."""
+
+    pad_token_id = 0
+    eos_token_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+    def batch_decode(self, batch, skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False, **_):
+        text = " ".join(m["content"] for m in messages if m["role"] == "user")
+        return self.encode(text) if tokenize else text
+
+
+@dataclasses.dataclass
+class RandomPromptsTask:
+    """Prompts of `length` random token ids; the reward is the parity of a completion's token sum."""
+
+    vocab_size: int = 512
+    length: int = 16
+    name: str = "device_check"
+
+    def load(self, split: str, *, data_dir: str | None = None, num_examples: int | None = None) -> list[dict]:
+        rng = np.random.default_rng([0, split == "train"])
+        ids = rng.integers(1, self.vocab_size, (num_examples or 256, self.length))
+        return [{"question": " ".join(map(str, row)), "answer": ""} for row in ids]
+
+    def messages(self, example: dict) -> list[dict]:
+        return [{"role": "user", "content": example["question"]}]
+
+    def default_rewards(self) -> list:
+        return [(parity_reward, 1.0)]
+
+    def reference_completion(self, example: dict) -> str:
+        return "0"
+
+
+def parity_reward(completions: list[str], examples) -> np.ndarray:
+    """1 where the completion's token ids sum to an even number: about half of every group."""
+    return np.array([float(sum(map(int, c.split())) % 2 == 0) for c in completions], np.float32)
+
+
+# -- measurements -----------------------------------------------------------------------------------------
+
+
+def timed(fn, *args, repeats: int) -> list[float]:
+    """Seconds of `repeats` calls of `fn(*args)` after one warm-up call (the compile)."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def environment() -> dict:
+    import jax
+    import jaxlib
+
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    return {"chip": device.device_kind, "platform": device.platform, "device_count": jax.device_count(),
+            "memory_bytes": stats.get("bytes_limit"), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "python": platform.python_version(), "host": platform.node(), "processor": _cpu_name()}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def matmul_and_bandwidth(small: bool) -> dict:
+    """The bfloat16 matmul peak (FLOP/s) and the memory bandwidth (bytes/s), measured: medians of repeats."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 512 if small else 8192
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
+    matmul = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.bfloat16))
+    seconds = timed(matmul, a, b, repeats=5 if small else 20)
+    peak = 2.0 * n**3 / statistics.median(seconds)
+    elements = (1 << 20) if small else (1 << 30)  # 2 GiB of bfloat16 read and written on an accelerator
+    x = jnp.ones((elements,), jnp.bfloat16)
+    scale = jax.jit(lambda x: x * jnp.bfloat16(1.0001))
+    seconds_bw = timed(scale, x, repeats=5 if small else 20)
+    bandwidth = 2 * elements * 2 / statistics.median(seconds_bw)
+    return {"matmul_n": n, "matmul_seconds": seconds, "peak_flops": peak, "bandwidth_bytes": 2 * elements * 2,
+            "bandwidth_seconds": seconds_bw, "bandwidth": bandwidth}
+
+
+def attention_layouts(shapes: Shapes, config) -> dict:
+    """Forward + backward seconds of one layer's training attention over one micro-batch, packed (one prompt
+    and its samples per row, as `jaxgrpo.models.packing` lays them out) and unpacked, for every implementation
+    that runs here, with each one's largest difference from the XLA reference (output and gradients); on a GPU
+    also cuDNN's fused attention (`jax.nn.dot_product_attention`) on the unpacked rows, for scale."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxgrpo.models import attention
+
+    platform_name = jax.default_backend()
+    kv, groups, head_dim = config.num_kv_heads, config.num_heads // config.num_kv_heads, config.head_dim
+    completion, prompt, samples = shapes.new_tokens, shapes.prompt_len, shapes.samples
+    packed_rows, rows = shapes.micro_batch // samples, shapes.micro_batch
+    packed_length = prompt + samples * completion
+    slots = jnp.arange(packed_length, dtype=jnp.int32)
+    branch = jnp.where(slots < prompt, 0, 1 + (slots - prompt) // completion)
+    positions = jnp.where(branch == 0, slots, prompt + (slots - prompt) % completion)
+    layouts = {
+        "packed": (attention.AttentionLayout.branches(jnp.ones((packed_rows, packed_length), jnp.int32),
+                                                      jnp.broadcast_to(branch, (packed_rows, packed_length))),
+                   jnp.broadcast_to(positions, (packed_rows, packed_length))),
+        "unpacked": (attention.AttentionLayout.padded(jnp.ones((rows, prompt + completion), bool)),
+                     jnp.broadcast_to(jnp.arange(prompt + completion, dtype=jnp.int32), (rows, prompt + completion))),
+    }
+    scale = head_dim**-0.5
+    results = {}
+
+    def inputs(rows, length):
+        key = jax.random.key(0)
+        return (jax.random.normal(key, (rows, length, kv, groups, head_dim), jnp.bfloat16),
+                jax.random.normal(jax.random.fold_in(key, 1), (rows, length, kv, head_dim), jnp.bfloat16),
+                jax.random.normal(jax.random.fold_in(key, 2), (rows, length, kv, head_dim), jnp.bfloat16))
+
+    def gradient(implementation, layout, positions):
+        def loss(q, k, v):
+            out = implementation.attend(q, k, v, implementation.prepare(layout, positions, None), False, scale=scale)
+            return jnp.sum(out.astype(jnp.float32) ** 2), out
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    def record(name, fn, args, reference=None):
+        try:
+            seconds = timed(fn, *args, repeats=3 if shapes.prompts <= 2 else 10)
+            entry = {"seconds": statistics.median(seconds), "seconds_all": seconds}
+            if reference is not None:
+                (_, out), grads = fn(*args)
+                (_, ref_out), ref_grads = reference
+                # max |ours - reference| / max |reference|, per output and gradient
+                entry["relative_difference_from_xla"] = {
+                    part: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                                / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
+                    for part, a, b in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads))}
+        except Exception as error:  # noqa: BLE001 — e.g. out of memory: recorded, the others still run
+            entry = {"error": _one_line(error)}
+        results[name] = {"shape": [int(d) for d in args[0].shape], **entry}
+        print(f"  attention {name}: {results[name]}", flush=True)
+
+    # On a CPU the Pallas kernels run interpreted (their parity tests cover them): the compiled forms only.
+    names = [n for n in attention.available(platform_name) if platform_name != "cpu" or n in ("xla", "cpu")]
+    for layout_name, (layout, positions) in layouts.items():
+        args = inputs(*positions.shape)
+        reference = None
+        for name in sorted(names, key=lambda n: n != "xla"):  # the reference first
+            fn = gradient(attention.get(name), layout, positions)
+            if name == "xla":
+                try:
+                    reference = jax.block_until_ready(fn(*args))
+                except Exception:  # noqa: BLE001 — no reference where the dense form does not fit
+                    reference = None
+            record(f"{name}/{layout_name}", fn, args, None if name == "xla" else reference)
+    if platform_name == "gpu":
+        q, k, v = inputs(rows, prompt + completion)
+
+        def cudnn_loss(q, k, v):
+            b, t = q.shape[:2]
+            out = jax.nn.dot_product_attention(q.reshape(b, t, kv * groups, head_dim), k, v, scale=scale,
+                                               is_causal=True, implementation="cudnn")
+            return jnp.sum(out.astype(jnp.float32) ** 2), out.reshape(q.shape)
+        record("cudnn/unpacked", jax.jit(jax.value_and_grad(cudnn_loss, argnums=(0, 1, 2), has_aux=True)), (q, k, v))
+    return results
+
+
+def sampler_section(model, shapes: Shapes, bandwidth: float) -> dict:
+    """Tokens/s and ms per decode step of `sampler.generate`, beside the HBM floor per step."""
+    import jax
+
+    from jaxgrpo import sampler
+
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(1, model.config.vocab_size, (shapes.prompts, shapes.prompt_len)).tolist()
+
+    def run(new_tokens: int, seed: int) -> float:
+        start = time.perf_counter()
+        out = sampler.generate(model, prompts, num_samples=shapes.samples, max_new_tokens=new_tokens,
+                               key=jax.random.key(seed), temperature=1.0)
+        jax.block_until_ready(out.completion_tokens)
+        elapsed = time.perf_counter() - start
+        assert int(out.completion_mask.sum()) == shapes.rows * new_tokens, "a row stopped early"
+        return elapsed
+
+    short = max(shapes.new_tokens // 8, 2)
+    run(short, 0), run(shapes.new_tokens, 0)  # compile both buckets
+    full = [run(shapes.new_tokens, seed) for seed in (1, 2)]
+    brief = [run(short, seed) for seed in (1, 2)]
+    per_step = (statistics.median(full) - statistics.median(brief)) / (shapes.new_tokens - short)
+    c = model.config
+    kv_bytes_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2  # k and v, bfloat16
+    weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx_state(model)))
+    # Live cache at the middle step: every prompt's cache once (shared by its samples), each row's new tokens.
+    live = (shapes.prompts * shapes.prompt_len + shapes.rows * shapes.new_tokens / 2) * kv_bytes_per_token
+    floor = (weights + live) / bandwidth
+    return {"new_tokens": shapes.new_tokens, "short_new_tokens": short, "seconds_all": full, "short_seconds_all": brief,
+            "seconds": statistics.median(full), "tokens_per_second": shapes.rows * shapes.new_tokens / statistics.median(full),
+            "ms_per_decode_step": 1e3 * per_step, "weight_bytes": int(weights), "mean_live_kv_bytes": int(live),
+            "hbm_floor_ms_per_step": 1e3 * floor, "floor_ratio": per_step / floor}
+
+
+def nnx_state(model):
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)
+
+
+def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str):
+    from jaxgrpo.config import Config
+
+    c = Config()
+    c.model = model_name
+    c.dtype = "bfloat16"
+    c.remat = True
+    c.packing = packing
+    c.attention = attention
+    c.task.name = "device_check"
+    c.task.num_eval_examples = 0
+    c.correctness_reward = "parity_reward"
+    c.advantage, c.loss, c.aggregation = "grpo", "ppo_clip", "seq_mean_token_mean"
+    c.kl_coef = 0.0
+    c.prompts_per_step, c.group_size = shapes.prompts, shapes.samples
+    c.micro_batch_size = shapes.micro_batch
+    c.sampling.max_prompt_len = shapes.prompt_len
+    c.sampling.max_new_tokens = shapes.new_tokens
+    c.sampling.temperature = 1.0
+    c.optimizer.lr = 1e-6
+    c.steps = shapes.steps
+    c.eval_every = 0
+    c.checkpoint_every = 0
+    c.max_steps_without_signal = 0
+    c.collapse_window = 0
+    return c
+
+
+def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
+    """The compile report's roofline of one update call (`compile.count_products` at the measured peak and
+    bandwidth), times the calls a step makes."""
+    from jaxgrpo import compile as compile_lib
+
+    abstract = compile_lib.abstract_train_state(cfg, mesh)
+    _, tokens, jaxpr = compile_lib.lower_update(cfg, mesh, abstract)
+    products = compile_lib.count_products(jaxpr, peak, bandwidth)
+    calls = cfg.num_minibatches * cfg.num_epochs
+    return {"estimate_seconds": products.roofline_seconds * calls, "tokens": tokens * calls,
+            "num_params": abstract.num_params, "loops_counted_once": products.loops_counted_once}
+
+
+def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float) -> dict:
+    """Seconds of the GRPO step and of its update (median over the steps after the first, which compiles)."""
+    import jax
+
+    from jaxgrpo.train import Trainer
+
+    cfg = train_config(model_name, shapes, packing, attention)
+    trainer = Trainer(cfg)
+    records = []
+    for step in range(shapes.steps):
+        start = time.perf_counter()
+        metrics = trainer.train_step(step, jax.random.key(cfg.seed))
+        jax.block_until_ready(trainer.state)
+        records.append({"step_seconds": time.perf_counter() - start, "update_seconds": metrics["time_train"],
+                        "frac_signal_rows": metrics.get("frac_signal_rows")})
+        print(f"  train packing={packing} step {step}: {records[-1]}", flush=True)
+    timed_steps = records[1:] or records
+    estimate = update_estimate(cfg, trainer.mesh, peak, bandwidth)
+    update = statistics.median(r["update_seconds"] for r in timed_steps)
+    step = statistics.median(r["step_seconds"] for r in timed_steps)
+    model_flops = 6.0 * estimate["num_params"] * estimate["tokens"]
+    completion_tokens = shapes.rows * shapes.new_tokens
+    return {"packing": packing, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
+            "steps": records, "step_seconds": step, "update_seconds": update,
+            "update_tokens": estimate["tokens"], "update_tokens_per_second": estimate["tokens"] / update,
+            "completion_tokens_per_second": completion_tokens / update,
+            "seconds_per_completion_token": update / completion_tokens,
+            "mfu": model_flops / update / peak, "num_params": estimate["num_params"],
+            "estimate_seconds": estimate["estimate_seconds"],
+            "measured_over_estimate": update / estimate["estimate_seconds"]}
+
+
+# -- the torch anchor, in its own process -------------------------------------------------------------------
+
+
+def torch_anchor(kind: str, hf_config: dict, shapes: Shapes) -> dict:
+    """transformers + torch on the same shapes (random weights, bfloat16): `generate` or a training step."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**{k: v for k, v in hf_config.items() if k not in ("model_type", "architectures")},
+                                  model_type=hf_config["model_type"])
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device)
+    prompts = torch.randint(1, config.vocab_size, (shapes.prompts, shapes.prompt_len), device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if kind == "generate":
+        def run(new_tokens):
+            sync()
+            start = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0, top_k=0,
+                               num_return_sequences=shapes.samples, max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, pad_token_id=0)
+            sync()
+            return time.perf_counter() - start
+        run(4)
+        seconds = [run(shapes.new_tokens) for _ in range(2)]
+        return {"device": device, "seconds_all": seconds,
+                "tokens_per_second": shapes.rows * shapes.new_tokens / statistics.median(seconds)}
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    rows = torch.cat([prompts.repeat_interleave(shapes.samples, 0),
+                      torch.randint(1, config.vocab_size, (shapes.rows, shapes.new_tokens), device=device)], 1)
+    micro = min(32, shapes.rows)
+
+    def step():
+        sync()
+        start = time.perf_counter()
+        for i in range(0, shapes.rows, micro):
+            batch = rows[i:i + micro]
+            logits = model(batch).logits[:, shapes.prompt_len - 1:-1].float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     batch[:, shapes.prompt_len:].reshape(-1))
+            (loss * batch.shape[0] / shapes.rows).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - start
+
+    step()
+    seconds = [step() for _ in range(3)]
+    tokens = shapes.rows * (shapes.prompt_len + shapes.new_tokens)
+    return {"device": device, "micro_batch": micro, "gradient_checkpointing": True, "seconds_all": seconds,
+            "seconds": statistics.median(seconds), "tokens_per_second": tokens / statistics.median(seconds),
+            "completion_tokens_per_second": shapes.rows * shapes.new_tokens / statistics.median(seconds)}
+
+
+def torch_section(hf_config: dict, shapes: Shapes, small: bool) -> dict:
+    """Each anchor in a separate process (so torch and jax never share the accelerator's memory)."""
+    try:
+        import torch
+    except ImportError:
+        return {"skipped": "torch is not installed"}
+    if not (torch.cuda.is_available() or small):
+        return {"skipped": "torch does not see an accelerator"}
+    results = {}
+    for kind in ("generate", "update"):
+        spec = json.dumps({"kind": kind, "hf_config": hf_config, "shapes": dataclasses.asdict(shapes)})
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--anchor", spec], capture_output=True,
+                              text=True, timeout=900)
+        if proc.returncode:
+            results[kind] = {"error": (proc.stderr.strip().splitlines() or ["(no output)"])[-1]}
+        else:
+            results[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"  torch {kind}: {results[kind]}", flush=True)
+    return results
+
+
+# -- the driver ---------------------------------------------------------------------------------------------
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+def register(hf_config: dict, shapes: Shapes, name: str) -> None:
+    """The random-weights model and the parity task under names a `Config` can give."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxgrpo.data import register_task, task_names
+    from jaxgrpo.models import Decoder
+    from jaxgrpo.models.config import from_hf_config
+    from jaxgrpo.train import register_model_builder
+
+    config = from_hf_config(hf_config)
+    vocab_size = config.vocab_size
+
+    def build(dtype=jnp.bfloat16, remat: bool = True):
+        return (Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)),
+                IdTokenizer(config.vocab_size))
+
+    register_model_builder(name, build)
+    if "device_check" not in task_names():
+        register_task("device_check", lambda config=None, **_: RandomPromptsTask(vocab_size, shapes.prompt_len))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="the JSON file (default benchmarks/results/device_check_<chip>.json)")
+    parser.add_argument("--small", action="store_true", help="a tiny model and shapes: every section in seconds on a CPU")
+    parser.add_argument("--model", default="qwen3-0.6b", help="an architecture of jaxgrpo.models.architectures")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    parser.add_argument("--attention", default="auto", help="the trainer's attention implementation")
+    for field in dataclasses.fields(Shapes):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=None)
+    parser.add_argument("--anchor", default=None, help=argparse.SUPPRESS)  # the torch anchor's child process
+    args = parser.parse_args(argv)
+    if args.anchor:
+        spec = json.loads(args.anchor)
+        print(json.dumps(torch_anchor(spec["kind"], spec["hf_config"], Shapes(**spec["shapes"]))))
+        return {}
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+
+    from jaxgrpo.models import architectures
+
+    if args.small:
+        hf_config, defaults = SMALL_HF_CONFIG, SMALL_SHAPES
+    else:
+        if args.model not in architectures.ARCHITECTURES:
+            parser.error(f"unknown --model {args.model!r}; choose one of {', '.join(architectures.names())}")
+        hf_config = dict(architectures.ARCHITECTURES[args.model].hf_config)
+        defaults = {"prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512, "steps": 3, "micro_batch": 16}
+    shapes = Shapes(**{k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()})
+    if shapes.micro_batch % shapes.samples:
+        parser.error(f"--micro-batch {shapes.micro_batch} must hold whole groups of --samples {shapes.samples} "
+                     "(packing scores a group at once)")
+
+    import jax
+
+    from jaxgrpo.models.config import from_hf_config
+
+    model_name = "random-" + ("small" if args.small else args.model)
+    register(hf_config, shapes, model_name)
+    env = environment()
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   f"device_check_{env['chip'].lower().replace(' ', '_')}.json")
+    result = {"benchmark": "device_check", "model": model_name, "small": args.small, "shapes": dataclasses.asdict(shapes),
+              "date": time.strftime("%Y-%m-%d"), "env": env}
+
+    def save():
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    save()
+    print(f"device check on {env['chip']} ({env['platform']}), jax {env['jax']}: {out}", flush=True)
+
+    def section(name, fn, *fn_args):
+        start = time.perf_counter()
+        try:
+            result[name] = fn(*fn_args)
+        except Exception as error:  # noqa: BLE001 — one section's failure is recorded, the others still run
+            traceback.print_exc()
+            result[name] = {"error": _one_line(error)}
+        result.setdefault("section_seconds", {})[name] = time.perf_counter() - start
+        save()
+        return result[name]
+
+    peak = bandwidth = None
+    if "matmul" in sections:
+        measured = section("matmul", matmul_and_bandwidth, args.small)
+        peak, bandwidth = measured.get("peak_flops"), measured.get("bandwidth")
+        if peak:
+            print(f"  bfloat16 matmul {peak / 1e12:.1f} TFLOP/s, bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    peak, bandwidth = peak or 1e12, bandwidth or 1e11  # without a measurement the ratios are not meaningful
+    config = from_hf_config(hf_config)
+    if "attention" in sections:
+        section("attention", attention_layouts, shapes, config)
+    if "sampler" in sections:
+        from jaxgrpo.train.state import MODEL_BUILDERS
+
+        model, _ = MODEL_BUILDERS[model_name](dtype=jax.numpy.bfloat16, remat=False)
+        section("sampler", sampler_section, model, shapes, bandwidth)
+        del model
+    if "train" in sections:
+        result["train"] = {}
+        for packing in (True, False):
+            key = f"packing_{'on' if packing else 'off'}"
+            try:
+                result["train"][key] = train_section(model_name, shapes, packing, args.attention, peak, bandwidth)
+            except Exception as error:  # noqa: BLE001
+                traceback.print_exc()
+                result["train"][key] = {"error": _one_line(error)}
+            save()
+    if "torch" in sections:
+        anchor = section("torch", torch_section, hf_config, shapes, args.small)
+        update = anchor.get("update", {}) if isinstance(anchor, dict) else {}
+        if "seconds" in update:
+            for run in result.get("train", {}).values():
+                if "update_seconds" in run:
+                    run["speedup_over_torch"] = update["seconds"] / run["update_seconds"]
+            save()
+    print(json.dumps({k: v for k, v in result.items() if k in ("matmul", "sampler", "train", "torch")}, indent=1,
+                     default=str)[:6000], flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
