@@ -53,6 +53,11 @@ BENCH = PARITY + PEERS
 # libtpu: compiles for TPU topologies on any machine (jaxgrpo-compile), and runs on TPU hosts.
 TPU = ["jax[tpu]==0.10.2"]
 
+# One NVIDIA GPU machine: the CUDA 13 build of the pinned jax (its plugin and CUDA libraries). jax and flax move
+# together: flax 0.12.8 (pinned) imports with jax 0.10.2, not 0.11.x (jax.experimental.hijax changed); jax 0.11.2
+# runs with flax 0.12.10 (docs/gpu.md).
+GPU = ["jax[cuda13]==0.10.2"]
+
 setup(
     name="jaxgrpo",
     version="0.1.0",
@@ -65,7 +70,7 @@ setup(
     # use (jaxgrpo/models/cpu_kernels.py).
     package_data={"jaxgrpo.models": ["cpu_attention.cc", "cpu_matmul.cc", "cpu_parallel.h"]},
     install_requires=CORE,
-    extras_require={"test": TEST + PARITY + PEERS + PEFT + TPU, "parity": PARITY, "bench": BENCH, "tpu": TPU},
+    extras_require={"test": TEST + PARITY + PEERS + PEFT + TPU, "parity": PARITY, "bench": BENCH, "tpu": TPU, "gpu": GPU},
     entry_points={
         "console_scripts": [
             "jaxgrpo-train=jaxgrpo.cli:train_main",

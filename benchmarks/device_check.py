@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import statistics
@@ -357,29 +356,41 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
 
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float) -> dict:
-    """Seconds of the GRPO step and of its update (median over the steps after the first, which compiles)."""
+    """Seconds of the GRPO step (`Trainer.train_step`: sample, score, update; the first step compiles, the
+    ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
+    median), with MFU and the compile report's estimate of the same update."""
     import jax
 
     from jaxgrpo.train import Trainer
+    from jaxgrpo.train.distributed import gather_rows
+    from jaxgrpo.train.rollout import row_stats
 
     cfg = train_config(model_name, shapes, packing, attention)
     trainer = Trainer(cfg)
-    records = []
+    steps = []
     for step in range(shapes.steps):
         start = time.perf_counter()
         metrics = trainer.train_step(step, jax.random.key(cfg.seed))
         jax.block_until_ready(trainer.state)
-        records.append({"step_seconds": time.perf_counter() - start, "update_seconds": metrics["time_train"],
-                        "frac_signal_rows": metrics.get("frac_signal_rows")})
-        print(f"  train packing={packing} step {step}: {records[-1]}", flush=True)
-    timed_steps = records[1:] or records
+        steps.append({"step_seconds": time.perf_counter() - start, "update_seconds": metrics["time_train"],
+                      "frac_signal_rows": metrics.get("frac_signal_rows")})
+        print(f"  train packing={packing} step {step}: {steps[-1]}", flush=True)
+    rollout, _ = trainer.rollout(jax.random.key(cfg.seed + 1))
+    batch = trainer.train_batch(rollout, gather_rows(row_stats(rollout)))
+    updates = []
+    for _ in range(3):
+        start = time.perf_counter()
+        trainer.update(batch)
+        jax.block_until_ready(trainer.state)
+        updates.append(time.perf_counter() - start)
+    print(f"  train packing={packing} updates: {updates}", flush=True)
     estimate = update_estimate(cfg, trainer.mesh, peak, bandwidth)
-    update = statistics.median(r["update_seconds"] for r in timed_steps)
-    step = statistics.median(r["step_seconds"] for r in timed_steps)
+    update = statistics.median(updates)
+    step = statistics.median(r["step_seconds"] for r in (steps[1:] or steps))
     model_flops = 6.0 * estimate["num_params"] * estimate["tokens"]
     completion_tokens = shapes.rows * shapes.new_tokens
     return {"packing": packing, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
-            "steps": records, "step_seconds": step, "update_seconds": update,
+            "steps": steps, "step_seconds": step, "update_seconds_all": updates, "update_seconds": update,
             "update_tokens": estimate["tokens"], "update_tokens_per_second": estimate["tokens"] / update,
             "completion_tokens_per_second": completion_tokens / update,
             "seconds_per_completion_token": update / completion_tokens,
@@ -505,6 +516,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", default="qwen3-0.6b", help="an architecture of jaxgrpo.models.architectures")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--attention", default="auto", help="the trainer's attention implementation")
+    parser.add_argument("--compare-xla", action="store_true",
+                        help="also train packed with the XLA attention (on an accelerator), for a before/after")
     for field in dataclasses.fields(Shapes):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--anchor", default=None, help=argparse.SUPPRESS)  # the torch anchor's child process
@@ -573,30 +586,34 @@ def main(argv=None) -> dict:
     config = from_hf_config(hf_config)
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
+    def train(packing: bool, attention_name: str) -> None:
+        key = f"packing_{'on' if packing else 'off'}" + ("" if attention_name == args.attention else f"_{attention_name}")
+        try:
+            result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
+                                                                bandwidth)
+        except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
+            traceback.print_exc()
+            result["train"][key] = {"error": _one_line(error)}
+        save()
+
+    if "train" in sections:
+        train(True, args.attention)
+        train(False, args.attention)
+    if "torch" in sections:
+        section("torch", torch_section, hf_config, shapes, args.small)
     if "sampler" in sections:
         from jaxgrpo.train.state import MODEL_BUILDERS
 
         model, _ = MODEL_BUILDERS[model_name](dtype=jax.numpy.bfloat16, remat=False)
         section("sampler", sampler_section, model, shapes, bandwidth)
         del model
-    if "train" in sections:
-        result["train"] = {}
-        for packing in (True, False):
-            key = f"packing_{'on' if packing else 'off'}"
-            try:
-                result["train"][key] = train_section(model_name, shapes, packing, args.attention, peak, bandwidth)
-            except Exception as error:  # noqa: BLE001
-                traceback.print_exc()
-                result["train"][key] = {"error": _one_line(error)}
-            save()
-    if "torch" in sections:
-        anchor = section("torch", torch_section, hf_config, shapes, args.small)
-        update = anchor.get("update", {}) if isinstance(anchor, dict) else {}
-        if "seconds" in update:
-            for run in result.get("train", {}).values():
-                if "update_seconds" in run:
-                    run["speedup_over_torch"] = update["seconds"] / run["update_seconds"]
-            save()
+    if "train" in sections and args.compare_xla and jax.default_backend() != "cpu":
+        train(True, "xla")  # the dense attention the packed layout used before: a before/after in one run
+    anchor = result.get("torch", {}).get("update", {})
+    for run in result.get("train", {}).values():
+        if "seconds" in anchor and "update_seconds" in run:
+            run["speedup_over_torch"] = anchor["seconds"] / run["update_seconds"]
+    save()
     print(json.dumps({k: v for k, v in result.items() if k in ("matmul", "sampler", "train", "torch")}, indent=1,
                      default=str)[:6000], flush=True)
     return result
