@@ -1,13 +1,18 @@
-"""The compile report says what its figures are and how far a measured run was from them.
+"""The compile report says what its figures are and how far a measured run was from them; a program that does not
+fit the device is one line naming it, what it needs and what to change.
 
 * `count_products`'s memory-bound work: golden byte counts of element-wise results, in-place updates and scans;
 * `jaxgrpo.calibration`: the committed H200 rows' factors, device-check results read (and their absence, or
   damage, tolerated), the nearest row chosen by chip, platform and layout, the note a TPU report prints;
-* the printed report and the documentation never call an estimate plain "MFU".
+* the printed report and the documentation never call an estimate plain "MFU";
+* XLA's RESOURCE_EXHAUSTED (messages as XLA writes them on a GPU, a CPU and a TPU) from the update, the sampler
+  or the scoring forward becomes `OutOfDeviceMemory`, one line with the original chained, and `jaxgrpo-train`
+  prints that one line and exits 1.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -19,10 +24,16 @@ import pytest
 
 from jaxgrpo import calibration, cli
 from jaxgrpo import compile as aot
+from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.errors import OutOfDeviceMemory, requested_bytes
+from jaxgrpo.train import device_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
 MiB, GiB = 1 << 20, 1 << 30
+# A toy run as small as it gets, its 8 rows split over the 8 fake devices of tests/conftest.py.
+SMALL = ["steps=1", "warmup_sft_steps=0", "eval_every=0", "task.num_eval_examples=0", "prompts_per_step=4",
+         "group_size=2", "sampling.max_new_tokens=2"]
 
 
 # -- the memory-bound work -------------------------------------------------------------------------------------
@@ -192,3 +203,132 @@ def test_the_compile_cli_reads_device_check_results_and_writes_the_new_fields(tm
                                                                     + update["memory_bound_seconds"])
     assert update["memory_bound_bytes"] >= 0 and 0 < update["mfu_with_memory"] <= update["mfu"]
     assert update["calibration"]["chip"] == "TPU v5e" and update["calibration"]["factor"] == 2.0
+
+
+# -- a program that does not fit -----------------------------------------------------------------------------
+
+# XLA's messages as it writes them. The GPU's two were seen on an H100 (jax 0.11.2): a run-time allocation, and
+# GEMM autotuning while compiling; the CPU's from jax 0.10.2 here; the TPU compiler's from docs/tpu/*.json.
+MESSAGES = {
+    "gpu run": ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 512.00GiB with allocator GPU_0_bfc on "
+                "device 0. [executable_name='jit__lambda'] [tf-allocator-allocation-error='']", 512 * GiB),
+    "gpu autotuning": ("RESOURCE_EXHAUSTED: Failed to get configs for: 2 out of 2 instructions. See logs for all "
+                       "failures. Example failure: \nOut of memory while trying to allocate 59.57GiB with allocator "
+                       "GPU_0_bfc on device 0. [tf-allocator-allocation-error='']", int(59.57 * GiB)),
+    "gpu bytes": ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 63963136000 bytes.", 63963136000),
+    "cpu": ("RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes.", 4398046511104),
+    "tpu": ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used "
+            "33.05G of 15.75G hbm. Exceeded hbm capacity by 17.30G.", int(33.05 * GiB)),
+    "none": ("RESOURCE_EXHAUSTED: in 3 steps", None),
+}
+
+
+@pytest.mark.parametrize("name", list(MESSAGES))
+def test_the_bytes_an_out_of_memory_message_asks_for(name):
+    message, expected = MESSAGES[name]
+    assert requested_bytes(message) == expected
+
+
+class XlaRuntimeError(RuntimeError):
+    """What jaxlib raises (jax.errors.JaxRuntimeError, formerly jaxlib...XlaRuntimeError): a RuntimeError."""
+
+
+class Device:
+    def __init__(self, limit):
+        self.limit = limit
+
+    def memory_stats(self):
+        return {"bytes_limit": self.limit}
+
+
+def _config(*overrides):
+    cfg = load_experiment(os.path.join(ROOT, "experiments", "qwen3_0_6b_grpo.py"))
+    apply_overrides(cfg, list(overrides))
+    return cfg
+
+
+def test_the_out_of_memory_line_names_the_program_what_it_needs_and_what_to_change():
+    error = XlaRuntimeError(MESSAGES["gpu autotuning"][0])
+    h200 = Device(int(139.81 * GiB))
+    assert device_memory.message(_config(), "update", error, h200, 1) == (
+        "the update does not fit in device memory: XLA could not allocate 59.57 GiB on a device of 139.81 GiB "
+        "(RESOURCE_EXHAUSTED); try micro_batch_size=8 (now 16), packing=false, optimizer.state_dtype=bfloat16, or "
+        "fewer tokens per row (sampling.max_new_tokens, now 512)")
+    # Only what changes something: remat and bfloat16 are suggested where they are off.
+    line = device_memory.message(_config("remat=false", "dtype=float32", "packing=false", "micro_batch_size=1"),
+                                 "update", XlaRuntimeError("RESOURCE_EXHAUSTED: no size"), None, 1)
+    assert line == ("the update does not fit in device memory: XLA ran out of memory (RESOURCE_EXHAUSTED); try "
+                    "remat=true, dtype=bfloat16, optimizer.state_dtype=bfloat16, or fewer tokens per row "
+                    "(sampling.max_new_tokens, now 512)")
+    assert device_memory.message(_config(), "sampler", error, Device(None), 1) == (
+        "the sampler does not fit in device memory: XLA could not allocate 59.57 GiB (RESOURCE_EXHAUSTED); try "
+        "fewer rows (prompts_per_step, now 16, or group_size, now 8; task.num_eval_examples, now 64, in "
+        "evaluation), or fewer tokens (sampling.max_new_tokens, now 512; sampling.max_prompt_len, now 512)")
+    assert device_memory.message(_config(), "scoring forward", error, None, 1).endswith(
+        "try fewer rows (prompts_per_step x group_size, now 128), or fewer tokens per row "
+        "(sampling.max_new_tokens, now 512)")
+    # Micro-batches a mesh of 8 devices cannot split are not suggested.
+    assert "micro_batch_size=8 (now 16)" in device_memory.message(_config(), "update", error, None, 8)
+    assert device_memory.smaller_micro_batch(_config("micro_batch_size=8"), 8) is None
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    from jaxgrpo.train.loop import Trainer
+
+    cfg = load_experiment(TOY)
+    apply_overrides(cfg, [*SMALL, f"run_dir={tmp_path_factory.mktemp('oom') / 'run'}"])
+    return Trainer(cfg)
+
+
+def _raising(message):
+    def program(*args, **kwargs):
+        raise XlaRuntimeError(message)
+
+    return program
+
+
+def test_the_update_sampler_and_scoring_forward_say_they_do_not_fit_with_xla_chained(trainer, monkeypatch):
+    from jaxgrpo import sampler
+    from jaxgrpo.train import step as step_lib
+
+    message = MESSAGES["gpu autotuning"][0]
+    rollout, _ = trainer.rollout(jax.random.key(0))
+    batch = trainer.train_batch(rollout)
+    monkeypatch.setattr(step_lib, "make_update_fn", lambda *args, **kwargs: _raising(message))
+    monkeypatch.setattr(trainer, "_updates", {})
+    with pytest.raises(OutOfDeviceMemory) as raised:
+        trainer.update(batch)
+    assert str(raised.value).startswith("the update does not fit in device memory: XLA could not allocate 59.57 GiB")
+    assert "\n" not in str(raised.value) and "micro_batch_size" in str(raised.value)
+    assert isinstance(raised.value.__cause__, XlaRuntimeError) and str(raised.value.__cause__) == message
+    with monkeypatch.context() as patch:
+        patch.setattr(sampler, "generate", _raising(message))
+        with pytest.raises(OutOfDeviceMemory, match="^the sampler does not fit in device memory"):
+            trainer.rollout(jax.random.key(0))
+    monkeypatch.setattr(trainer, "_forward", _raising(message))
+    with pytest.raises(OutOfDeviceMemory, match="^the scoring forward does not fit in device memory"):
+        trainer.score(batch.tokens, batch.attention_mask, batch.positions, batch.completion_mask.shape[-1], "policy")
+    # Any other error is not one of these.
+    monkeypatch.setattr(trainer, "_forward", _raising("INTERNAL: something else"))
+    with pytest.raises(XlaRuntimeError):
+        trainer.score(batch.tokens, batch.attention_mask, batch.positions, batch.completion_mask.shape[-1], "policy")
+
+
+def test_jaxgrpo_train_prints_the_one_line_and_exits_1(tmp_path, capsys, monkeypatch):
+    """The update's first call raises what XLA raises on a GPU that cannot hold it: stderr is that one line."""
+    from jaxgrpo.train import step as step_lib
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(step_lib, "make_update_fn", lambda *args, **kwargs: _raising(MESSAGES["gpu run"][0]))
+    status = cli.train_main([TOY, "--run-dir", str(tmp_path / "run"), "--set", *SMALL])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err
+    # Besides the progress bar (which stops where the step failed), stderr holds the one line.
+    lines = [line for line in re.split(r"[\r\n]+", err.strip()) if not re.match(r"train: +\d+%", line)]
+    assert lines == [
+        "jaxgrpo-train: error: the update does not fit in device memory: XLA could not allocate 512.00 GiB "
+        "(RESOURCE_EXHAUSTED); try micro_batch_size=4 (now 8), dtype=bfloat16, packing=false, "
+        "optimizer.state_dtype=bfloat16, or fewer tokens per row (sampling.max_new_tokens, now 2)"], err
+    with open(tmp_path / "run" / "run.lock") as lock:  # the run directory is free for the next try
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
