@@ -178,7 +178,8 @@ def compile_main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="jaxgrpo-compile",
         description="Compile an experiment's training programs for a TPU topology on this machine (no TPU needed, "
-                    "no weights read) and report memory per chip, FLOPs, collectives and host transfers.",
+                    "no weights read) and report memory per chip, FLOPs, collectives and host transfers, and "
+                    "roofline estimates of their time, each beside how far a measured run was from its estimate.",
     )
     parser.add_argument("experiment", help="an experiment file defining config() -> jaxgrpo.config.Config")
     parser.add_argument("--topology", required=True, help="a TPU topology, e.g. v5e:2x4 (8 chips), v5p:4x4x4 (64)")
@@ -188,6 +189,10 @@ def compile_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-forms", action="store_true",
                         help="trace the decoder's CPU-specific forms (bit reads behind barriers, 32-slot cache "
                              "chunks) for the TPU too, to compare with the plain forms a TPU gets by default")
+    parser.add_argument("--calibration", nargs="*", default=None, metavar="PATH",
+                        help="measured runs to calibrate the estimates against, beside those committed in "
+                             "jaxgrpo.calibration: device-check results (device_check_*.json, or directories "
+                             "holding them; default: benchmarks/results, where it exists)")
     args = parser.parse_args(argv)
     # A CPU process: the TPU devices come from libtpu's topology description, not from attached chips.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -200,10 +205,12 @@ def compile_main(argv: list[str] | None = None) -> int:
         from jaxgrpo.train import preflight
 
         preflight.check_budget(cfg, preflight.model_config_of(cfg))  # the buckets fit the model's context window
+        from jaxgrpo import calibration
         from jaxgrpo import compile as aot
 
+        calibrations = calibration.load(["benchmarks/results"] if args.calibration is None else args.calibration)
         report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.PROGRAMS),
-                                        cpu_forms=args.cpu_forms)
+                                        cpu_forms=args.cpu_forms, calibrations=calibrations)
     except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError, RuntimeError) as e:
         return _fail("jaxgrpo-compile", e, 2)
     print(report.table())

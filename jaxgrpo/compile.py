@@ -20,11 +20,19 @@ remat's recomputation and attention included), and each Pallas call at the analy
 states (splash attention: the blocks its mask visits, `pallas_tpu.splash_cost_estimates`; the decode
 kernel: a full cache, `pallas_decode.full_cache_cost_estimate`), estimates the time as their roofline,
 each at max(FLOPs / peak, bytes / HBM bandwidth), with the Pallas calls' share apart (`pallas_seconds`),
-and gives the MFU that time implies for the model's analytic FLOPs (2·N per token forward, 6·N per token
-trained). A `while` loop whose trip
+and gives the estimated MFU (a roofline bound) that time implies for the model's analytic FLOPs (2·N per
+token forward, 6·N per token trained). The products leave out the memory-bound work (element-wise
+operations, reductions, transposes, gathers and slices over the big arrays), so the report also gives the
+roofline with it: the products' time plus the bytes those operations move at HBM bandwidth
+(`memory_bound_bytes_of`), and the estimated MFU at that time. A `while` loop whose trip
 count is known only at run time (the decode loop) is counted once: its figures are one step's.
 For the decode loop, whose body is one step, it also gives the step's HBM floor: the parameters and the
 whole cache a chip holds, read once per token at the chip's bandwidth.
+
+Every figure here is an estimate: nothing runs. Beside each estimated time and MFU the report prints how far
+the nearest real run was from the same estimate (`jaxgrpo.calibration`: measured / estimated seconds, with the
+chip and jax version). Qwen3-0.6B's update on an H200 took 3.0x the products' estimate with packing off and
+4.9x with packing on, and 1.3x the estimate with the memory-bound work in both; no TPU run has been measured yet.
 """
 
 from __future__ import annotations
@@ -317,7 +325,12 @@ class ProductCount(NamedTuple):
     time (counted once). Pallas calls are in the totals at their `cost_estimate` (FLOPs and HBM bytes the
     kernel states, e.g. splash attention's visited blocks, `pallas_tpu.splash_cost_estimates`), and apart
     in `pallas_flops` and `pallas_seconds`; a call that states none counts nothing and is counted in
-    `pallas_calls_without_estimate`."""
+    `pallas_calls_without_estimate`.
+
+    The memory-bound work beside the products: `memory_bound_bytes`, what the program's other big operations
+    (element-wise, reductions, transposes, gathers, slices, in-place updates; `memory_bound_bytes_of`) move, and
+    `memory_bound_seconds`, those bytes at HBM bandwidth. The roofline with memory-bound work is
+    `roofline_seconds + memory_bound_seconds` (`with_memory_seconds`)."""
 
     flops: float
     bytes: float
@@ -326,14 +339,70 @@ class ProductCount(NamedTuple):
     pallas_flops: float = 0.0
     pallas_seconds: float = 0.0
     pallas_calls_without_estimate: int = 0
+    memory_bound_bytes: float = 0.0
+    memory_bound_seconds: float = 0.0
+
+    @property
+    def with_memory_seconds(self) -> float:
+        """The roofline of the products and the memory-bound work: each operation at max(FLOPs / peak, bytes /
+        HBM bandwidth), the non-product operations' FLOPs taken as 0."""
+        return self.roofline_seconds + self.memory_bound_seconds
 
 
-def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCount:
+#: Operations that move no bytes of their own once XLA has compiled them: views, layout and sharding
+#: annotations, and broadcasts (fused into their consumer).
+_FREE_OPS = frozenset({
+    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "bitcast_convert_type", "iota", "stop_gradient",
+    "optimization_barrier", "sharding_constraint", "device_put", "mesh_cast", "reshard", "pvary", "copy", "copy_p",
+    "random_wrap", "random_unwrap", "random_seed", "random_bits"})
+#: In-place updates: XLA writes the update into the operand's buffer, so they move the update's bytes.
+_IN_PLACE_UPDATES = {"dynamic_update_slice": 1, "scatter": 2, "scatter-add": 2, "scatter_add": 2, "scatter-mul": 2,
+                     "scatter-min": 2, "scatter-max": 2}
+#: Below this many bytes an operation's result is taken to stay in caches, registers or a fusion (global shapes).
+MEMORY_BOUND_MIN_BYTES = 1 << 20
+
+
+def memory_bound_bytes_of(eqn, min_bytes: int = MEMORY_BOUND_MIN_BYTES) -> float:
+    """The HBM bytes one non-product jaxpr operation moves, as counted by `count_products`: its results written
+    once (an in-place update: the update's bytes), or 0 for an operation that moves nothing of its own
+    (`_FREE_OPS`) or whose bytes are below `min_bytes`.
+
+    Counting results, not operands, takes XLA's fusion into account roughly: a chain of element-wise operations
+    fused into one kernel reads its inputs and writes its output once, where counting each operation's operands
+    and results would count every intermediate three times. Against the programs measured on a real chip
+    (Qwen3-0.6B's update on an H200, packing off and on, `jaxgrpo.calibration.MEASURED`), the products alone
+    estimate 1/3.0 and 1/4.9 of the measured time; with results counted, 1/1.3 of it in both layouts; with
+    operands and results, 1.6x and 1.8x the measured time."""
+    name = eqn.primitive.name
+    if name in _FREE_OPS:
+        return 0.0
+    if name in _IN_PLACE_UPDATES:
+        moved = _value_bytes(eqn.invars[_IN_PLACE_UPDATES[name]])
+    else:
+        moved = sum(_value_bytes(v) for v in eqn.outvars)
+    return float(moved) if moved >= min_bytes else 0.0
+
+
+def _value_bytes(var) -> int:
+    aval = getattr(var, "aval", None)
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        return math.prod(shape) * _itemsize(dtype)
+    except TypeError:  # a token, or a dtype without a size
+        return 0
+
+
+def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float,
+                   min_bytes: int = MEMORY_BOUND_MIN_BYTES) -> ProductCount:
     """`ProductCount` of a (closed) jaxpr: `dot_general` and convolutions, Pallas calls at their
     `cost_estimate`, scans times their length, branches at their largest, the primal of custom derivatives
     (the transposed program is in the jaxpr already), a `while` once. Shapes are global: inside a
-    `shard_map`, where shapes are one shard's, each product counts once per shard of its manual axes."""
-    totals = [0.0, 0.0, 0.0, 0, 0.0, 0.0, 0]
+    `shard_map`, where shapes are one shard's, each product counts once per shard of its manual axes.
+    Every other operation adds the bytes it moves (`memory_bound_bytes_of`, at least `min_bytes`) to the
+    memory-bound work, with the same trip counts."""
+    totals = [0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, 0.0]
 
     def product(eqn) -> tuple[float, float]:
         (lhs, rhs), (out,) = [v.aval for v in eqn.invars[:2]], [v.aval for v in eqn.outvars]
@@ -377,8 +446,8 @@ def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCou
                 totals[3] += 1
                 walk(eqn.params["body_jaxpr"], times)
             elif name == "cond":
-                branches = [count_products(b, peak_flops, hbm_bandwidth) for b in eqn.params["branches"]]
-                widest = max(branches, key=lambda c: c.flops)
+                branches = [count_products(b, peak_flops, hbm_bandwidth, min_bytes) for b in eqn.params["branches"]]
+                widest = max(branches, key=lambda c: (c.flops, c.memory_bound_bytes))
                 totals[0] += times * widest.flops
                 totals[1] += times * widest.bytes
                 totals[2] += times * widest.roofline_seconds
@@ -386,15 +455,18 @@ def count_products(jaxpr, peak_flops: float, hbm_bandwidth: float) -> ProductCou
                 totals[4] += times * widest.pallas_flops
                 totals[5] += times * widest.pallas_seconds
                 totals[6] += widest.pallas_calls_without_estimate
+                totals[7] += times * widest.memory_bound_bytes
             else:
                 for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
                     sub = eqn.params.get(key)
                     if sub is not None and hasattr(getattr(sub, "jaxpr", sub), "eqns"):
                         walk(sub, times)
                         break
+                else:  # an operation of its own, not a call: element-wise, reduction, transpose, gather, ...
+                    totals[7] += times * memory_bound_bytes_of(eqn, min_bytes)
 
     walk(jaxpr, 1.0)
-    return ProductCount(*totals)
+    return ProductCount(*totals, memory_bound_seconds=totals[7] / hbm_bandwidth)
 
 
 @dataclasses.dataclass
@@ -419,10 +491,11 @@ class ProgramReport:
     step_floor_seconds: float | None  # decode: parameters + cache per chip at the chip's HBM bandwidth, per token
     program_flops: float  # per chip: the traced program's matrix products and Pallas calls, loop bodies times
     # their trip counts
-    estimated_seconds: float  # per chip: their roofline (`count_products`); decode: one step
+    estimated_seconds: float  # per chip: their roofline (`count_products`), an estimate; decode: one step
     pallas_flops: float  # per chip: the Pallas calls' part of program_flops (their stated cost estimates)
     pallas_seconds: float  # the Pallas calls' part of estimated_seconds
-    mfu: float | None  # model FLOPs / (peak x estimated_seconds); None where a loop was counted once (decode)
+    mfu: float | None  # estimated MFU, a roofline bound: model FLOPs / (peak x estimated_seconds); None where a
+    # loop was counted once (decode)
     loops_counted_once: int  # `while` loops of run-time trip count (decode's token loop), counted once
     largest_values: list  # the largest arrays the compiled program computes (`largest_values`)
     collectives: dict
@@ -430,6 +503,48 @@ class ProgramReport:
     compile_seconds: float
     error: str | None = None  # why the compiler refused the program (it does not fit), else None
     pallas_calls_without_estimate: int = 0  # Pallas calls that state no cost estimate: not in the estimate
+    memory_bound_bytes: float = 0.0  # per chip: what the other big operations move (`memory_bound_bytes_of`)
+    memory_bound_seconds: float = 0.0  # those bytes at the chip's HBM bandwidth
+    estimated_seconds_with_memory: float = 0.0  # estimated_seconds + memory_bound_seconds: the roofline estimate
+    # with the memory-bound work
+    mfu_with_memory: float | None = None  # estimated MFU at estimated_seconds_with_memory (a roofline bound too)
+    calibration: dict | None = None  # the measured run nearest this program (`jaxgrpo.calibration.nearest`):
+    # its fields with "factor" (measured / products' estimate) and "factor_with_memory"; None where none is
+
+    def calibration_note(self, chip: str, with_memory: bool = False) -> str:
+        """'measured 3.0x this on an H200, jax 0.11.2 ...' for the estimate (with the memory-bound work or not)."""
+        from jaxgrpo import calibration
+
+        row = None
+        if self.calibration:
+            fields = {k: v for k, v in self.calibration.items() if k in calibration.Calibration._fields}
+            row = calibration.Calibration(**fields)
+        return calibration.note(row, chip, with_memory)
+
+    def estimate_lines(self, chip: str) -> list[str]:
+        """The two roofline estimates, products alone and with the memory-bound work, each labelled as a bound
+        with how far the nearest measured run was from it, and the estimated MFU each implies."""
+        products = (f"estimated {_duration(self.estimated_seconds)} (roofline bound, the products alone: "
+                    f"{self.program_flops:.3g} FLOPs, Pallas calls {self.pallas_flops:.3g} FLOPs in "
+                    f"{_duration(self.pallas_seconds)}; {self.calibration_note(chip)})")
+        memory = (f"estimated {_duration(self.estimated_seconds_with_memory)} with the memory-bound work (roofline "
+                  f"bound: the products and the {self.memory_bound_bytes / GiB:.2f} GiB per chip other operations "
+                  f"move at HBM bandwidth, {_duration(self.memory_bound_seconds)}; "
+                  f"{self.calibration_note(chip, with_memory=True)})")
+        if self.mfu is not None:
+            products += f"; estimated MFU {100 * self.mfu:.0f}% (roofline bound)"
+        if self.mfu_with_memory is not None:
+            memory += f"; estimated MFU {100 * self.mfu_with_memory:.0f}% (roofline bound)"
+        return [products, memory]
+
+
+def _duration(seconds: float) -> str:
+    """'1.52 s', '12.40 ms' or '3.1 us'."""
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
 
 
 @dataclasses.dataclass
@@ -458,9 +573,8 @@ class Report:
                  f"{self.chip}, {self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
         for p in self.programs:
             estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
-            step = "" if p.step_floor_seconds is None else f", a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
+            step = "" if p.step_floor_seconds is None else f"; a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
             per_step = f" ({p.loops_counted_once} run-time loop(s) counted once)" if p.loops_counted_once else ""
-            mfu = "" if p.mfu is None else f", MFU {100 * p.mfu:.0f}%"
             if p.pallas_calls_without_estimate:
                 per_step += f" ({p.pallas_calls_without_estimate} Pallas call(s) without a cost estimate, not counted)"
             if p.error:
@@ -474,11 +588,10 @@ class Report:
                 f"{p.temp_bytes / GiB:.2f}, outputs {p.output_bytes / GiB:.2f}, donated {p.alias_bytes / GiB:.2f}); "
                 f"model FLOPs {p.model_flops:.3g} per chip = {p.model_flops_seconds * 1e3:.2f} ms at peak; compiler: "
                 f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {estimate} "
-                f"(loop bodies once); products and Pallas calls with loops x trip counts: {p.program_flops:.3g} "
-                f"FLOPs, {p.estimated_seconds * 1e3:.2f} ms at their roofline (Pallas {p.pallas_flops:.3g} FLOPs, "
-                f"{p.pallas_seconds * 1e3:.2f} ms){per_step}{mfu}{step}; "
-                f"collectives: {moved}; host transfers: {', '.join(p.host_transfers) or 'none'}; "
-                f"compiled in {p.compile_seconds:.1f} s")
+                f"(loop bodies once){step}; collectives: {moved}; host transfers: "
+                f"{', '.join(p.host_transfers) or 'none'}; compiled in {p.compile_seconds:.1f} s")
+            # The estimates, loops x trip counts, each labelled with how far the nearest measured run was from it.
+            lines += [f"  {'':8s} {line}{per_step}" for line in p.estimate_lines(self.chip)]
         return "\n".join(lines)
 
 
@@ -506,8 +619,18 @@ def _compile(lowered):
 
 
 def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips: int, model_flops: float,
-                    step_floor_bytes: int | None = None) -> ProgramReport:
+                    step_floor_bytes: int | None = None, calibrations=None, packing: bool | None = None) -> ProgramReport:
+    from jaxgrpo import calibration
+
     products = count_products(jaxpr, chip.peak_flops * chips, chip.hbm_bandwidth * chips)
+    with_memory = products.with_memory_seconds
+    row = calibration.nearest(calibration.MEASURED if calibrations is None else calibrations, chip.name, name, packing)
+    # What every estimate below gets beside it: the measured run nearest this program, and its factors.
+    estimates = dict(
+        memory_bound_bytes=products.memory_bound_bytes / chips, memory_bound_seconds=products.memory_bound_seconds,
+        estimated_seconds_with_memory=with_memory,
+        calibration=None if row is None else {**row._asdict(), "factor": row.factor,
+                                              "factor_with_memory": row.factor_with_memory})
     if isinstance(compiled, OutOfMemory):
         # What the compiler said it needs (temporaries, or all of it) stands for the whole; no cost analysis.
         return ProgramReport(
@@ -520,7 +643,7 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
             pallas_flops=products.pallas_flops / chips, pallas_seconds=products.pallas_seconds, mfu=None,
             loops_counted_once=products.loops_counted_once, largest_values=[], collectives={}, host_transfers=[],
             compile_seconds=seconds, error=compiled.message,
-            pallas_calls_without_estimate=products.pallas_calls_without_estimate)
+            pallas_calls_without_estimate=products.pallas_calls_without_estimate, **estimates)
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -545,19 +668,24 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
         mfu=(flops_per_chip / chip.peak_flops / estimated) if estimated > 0 and not products.loops_counted_once else None,
         loops_counted_once=products.loops_counted_once, largest_values=largest_values(text),
         collectives=collectives(text), host_transfers=host_transfers(text), compile_seconds=seconds,
-        pallas_calls_without_estimate=products.pallas_calls_without_estimate)
+        pallas_calls_without_estimate=products.pallas_calls_without_estimate,
+        mfu_with_memory=(flops_per_chip / chip.peak_flops / with_memory)
+        if with_memory > 0 and not products.loops_counted_once else None, **estimates)
 
 
-def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS, cpu_forms: bool = False) -> Report:
+def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS, cpu_forms: bool = False,
+                       calibrations=None) -> Report:
     """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
-    `cpu_forms` traces the decoder's CPU-specific forms (`memory_forms.force_cpu_forms`) too, to compare them."""
+    `cpu_forms` traces the decoder's CPU-specific forms (`memory_forms.force_cpu_forms`) too, to compare them.
+    `calibrations`: the measured runs each estimate is compared with (`jaxgrpo.calibration.load`; default the
+    committed ones, `calibration.MEASURED`)."""
     from jaxgrpo.models import memory_forms
 
     with memory_forms.force_cpu_forms(cpu_forms):
-        return _compile_experiment(cfg, topology, programs)
+        return _compile_experiment(cfg, topology, programs, calibrations)
 
 
-def _compile_experiment(cfg: Config, topology: str, programs) -> Report:
+def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None) -> Report:
     from jaxgrpo import train
 
     unknown = [p for p in programs if p not in PROGRAMS]
@@ -571,21 +699,25 @@ def _compile_experiment(cfg: Config, topology: str, programs) -> Report:
     if "prefill" in programs or "decode" in programs:
         prefill, prompt_tokens, decode, new_tokens, carry_bytes = lower_sampler(cfg, mesh, abstract)
         if "prefill" in programs:
-            reports.append(_program_report("prefill", *prefill, chip, chips, 2 * n * prompt_tokens))
+            reports.append(_program_report("prefill", *prefill, chip, chips, 2 * n * prompt_tokens,
+                                           calibrations=calibrations))
         if "decode" in programs:
             # One step reads every parameter (a LoRA run's base and adapters) and the whole cache once.
             floor = per_chip_bytes((abstract.state.params, abstract.rest)) + carry_bytes
-            reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor))
+            reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor,
+                                           calibrations=calibrations))
     if "forward" in programs:
         lowered, tokens, jaxpr = lower_forward(cfg, mesh, abstract)
-        reports.append(_program_report("forward", *_compile(lowered), jaxpr, chip, chips, 2 * n * tokens))
+        reports.append(_program_report("forward", *_compile(lowered), jaxpr, chip, chips, 2 * n * tokens,
+                                       calibrations=calibrations))
     if "update" in programs:
         lowered, tokens, jaxpr = lower_update(cfg, mesh, abstract)
         # 6·N per trained token: the forward (2·N), the activations' gradients (2·N) and the weights' (2·N);
         # with LoRA the frozen weights get no gradient (4·N, and 6 per adapter parameter).
         frozen = n - abstract.num_trained
         reports.append(_program_report("update", *_compile(lowered), jaxpr, chip, chips,
-                                       (6 * abstract.num_trained + 4 * frozen) * tokens))
+                                       (6 * abstract.num_trained + 4 * frozen) * tokens, calibrations=calibrations,
+                                       packing=cfg.packing))
     hosts = len({d.process_index for d in devices})
     policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
     attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name

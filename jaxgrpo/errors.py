@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 
 class UserError(Exception):
@@ -34,6 +35,51 @@ class DataError(UserError, ValueError):
 
 class MissingDataError(DataError, FileNotFoundError):
     """A task's data directory, or a file it must hold, does not exist."""
+
+
+class OutOfDeviceMemory(UserError, RuntimeError):
+    """A program (the update, the sampler, the scoring forward) needs more device memory than the device has:
+    XLA's RESOURCE_EXHAUSTED, while compiling it or running it. The message names the program, what XLA could
+    not allocate and the device's memory where known, and the config fields that shrink it
+    (`jaxgrpo.train.device_memory`); the XLA error is chained as its cause."""
+
+
+def is_resource_exhausted(error: BaseException) -> bool:
+    """Whether an exception is XLA's out-of-memory status (jax's `JaxRuntimeError` / `XlaRuntimeError` with
+    RESOURCE_EXHAUSTED, from compiling or running a program), and not already reported as one."""
+    return not isinstance(error, OutOfDeviceMemory) and "RESOURCE_EXHAUSTED" in str(error)
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?\b"
+#: Where XLA's out-of-memory messages state the bytes a program needs, most specific first: GPU and CPU allocators
+#: ("Out of memory while trying to allocate 63963136000 bytes", "allocating 4398046511104 bytes", "Failed to
+#: allocate 59.57GiB"), the TPU compiler ("Used 33.05G of 15.75G hbm", "HLO temporaries (33.05G) exceeds").
+_NEEDS = (r"allocat\w*\s+([0-9]+)\s*(b)ytes", r"allocat[^(]*\(([0-9]+)([bB])\)",
+          r"allocat\w*\s+(?:request\s+(?:for\s+)?)?" + _SIZE, r"Used\s+" + _SIZE + r"\s+of",
+          r"\(" + _SIZE + r"\)\s+exceeds", r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT])i?B\b")
+
+
+def requested_bytes(message: str) -> int | None:
+    """The bytes an XLA RESOURCE_EXHAUSTED message says were needed (the allocation that failed, or the
+    program's total on a TPU), or None where it states none."""
+    for pattern in _NEEDS:
+        found = re.search(pattern, message)
+        if found:
+            number, unit = found.group(1), found.group(2)
+            return int(float(number) * _UNITS[unit.upper() if unit.lower() != "b" else ""])
+    return None
+
+
+def device_memory_bytes(device) -> int | None:
+    """The memory an accelerator offers a program (`memory_stats()["bytes_limit"]`); None where the platform does
+    not say (a CPU)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # a platform without memory statistics
+        return None
+    limit = (stats or {}).get("bytes_limit")
+    return int(limit) if limit else None
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

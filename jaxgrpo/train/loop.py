@@ -54,6 +54,7 @@ from jaxgrpo.models import packing
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
 from jaxgrpo.train import evaluation, health, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
+from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
@@ -151,12 +152,13 @@ class Trainer:
                  prompt_ids: np.ndarray | None = None, process_local: bool = False):
         """`sampler.generate` on the examples' prompts; `process_local`: they are this host's block of the batch."""
         s = self.cfg.sampling
-        return sampler.generate(
-            self.policy.decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
-            process_local=process_local, num_samples=num_samples, key=key, temperature=s.temperature, top_k=s.top_k,
-            top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=s.max_new_tokens,
-            stop_tokens=self.stop_tokens, pad_id=self.pad_id,
-        )
+        with device_memory.reported(self.cfg, "sampler", self.mesh):  # a run-time failure surfaces when waited for
+            return jax.block_until_ready(sampler.generate(
+                self.policy.decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
+                process_local=process_local, num_samples=num_samples, key=key, temperature=s.temperature,
+                top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=s.max_new_tokens,
+                stop_tokens=self.stop_tokens, pad_id=self.pad_id,
+            ))
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
         """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`)."""
@@ -167,8 +169,9 @@ class Trainer:
         """f32[n, C] for this host's rows: the "reference" or current ("policy") log-probs, or the "values"."""
         params = (state_lib.reference_of(self.cfg, self.state.params, self.ref_params) if which == "reference"
                   else self.state.params)
-        outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
-        return local_rows(outputs[1 if which == "values" else 0], self.mesh)
+        with device_memory.reported(self.cfg, "scoring forward", self.mesh):
+            outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
+            return local_rows(outputs[1 if which == "values" else 0], self.mesh)
 
     def train_batch(self, rollout: Rollout, stats: RowStats | None = None) -> TrainBatch:
         """The update's arrays for this host's rows (`batch.train_batch`)."""
@@ -198,18 +201,22 @@ class Trainer:
         whole = global_batch(batch, self.mesh)
         lengths = group_lengths(cfg, batch)
         history = []
-        for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(self.state.step), lengths,
-                                                      self.attention_scale):
-            if packed_shape not in self._updates:
-                if packed_shape is not None:
-                    logger.info("compiling the update for micro-batches of %d packed rows x %d slots", *packed_shape)
-                self._updates[packed_shape] = step_lib.make_update_fn(
-                    cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding, packed_shape)
-            with jax.set_mesh(self.mesh):
-                minibatch = self._take_rows(whole, rows)
-                self.state, metrics = self._updates[packed_shape](self.state, minibatch, *layout)
-            history.append(metrics)
-        metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
+        # Compiling the update (its first call) or running it may not fit the device: one line naming what to
+        # change. A failure while running surfaces when the metrics are read, inside this block too.
+        with device_memory.reported(cfg, "update", self.mesh):
+            for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(self.state.step), lengths,
+                                                          self.attention_scale):
+                if packed_shape not in self._updates:
+                    if packed_shape is not None:
+                        logger.info("compiling the update for micro-batches of %d packed rows x %d slots",
+                                    *packed_shape)
+                    self._updates[packed_shape] = step_lib.make_update_fn(
+                        cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding, packed_shape)
+                with jax.set_mesh(self.mesh):
+                    minibatch = self._take_rows(whole, rows)
+                    self.state, metrics = self._updates[packed_shape](self.state, minibatch, *layout)
+                history.append(metrics)
+            metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
         metrics["skipped_nonfinite"] = float(sum(float(h["skipped_nonfinite"]) for h in history))  # updates, not a mean
         return metrics

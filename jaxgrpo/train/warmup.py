@@ -13,7 +13,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo.train import state as state_lib, step as step_lib
+from jaxgrpo.train import device_memory, state as state_lib, step as step_lib
 from jaxgrpo.train.distributed import BATCH_AXES
 from jaxgrpo.train.rollout import PromptStream
 from jaxgrpo.train.step import TrainBatch
@@ -68,9 +68,9 @@ def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_siz
         batch = supervised_batch([trainer.prompt_ids(e) for e in examples], answers, trainer.pad_id)
         # Every process holds the whole batch: each lays its devices' rows out as a global array.
         batch = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, rows, lambda i, x=x: x[i]), batch)
-        with jax.set_mesh(trainer.mesh):
+        with device_memory.reported(cfg, "warm-up update", trainer.mesh), jax.set_mesh(trainer.mesh):
             state, metrics = update(state, batch)
-        losses.append(float(metrics["loss"]))
+            losses.append(float(metrics["loss"]))
     trainer.state = trainer.state._replace(params=state.params)
     if trainer.ref_params is not None:  # with LoRA too: the warmed-up adapters (`state.reference_params`)
         trainer.ref_params = jax.tree.map(jnp.copy, state.params)
