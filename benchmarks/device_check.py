@@ -351,7 +351,8 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
     _, tokens, jaxpr = compile_lib.lower_update(cfg, mesh, abstract)
     products = compile_lib.count_products(jaxpr, peak, bandwidth)
     calls = cfg.num_minibatches * cfg.num_epochs
-    return {"estimate_seconds": products.roofline_seconds * calls, "tokens": tokens * calls,
+    return {"estimate_seconds": products.roofline_seconds * calls,
+            "estimate_with_memory_seconds": products.with_memory_seconds * calls, "tokens": tokens * calls,
             "num_params": abstract.num_params, "loops_counted_once": products.loops_counted_once}
 
 
@@ -396,7 +397,9 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
             "seconds_per_completion_token": update / completion_tokens,
             "mfu": model_flops / update / peak, "num_params": estimate["num_params"],
             "estimate_seconds": estimate["estimate_seconds"],
-            "measured_over_estimate": update / estimate["estimate_seconds"]}
+            "measured_over_estimate": update / estimate["estimate_seconds"],
+            "estimate_with_memory_seconds": estimate["estimate_with_memory_seconds"],
+            "measured_over_estimate_with_memory": update / estimate["estimate_with_memory_seconds"]}
 
 
 # -- the torch anchor, in its own process -------------------------------------------------------------------
