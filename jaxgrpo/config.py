@@ -39,7 +39,7 @@ DTYPES = ("float32", "bfloat16")
 #: The float types optimizer state can be stored in (`OptimizerConfig.state_dtype`).
 STATE_DTYPES = ("float32", "bfloat16")
 #: Attention implementations `Config.attention` can name (`jaxgrpo.models.attention`: "auto" and its NAMES).
-ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "cpu")
+ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "pallas_gpu", "cpu")
 #: The projections `LoraConfig.targets` can name: every projection weight of the decoder's blocks
 #: (`jaxgrpo.models.decoder.PROJECTIONS`, the same names; a test keeps them equal).
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -137,7 +137,8 @@ class Config(_Fields):
     model: str = "smollm2-135m-instruct"
     dtype: str = "float32"
     #: The training/scoring attention implementation (jaxgrpo.models.attention): "auto" picks splash
-    #: attention on a TPU and the CPU kernels on a CPU; "xla", "pallas_tpu" or "cpu" choose one.
+    #: attention on a TPU, the Pallas flash kernel on a GPU and the CPU kernels on a CPU; "xla",
+    #: "pallas_tpu", "pallas_gpu" or "cpu" choose one.
     attention: str = "auto"
     task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     #: Reward functions by name (functions of `jaxgrpo.rewards`) and their weights;

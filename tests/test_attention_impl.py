@@ -158,24 +158,28 @@ def test_decoder_with_splash_attention_equals_xla():
 
 
 def test_registry_names_platforms_and_defaults():
-    assert attention.available("cpu") == ("xla", "pallas_tpu", "cpu")
+    assert attention.available("cpu") == ("xla", "pallas_tpu", "pallas_gpu", "cpu")
     assert attention.available("tpu") == ("xla", "pallas_tpu")
-    assert attention.available("gpu") == ("xla",)
+    assert attention.available("gpu") == ("xla", "pallas_gpu")
     assert (attention.default_for("tpu"), attention.default_for("cpu"), attention.default_for("gpu")) == (
-        "pallas_tpu", "cpu", "xla")
+        "pallas_tpu", "cpu", "pallas_gpu")
     assert attention.resolve("auto", "tpu").name == "pallas_tpu"
+    assert attention.resolve("auto", "gpu").name == "pallas_gpu"
     assert config_lib.ATTENTION_NAMES == (attention.AUTO,) + attention.NAMES
 
 
 def test_unknown_or_unavailable_implementations_are_one_line_errors():
-    with pytest.raises(ValueError, match="unknown attention implementation 'flash'; choose one of auto, xla, pallas_tpu, cpu"):
+    with pytest.raises(ValueError, match="unknown attention implementation 'flash'; choose one of auto, xla, pallas_tpu, "
+                                         "pallas_gpu, cpu"):
         attention.get("flash")
     with pytest.raises(ValueError, match="unknown attention implementation 'flash'"):
         Decoder(llama_and_gemma3(4)["llama"], attention="flash", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="'cpu' does not run on tpu; available there: auto, xla, pallas_tpu"):
         attention.resolve("cpu", "tpu")
-    with pytest.raises(ValueError, match="'pallas_tpu' does not run on gpu; available there: auto, xla"):
+    with pytest.raises(ValueError, match="'pallas_tpu' does not run on gpu; available there: auto, xla, pallas_gpu"):
         attention.resolve("pallas_tpu", "gpu")
+    with pytest.raises(ValueError, match="'pallas_gpu' does not run on tpu; available there: auto, xla, pallas_tpu"):
+        attention.resolve("pallas_gpu", "tpu")
     cfg = config_lib.Config(attention="splash")
-    with pytest.raises(Exception, match="attention must be one of auto, xla, pallas_tpu, cpu, got 'splash'"):
+    with pytest.raises(Exception, match="attention must be one of auto, xla, pallas_tpu, pallas_gpu, cpu, got 'splash'"):
         config_lib.validate(cfg, num_devices=1)

@@ -7,14 +7,18 @@ hands it, with the queries, keys and values, to one implementation:
 * `xla`: dense scores [B, kv, G, T, T] in float32, the reference and the test oracle (any backend);
 * `pallas_tpu`: splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`), memory linear in
   T; on a TPU, and interpreted on a CPU (for tests: slow);
+* `pallas_gpu`: our flash-attention kernel in Pallas for the Triton backend, forward and backward, memory
+  linear in T; on a GPU, and interpreted on a CPU (for tests: slow);
 * `cpu`: the XLA math, plus the C++ decode kernel (`cpu_attention`) for the sampler's cached steps.
 
 `pallas_tpu` also reads the sampler's cached decode steps through a Pallas kernel (`cache_state`,
-`pallas_decode`); the others read them with the decoder's XLA math.
+`pallas_decode`); the others read them with the decoder's XLA math. `flash_common` holds what the two
+Pallas implementations share (the layouts as segment-id calls, their exact union, running per shard).
 
-`default_for(platform)` picks `pallas_tpu` on a TPU, `cpu` on a CPU, `xla` elsewhere; `resolve(name,
-platform)` turns a configured name ("auto" or one of `NAMES`) into its implementation, with a one-line
-error listing the available ones for a name that does not exist or does not run there.
+`default_for(platform)` picks `pallas_tpu` on a TPU, `pallas_gpu` on a GPU, `cpu` on a CPU, `xla`
+elsewhere; `resolve(name, platform)` turns a configured name ("auto" or one of `NAMES`) into its
+implementation, with a one-line error listing the available ones for a name that does not exist or does
+not run there.
 
 An implementation is two pure functions, so the decoder computes what the layout needs once per call and
 the attention itself once per layer:
@@ -36,7 +40,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 #: The implementations, by configured name.
-NAMES = ("xla", "pallas_tpu", "cpu")
+NAMES = ("xla", "pallas_tpu", "pallas_gpu", "cpu")
 #: The configured name that picks `default_for` the program's platform.
 AUTO = "auto"
 
@@ -113,8 +117,9 @@ def available(platform: str) -> tuple[str, ...]:
 
 
 def default_for(platform: str) -> str:
-    """The implementation `auto` picks on `platform`: splash attention on a TPU, the CPU kernels on a CPU."""
-    return {"tpu": "pallas_tpu", "cpu": "cpu"}.get(platform, "xla")
+    """The implementation `auto` picks on `platform`: splash attention on a TPU, the Pallas flash kernel on a
+    GPU, the CPU kernels on a CPU."""
+    return {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cpu": "cpu"}.get(platform, "xla")
 
 
 def check_name(name: str) -> None:

@@ -15,9 +15,11 @@ attention natively: head h reads key/value head h // G). The decoder's layouts m
   (segment, branch) (the trunk's queries see the whole of what they may see there), and, for a branch's
   queries, their segment's trunk. The two calls' outputs merge exactly through their log-sum-exps; the
   gradient is flash attention's backward of each call run with the merged output and log-sum-exp (the
-  probabilities of the union), summed (`_union`, which every layout goes through: one call for the others). Sliding layers of this layout count their window in positions,
-  which the trunk call cannot express with a static mask (a branch's slots are shifted from its positions
-  by the earlier branches' lengths): those layers run the XLA form, the only place here that is quadratic.
+  probabilities of the union), summed (`_union`, which every layout goes through: one call for the
+  others; the ids and the union are `flash_common`'s, shared with `pallas_gpu`). Sliding layers of this
+  layout count their window in positions, which the trunk call cannot express with a static mask (a
+  branch's slots are shifted from its positions by the earlier branches' lengths): those layers run the
+  XLA form, the only place here that is quadratic.
 
 Rows are padded to a multiple of 128 slots (the kernel's block) with segment ids no real token shares.
 `attn_logits_soft_cap` soft-caps the scores (Gemma 2). On a mesh the kernel runs per shard (`shard_map`)
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 
 import jax
@@ -44,15 +45,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
-from jax.sharding import PartitionSpec
 
-from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, pallas_decode, target_platform, xla
-from jaxgrpo.models.partitioning import activation_spec
+from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, flash_common, pallas_decode,
+                                      target_platform, xla)
+from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
 #: Slots per block of queries and keys: rows are padded to a multiple of the smallest.
 BLOCKS = (512, 256, 128)
-# Segment ids of the slots added to reach a multiple of the block: no real token has them.
-_PAD_QUERY, _PAD_KEY = -1, -2
 
 
 def _block(length: int) -> int:
@@ -84,30 +83,13 @@ def _kernel(length: int, heads: int, window: int | None, logit_soft_cap: float |
 
 
 def prepare(layout: AttentionLayout, positions: jax.Array, window: int | None) -> dict[str, jax.Array]:
-    """Segment ids [B, T] for the splash calls (query and key ids; for branches, both calls'), and for
-    branches with a window the XLA form's window mask [B, T, T] (module docstring)."""
-    if layout.kind == "padded":
-        ids = layout.valid.astype(jnp.int32)
-        return {"query": ids, "key": ids}
-    segments = layout.segment_ids.astype(jnp.int32)
-    if layout.kind == "segments":
-        return {"query": segments, "key": segments}
-    branches = layout.branch_ids.astype(jnp.int32)
-    length = segments.shape[1]
-    own = segments * (length + 1) + branches  # one id per (segment, branch)
-    real = segments != 0
-    masks = {"query": own, "key": own,
-             "trunk_query": jnp.where(real & (branches > 0), segments, _PAD_QUERY),
-             "trunk_key": jnp.where(real & (branches == 0), segments, _PAD_KEY)}
-    if window:
+    """Segment ids [B, T] for the splash calls (`flash_common.segment_ids`: query and key ids; for
+    branches, both calls'), and for branches with a window the XLA form's window mask [B, T, T] (module
+    docstring)."""
+    masks = flash_common.segment_ids(layout)
+    if layout.kind == "branches" and window:
         masks["window_mask"] = xla.build_branch_mask(layout.segment_ids, layout.branch_ids, positions, window)
     return masks
-
-
-def _pad(x: jax.Array, axis: int, length: int, value=0) -> jax.Array:
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, length - x.shape[axis])
-    return jnp.pad(x, widths, constant_values=value)
 
 
 def _kernel_precision(dtype):
@@ -198,89 +180,45 @@ def _stated_costs(costs: dict[str, pl.CostEstimate]):
 
 def _union(kernel):
     """Attention of one row over the union of disjoint key sets, one splash call each (each set given by
-    its `SegmentIds`), merged exactly through their log-sum-exps, with its gradient: flash attention's
-    backward of each call run with the union's output and log-sum-exp (the union's probabilities), summed.
+    its `SegmentIds`), merged exactly through their log-sum-exps (`flash_common.lse_union`), with its
+    gradient: splash's backward of each call run with the union's output and log-sum-exp, summed.
 
     `kernel` saves residuals (it returns the log-sum-exp). With one set this is splash attention itself,
     its backward traced here too, under `_kernel_precision`."""
 
-    def forward(q, k, v, ids):
+    def forward(q, k, v, segment_ids):
         with _kernel_precision(q.dtype), _stated_costs(splash_cost_estimates(kernel, q.shape, k.shape, q.dtype)):
-            calls = [kernel(q, k, v, segment_ids=i) for i in ids]
-        if len(calls) == 1:
-            out, (lse,) = calls[0]
-            return out, lse
-        lse = functools.reduce(jnp.logaddexp, [part for _, (part,) in calls])
-        out = sum(jnp.exp(part - lse)[..., None] * o.astype(jnp.float32) for o, (part,) in calls)
-        return out.astype(q.dtype), lse
+            out, (lse,) = kernel(q, k, v, segment_ids=segment_ids)
+        return out, lse
 
-    @jax.custom_vjp
-    def attention(q, k, v, ids):
-        return forward(q, k, v, ids)[0]
-
-    def attention_fwd(q, k, v, ids):
-        out, lse = forward(q, k, v, ids)
-        return out, (q, k, v, ids, out, lse)
-
-    def attention_bwd(residuals, d_out):
-        q, k, v, ids, out, lse = residuals
+    def backward(q, k, v, segment_ids, out, lse, d_out):
         options = kernel.kwargs
-        dq, dk, dv = 0, 0, 0
-        for segment_ids in ids:
-            saved = (q, k, v, segment_ids, None, out, lse, _flat_blocks(kernel.dq_mask_info),
-                     _flat_blocks(kernel.dkv_mask_info))
-            with _kernel_precision(q.dtype), _stated_costs(splash_cost_estimates(kernel, q.shape, k.shape, q.dtype)):
-                grads = splash._splash_attention_bwd(
-                    False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
-                    options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
-            dq, dk, dv = dq + grads[3], dk + grads[4], dv + grads[5]
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), jax.tree.map(lambda _: None, ids)
+        saved = (q, k, v, segment_ids, None, out, lse, _flat_blocks(kernel.dq_mask_info),
+                 _flat_blocks(kernel.dkv_mask_info))
+        with _kernel_precision(q.dtype), _stated_costs(splash_cost_estimates(kernel, q.shape, k.shape, q.dtype)):
+            grads = splash._splash_attention_bwd(
+                False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
+                options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
+        return grads[3], grads[4], grads[5]
 
-    attention.defvjp(attention_fwd, attention_bwd)
-    return attention
+    return flash_common.lse_union(forward, backward)
 
 
 def _splash_rows(q, k, v, masks, *, window, logit_soft_cap, interpret):
     """Splash attention of rows q [B, H, T, D], k and v [B, kv, T, D] with `prepare`'s ids; [B, H, T, D]."""
     batch, heads, length, _ = q.shape
     padded = -(-length // BLOCKS[-1]) * BLOCKS[-1]
-    q, k, v = (_pad(x, 2, padded) for x in (q, k, v))
-    ids = {name: _pad(x, 1, padded, _PAD_KEY if name.endswith("key") else _PAD_QUERY)
+    q, k, v = (flash_common.pad(x, 2, padded) for x in (q, k, v))
+    ids = {name: flash_common.pad(x, 1, padded, PAD_KEY if name.endswith("key") else PAD_QUERY)
            for name, x in masks.items() if x.ndim == 2}
-    # Padding slots share the id _PAD_QUERY for queries and keys of the own call: they see each other only.
-    ids["key"] = jnp.where(jnp.arange(padded) < length, ids["key"], _PAD_QUERY)
+    # Padding slots share the id PAD_QUERY for queries and keys of the own call: they see each other only.
+    ids["key"] = jnp.where(jnp.arange(padded) < length, ids["key"], PAD_QUERY)
     sets = [splash.SegmentIds(ids["query"], ids["key"])]
     if "trunk_query" in ids:
         sets.append(splash.SegmentIds(ids["trunk_query"], ids["trunk_key"]))
     attention = _union(_kernel(padded, heads, window, logit_soft_cap, interpret))
     out = jax.vmap(attention)(q, k, v, sets)
     return out[:, :, :length]
-
-
-def _per_shard(fn, q, k, v, masks, mesh):
-    """`fn(q, k, v, masks)` run per shard of rows and key/value heads on `mesh` (as is without one).
-
-    A Pallas call cannot be partitioned by XLA, so on a mesh it always runs inside a `shard_map`: rows
-    over the batch axes (padded with fully masked rows to a multiple of their size when they do not
-    divide, e.g. 4 packed rows on 8 chips), key/value heads with their query heads over `model` where it
-    divides them."""
-    spec = None if mesh is None else activation_spec(
-        ("batch", "kv_heads", None, None, None), (q.shape[0] * mesh.size,) + q.shape[1:], mesh)
-    if spec is None:
-        return fn(q, k, v, masks)
-    rows, heads = (None if axes is PartitionSpec.UNCONSTRAINED else axes for axes in spec[:2])
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    shards = math.prod(sizes[a] for a in ((rows,) if isinstance(rows, str) else rows or ()))
-    batch = q.shape[0]
-    padded = -(-batch // shards) * shards
-    if padded != batch:
-        q, k, v = (_pad(x, 0, padded) for x in (q, k, v))
-        masks = jax.tree.map(lambda x: _pad(x, 0, padded, _PAD_QUERY), masks)
-    q_spec, kv_spec = PartitionSpec(rows, heads, None, None, None), PartitionSpec(rows, heads, None, None)
-    mask_specs = jax.tree.map(lambda x: PartitionSpec(rows, *(None,) * (x.ndim - 1)), masks)
-    out = jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_specs), out_specs=q_spec,
-                        check_vma=False)(q, k, v, masks)
-    return out[:batch]
 
 
 def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap: float | None = None, mesh=None):
@@ -299,7 +237,7 @@ def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap
             out = _splash_rows(q.reshape(rows, local_kv * groups, length, head_dim), k, v, masks, window=window,
                                logit_soft_cap=logit_soft_cap, interpret=interpret)
             return out.reshape(q.shape)
-        return jnp.transpose(_per_shard(fn, q, k, v, splash_masks, mesh), (0, 3, 1, 2, 4))
+        return jnp.transpose(flash_common.per_shard(fn, q, k, v, splash_masks, mesh), (0, 3, 1, 2, 4))
 
     if not window:
         return run(None)
