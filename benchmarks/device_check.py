@@ -550,6 +550,7 @@ def main(argv=None) -> dict:
 
     import jax
 
+    from jaxgrpo.models import attention as attention_lib
     from jaxgrpo.models.config import from_hf_config
 
     model_name = "random-" + ("small" if args.small else args.model)
@@ -589,8 +590,9 @@ def main(argv=None) -> dict:
     config = from_hf_config(hf_config)
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
+
     def train(packing: bool, attention_name: str) -> None:
-        key = f"packing_{'on' if packing else 'off'}" + ("" if attention_name == args.attention else f"_{attention_name}")
+        key = f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
                                                                 bandwidth)
@@ -599,9 +601,14 @@ def main(argv=None) -> dict:
             result["train"][key] = {"error": _one_line(error)}
         save()
 
+    trained_attention = args.attention
+    default = attention_lib.default_for(jax.default_backend())
+    if args.attention == "auto" and "error" in result.get("attention", {}).get(f"{default}/packed", {}):
+        trained_attention = "xla"  # the default kernel failed here: train with the reference, and say so
+        result["attention_fallback"] = f"{default} failed in the attention section; the train runs used xla"
     if "train" in sections:
-        train(True, args.attention)
-        train(False, args.attention)
+        train(True, trained_attention)
+        train(False, trained_attention)
     if "torch" in sections:
         section("torch", torch_section, hf_config, shapes, args.small)
     if "sampler" in sections:
@@ -610,7 +617,7 @@ def main(argv=None) -> dict:
         model, _ = MODEL_BUILDERS[model_name](dtype=jax.numpy.bfloat16, remat=False)
         section("sampler", sampler_section, model, shapes, bandwidth)
         del model
-    if "train" in sections and args.compare_xla and jax.default_backend() != "cpu":
+    if "train" in sections and args.compare_xla and jax.default_backend() != "cpu" and trained_attention != "xla":
         train(True, "xla")  # the dense attention the packed layout used before: a before/after in one run
     anchor = result.get("torch", {}).get("update", {})
     for run in result.get("train", {}).values():
