@@ -26,7 +26,8 @@ it measured):
   bandwidth) and the measured/estimate factor;
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
   accelerator (or with `--small` on a CPU): `generate`, and forward + backward + AdamW over the step's rows
-  in micro-batches of 32 with gradient checkpointing: the anchor.
+  in micro-batches of 32 with gradient checkpointing: the anchor. They run first, before this process's
+  jax claims the accelerator's memory.
 
 `--small` runs all of it on a tiny Qwen3-shaped model in seconds (on a CPU): a test runs it so the script
 cannot rot. Without `--small` the defaults are the shapes of the issue that asked for this (16 prompts x 8
@@ -427,7 +428,7 @@ def torch_anchor(kind: str, hf_config: dict, shapes: Shapes) -> dict:
                                min_new_tokens=new_tokens, pad_token_id=0)
             sync()
             return time.perf_counter() - start
-        run(4)
+        run(max(shapes.new_tokens // 8, 4))  # warm-up (on a GPU the first long call was 3x slower than the next)
         seconds = [run(shapes.new_tokens) for _ in range(2)]
         return {"device": device, "seconds_all": seconds,
                 "tokens_per_second": shapes.rows * shapes.new_tokens / statistics.median(seconds)}
@@ -555,6 +556,16 @@ def main(argv=None) -> dict:
 
     model_name = "random-" + ("small" if args.small else args.model)
     register(hf_config, shapes, model_name)
+    # The torch anchors first, before this process's jax claims the accelerator's memory (XLA preallocates
+    # most of it on a GPU, and the anchor's training step then runs out).
+    anchor_start = time.perf_counter()
+    anchor = None
+    if "torch" in sections:
+        try:
+            anchor = torch_section(hf_config, shapes, args.small)
+        except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
+            anchor = {"error": _one_line(error)}
+    anchor_seconds = time.perf_counter() - anchor_start
     env = environment()
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"device_check_{env['chip'].lower().replace(' ', '_')}.json")
@@ -609,8 +620,10 @@ def main(argv=None) -> dict:
     if "train" in sections:
         train(True, trained_attention)
         train(False, trained_attention)
-    if "torch" in sections:
-        section("torch", torch_section, hf_config, shapes, args.small)
+    if anchor is not None:
+        result["torch"] = anchor
+        result.setdefault("section_seconds", {})["torch"] = anchor_seconds
+        save()
     if "sampler" in sections:
         from jaxgrpo.train.state import MODEL_BUILDERS
 

@@ -129,7 +129,7 @@ def train_main(argv: list[str] | None = None) -> int:
     import jax
 
     from jaxgrpo.checkpoint import CheckpointError, storage_failure
-    from jaxgrpo.config import Config
+    from jaxgrpo.config import Config, resolve_packing
     from jaxgrpo.errors import ConfigError
     from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
@@ -141,7 +141,9 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return _fail("jaxgrpo-train", e, 2)
     try:  # a used or locked run directory is refused before the model is built (`Trainer.run` checks again)
-        RunDirectory.preflight(cfg.run_dir, to_dict(cfg), resume=args.resume, overwrite=args.overwrite,
+        # As `Trainer` will save it: packing=None settled for this platform.
+        RunDirectory.preflight(cfg.run_dir, to_dict(resolve_packing(cfg, jax.default_backend())), resume=args.resume,
+                               overwrite=args.overwrite,
                                defaults=to_dict(Config()))
     except RunDirectoryError as e:
         print(f"jaxgrpo-train: error: {e}", file=sys.stderr)

@@ -51,7 +51,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo.config import Config, validate
+from jaxgrpo.config import Config, resolve_packing, validate
 
 GiB = 1 << 30
 
@@ -693,6 +693,7 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
         raise ValueError(f"unknown program(s) {', '.join(unknown)}; valid: {', '.join(PROGRAMS)}")
     chip, devices = topology_devices(topology)
     mesh = train.make_mesh(cfg, devices)
+    cfg = resolve_packing(cfg, devices[0].platform)
     validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
     abstract = abstract_train_state(cfg, mesh)
     n, chips, reports = abstract.num_params, len(devices), []

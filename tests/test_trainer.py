@@ -108,6 +108,7 @@ def test_micro_batches_give_the_full_batch_update(tmp_path):
     """Accumulating gradients over 4 micro-batches equals one full-batch update (aggregation parts)."""
     cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=5", "task.num_eval_examples=0", "aggregation=token_mean")
     trainer = Trainer(cfg)
+    cfg = trainer.cfg  # the config the trainer runs (packing settled for this platform): changed below
     supervised_warmup(trainer, cfg.warmup_sft_steps)
     rollout, _ = trainer.rollout(jax.random.key(3))
     batch = trainer.train_batch(rollout)
@@ -130,6 +131,8 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
     cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=5", "task.num_eval_examples=0", "micro_batch_size=16",
                      *overrides)
     trainer = Trainer(cfg)
+    cfg = trainer.cfg  # the config the trainer runs (packing settled for this platform): changed below
+    assert cfg.packing  # on a CPU the default packs
     supervised_warmup(trainer, cfg.warmup_sft_steps)
     rollout, _ = trainer.rollout(jax.random.key(3))
     rollout = rollout._replace(kept=rollout.kept & (rollout.group_ids != 1))  # a group that does not train

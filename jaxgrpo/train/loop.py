@@ -8,7 +8,7 @@ One training step:
 2. compute advantages with the registered estimator (`cfg.advantage`), or GAE with a value head
    (`batch.train_batch`);
 3. for `num_epochs` x `num_minibatches`, call the jitted update (`step.make_update_fn`). With
-   `cfg.packing` (the default) each micro-batch is scored as packed prompt groups
+   `cfg.packing` (the default on a CPU or TPU) each micro-batch is scored as packed prompt groups
    (`jaxgrpo.models.packing`): a prompt once, its completions without padding, rows that do not
    train left out; the log-probs are the same.
 
@@ -49,8 +49,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import sampler
-from jaxgrpo.config import Config, validate
+from jaxgrpo.config import Config, resolve_packing, validate
 from jaxgrpo.models import packing
+from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
 from jaxgrpo.train import evaluation, health, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
@@ -88,6 +89,8 @@ class Trainer:
         from jaxgrpo.errors import ConfigError
         from jaxgrpo.train import preflight
 
+        # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
+        cfg = resolve_packing(cfg, attention_platform(mesh))
         validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
         # What the config names (task, rewards, model, context budget, mesh), then the data: before the model.
         task, reward_fns, _ = preflight.check(
@@ -97,7 +100,7 @@ class Trainer:
         stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
         eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
                          if cfg.task.num_eval_examples else [])
-        self.cfg = cfg
+        self._cfg = cfg
         self.mesh = mesh or state_lib.make_mesh(cfg)
         if model is None:
             model, tokenizer = state_lib.build_model(cfg)
@@ -134,6 +137,15 @@ class Trainer:
         self.prompts = PromptStream(self.train_examples, cfg.seed)
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
+
+    @property
+    def cfg(self) -> Config:
+        """The config this trainer runs, `packing` settled for its mesh's platform."""
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: Config) -> None:
+        self._cfg = resolve_packing(cfg, attention_platform(self.mesh))
 
     @property
     def policy(self) -> Policy:
