@@ -338,3 +338,17 @@ def test_cli_rejects_mistakes_in_one_line_before_building_anything(case, tmp_pat
     assert len(lines) == 1 and lines[0].startswith("jaxgrpo-train: error: "), lines
     assert needle in lines[0], lines[0]
     assert out == "" and not (tmp_path / "runs").exists()  # no run directory either
+
+
+def test_packing_defaults_per_platform_as_measured_and_an_explicit_value_is_kept():
+    from jaxgrpo.config import PACKING_BY_PLATFORM, resolve_packing
+
+    cfg = Config()
+    assert cfg.packing is None  # the platform's default
+    assert resolve_packing(cfg, "cpu").packing is True and resolve_packing(cfg, "tpu").packing is True
+    assert resolve_packing(cfg, "gpu").packing is False  # docs/gpu.md: the packed update was slower on an H100
+    assert cfg.packing is None  # the given config is not changed
+    assert PACKING_BY_PLATFORM == {"cpu": True, "gpu": False, "tpu": True}
+    for value in (True, False):
+        explicit = apply_overrides(Config(), [f"packing={str(value).lower()}"])
+        assert all(resolve_packing(explicit, p).packing is value for p in ("cpu", "gpu", "tpu"))
