@@ -1,6 +1,7 @@
 """Two steps of every experiment file on the tiny model and the toy task, with a fixed seed: the metrics
 recorded in tests/data/experiment_metrics.json (before the trainer was split into jaxgrpo/train/; files
-added since, when they were added), which `test_trainer.py` checks the current code still reproduces.
+added since, when they were added), which `test_experiments_reproduce_metrics.py` checks the current code
+still reproduces.
 
 Regenerate (only when a change is meant to alter the numbers), or record a new file by its name:
     PYTHONPATH=. python tests/experiment_metrics.py [NAME ...]

@@ -1,6 +1,6 @@
-"""The GRPO loop end to end on the offline toy task: learning, exact resume, every experiment file."""
+"""The GRPO loop end to end on the offline toy task: learning, exact resume (every experiment file:
+tests/test_experiments_reproduce_metrics.py)."""
 
-import json
 import logging
 import os
 import signal
@@ -18,7 +18,6 @@ from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import packing
 from jaxgrpo.train import Trainer
 from jaxgrpo.train.loop import group_lengths
-from tests import experiment_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -51,14 +50,15 @@ def collapse_warnings(caplog) -> list[str]:
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_mean_reward_rises_on_the_toy_task(method, tmp_path, caplog):
-    """After a short supervised warm-up, 60 GRPO steps clearly raise the accuracy (same seed: deterministic),
-    and the run gives no collapse warning."""
-    cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", *METHODS[method])
+    """After a short supervised warm-up, 40 GRPO steps clearly raise the accuracy (same seed: deterministic),
+    and the run gives no collapse warning. (The toy's 60 steps raise it by 0.28-0.35 from the first 15 steps'
+    mean to the last 15's; 40 by 0.25-0.30 from the first 10's to the last 10's.)"""
+    cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", *METHODS[method])
     with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.loop"):
         history = Trainer(cfg).run(progress=False)
     assert collapse_warnings(caplog) == []
     accuracy = np.array([h["accuracy"] for h in history])
-    first, last = accuracy[:15].mean(), accuracy[-15:].mean()
+    first, last = accuracy[:10].mean(), accuracy[-10:].mean()
     assert last > first + 0.15, f"{method}: accuracy {first:.3f} -> {last:.3f}"
     assert all(np.isfinite(h["loss"]) for h in history)
     if method == "dapo":
@@ -167,7 +167,7 @@ _RESUME_SCRIPT = textwrap.dedent(
 
     run_dir, kill_after, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "resume"
     cfg = load_experiment({toy!r})
-    apply_overrides(cfg, ["steps=6", "checkpoint_every=1", "warmup_sft_steps=5", "eval_every=0",
+    apply_overrides(cfg, ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0",
                           "task.num_eval_examples=0", "run_dir=" + run_dir])
 
     def on_step(step, record):
@@ -187,20 +187,20 @@ def _run_resume_script(script, run_dir, kill_after, mode):
 def _final_params(run_dir):
     import orbax.checkpoint as ocp
 
-    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", "6", "state"))
+    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", "4", "state"))
     return jax.tree.map(np.asarray, restored["train"]["params"])
 
 
 def test_resume_after_sigkill_is_exact(tmp_path):
-    """6 steps straight == 3 steps, SIGKILL, --resume to 6: same parameters and same metrics for steps 4-6."""
+    """4 steps straight == 2 steps, SIGKILL, --resume to 4: same parameters and same metrics for steps 3-4."""
     script = tmp_path / "resume_run.py"
     script.write_text(_RESUME_SCRIPT.format(toy=TOY))
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     proc = _run_resume_script(script, straight, -1, "fresh")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _run_resume_script(script, killed, 3, "fresh")
+    proc = _run_resume_script(script, killed, 2, "fresh")
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert len(read_jsonl(killed / "metrics.jsonl")) == 3
+    assert len(read_jsonl(killed / "metrics.jsonl")) == 2
     proc = _run_resume_script(script, killed, -1, "resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -208,38 +208,8 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     def comparable(path):
         return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in read_jsonl(path)]
 
-    assert comparable(straight / "metrics.jsonl")[3:] == comparable(killed / "metrics.jsonl")[3:]
+    assert comparable(straight / "metrics.jsonl")[2:] == comparable(killed / "metrics.jsonl")[2:]
     jax.tree.map(np.testing.assert_array_equal, _final_params(straight), _final_params(killed))
-
-
-RECORDED = json.load(open(experiment_metrics.RECORD))
-SMOKE = sorted(RECORDED)  # the experiment files that existed when the metrics were recorded
-
-
-@pytest.mark.parametrize("name", SMOKE)
-def test_every_experiment_runs_two_steps_and_reproduces_its_recorded_metrics(name, tmp_path):
-    """Each experiment file, on the tiny model and the toy task: finite metrics, parameters change, and
-    every metric equals what the trainer computed before it was split into jaxgrpo/train/
-    (tests/data/experiment_metrics.json), within the tolerance of the run's dtype on any CPU family
-    (`experiment_metrics.TOLERANCE`)."""
-    cfg = load_experiment(os.path.join(EXPERIMENTS, name + ".py"))
-    overrides, reward_fns = experiment_metrics.tiny_overrides(cfg, tmp_path / "run")
-    apply_overrides(cfg, overrides)
-    trainer = Trainer(cfg, reward_fns=reward_fns)
-    before = params_of(trainer)
-    history = trainer.run(progress=False)
-    assert len(history) == 2
-    for record in history:
-        for key in ("loss", "reward_mean", "grad_norm", "entropy"):
-            assert np.isfinite(record[key]), (key, record)
-    changed = jax.tree.map(lambda a, b: not np.allclose(a, b), before, params_of(trainer))
-    assert any(jax.tree.leaves(changed)), "no parameter changed"
-    recorded = RECORDED[name]
-    rtol, atol = experiment_metrics.tolerance(cfg)
-    for step, (got, want) in enumerate(zip(map(experiment_metrics.comparable, history), recorded), 1):
-        assert sorted(got) == sorted(want), (step, set(got) ^ set(want))
-        for key in want:
-            np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=atol, err_msg=f"{name} step {step} {key}")
 
 
 def always_wrong(completions, examples):
