@@ -200,6 +200,9 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
     from jaxgrpo import train
     from jaxgrpo.models import packing
 
+    from jaxgrpo.models.attention import target_platform
+
+    cfg = resolve_packing(cfg, target_platform(mesh))  # packing=None: the mesh's platform's default
     num_micro, micro, length, completion = _batch_shapes(cfg)
     rows = NamedSharding(mesh, P(None, train.BATCH_AXES))
     tokens = lambda dtype: _sharded((num_micro, micro, length), dtype, rows)  # noqa: E731

@@ -224,7 +224,11 @@ class Runner:
             apply_override(cfg, key, _format_value(value))
         apply_override(cfg, "seed", str(cell.seed))
         cfg.run_dir = self.run_dir(cell)
-        return to_dict(cfg)
+        import jax
+
+        from jaxgrpo.config import resolve_packing
+
+        return to_dict(resolve_packing(cfg, jax.default_backend()))  # as `Trainer` saves it (packing settled)
 
     def changed_cells(self) -> dict[str, list[str]]:
         """{cell name: 'key old -> new', ...} for each cell whose run recorded (config.json) another config

@@ -46,7 +46,7 @@ def test_sampler_and_train_figures_are_consistent(result):
         run = result["train"][key]
         assert "error" not in run, run
         assert run["packing"] == (key == "packing_on")
-        assert 0 < run["update_seconds"] <= run["step_seconds"]
+        assert run["update_seconds"] > 0 and run["step_seconds"] > 0  # timed apart: no order between them
         assert 0 < run["mfu"] < 1 and run["estimate_seconds"] > 0
         assert run["measured_over_estimate"] == pytest.approx(run["update_seconds"] / run["estimate_seconds"])
         assert run["update_tokens"] == shapes["prompts"] * shapes["samples"] * (shapes["prompt_len"] + shapes["new_tokens"])
