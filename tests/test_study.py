@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from jaxgrpo import cli, intervals, study
@@ -142,14 +143,14 @@ def _record(out, cell, config):
 
 
 def _effective_config(experiment, cell, run_dir):
-    from jaxgrpo.config import apply_override, load_experiment, to_dict
+    from jaxgrpo.config import apply_override, load_experiment, resolve_packing, to_dict
 
     cfg = load_experiment(experiment)
     for key, value in cell.overrides:
         apply_override(cfg, key, value if isinstance(value, str) else repr(value))
     apply_override(cfg, "seed", str(cell.seed))
     cfg.run_dir = run_dir
-    return to_dict(cfg)
+    return to_dict(resolve_packing(cfg, jax.default_backend()))  # as a run's config.json holds it
 
 
 def test_a_finished_cell_run_with_another_config_is_refused_naming_the_cell_and_keys_or_rerun(tmp_path, capsys):
