@@ -89,7 +89,7 @@ class SamplingConfig(_Fields):
 
 @dataclasses.dataclass
 class OptimizerConfig(_Fields):
-    """AdamW with linear warm-up then constant learning rate, and global-norm clipping."""
+    """AdamW with global-norm clipping; the learning rate warms up linearly, then stays constant or decays."""
 
     lr: float = 1e-6
     b1: float = 0.9
@@ -98,6 +98,10 @@ class OptimizerConfig(_Fields):
     eps: float = 1e-8
     weight_decay: float = 0.0
     warmup_steps: int = 0
+    #: Optimizer updates over which the rate decays after the warm-up, along a cosine from `lr` to
+    #: `lr * final_lr_fraction`, and stays there; 0 keeps it constant at `lr`.
+    decay_steps: int = 0
+    final_lr_fraction: float = 0.0
     max_grad_norm: float = 1.0
     #: The float type Adam's moments are kept in between steps (`STATE_DTYPES`); they are
     #: updated in float32 either way. "bfloat16" halves their memory (8 -> 4 bytes per parameter).
@@ -505,6 +509,9 @@ def _check_ranges(cfg: Config) -> None:
         (o.eps > 0, f"optimizer.eps must be > 0 (it keeps Adam's division finite), got {o.eps}"),
         (o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}"),
         (o.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {o.warmup_steps}"),
+        (o.decay_steps >= 0, f"optimizer.decay_steps must be >= 0 (0 keeps the rate constant), got {o.decay_steps}"),
+        (0 <= o.final_lr_fraction <= 1,
+         f"optimizer.final_lr_fraction must be in [0, 1] (the decayed rate as a share of lr), got {o.final_lr_fraction}"),
         (o.max_grad_norm > 0,
          f"optimizer.max_grad_norm must be > 0 (the global-norm clipping threshold), got {o.max_grad_norm}"),
         (o.state_dtype in STATE_DTYPES,

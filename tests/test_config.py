@@ -123,6 +123,8 @@ def test_training_temperature_must_be_positive(temperature):
     ("optimizer.eps=0", "optimizer.eps must be > 0"),
     ("optimizer.weight_decay=-0.1", "optimizer.weight_decay must be >= 0"),
     ("optimizer.warmup_steps=-1", "optimizer.warmup_steps must be >= 0"),
+    ("optimizer.decay_steps=-3", "optimizer.decay_steps must be >= 0"),
+    ("optimizer.final_lr_fraction=1.5", "optimizer.final_lr_fraction must be in [0, 1]"),
     ("optimizer.max_grad_norm=0", "optimizer.max_grad_norm must be > 0"),
 ])
 def test_optimizer_values_must_make_sense(override, needle):

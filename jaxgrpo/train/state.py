@@ -55,11 +55,22 @@ class TrainState(NamedTuple):
     kernel_state: Any = {}
 
 
-def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-    """AdamW with linear warm-up, after global-norm clipping, its moments stored in `cfg.state_dtype`."""
-    schedule = (
-        optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps > 0 else optax.constant_schedule(cfg.lr)
+def learning_rate(cfg: OptimizerConfig) -> optax.Schedule:
+    """The rate per optimizer update: linear warm-up from 0 over `warmup_steps`, then `lr`, decaying along a
+    cosine to `lr * final_lr_fraction` over `decay_steps` (when > 0) and staying there."""
+    after_warmup = (
+        optax.cosine_decay_schedule(cfg.lr, cfg.decay_steps, alpha=cfg.final_lr_fraction)
+        if cfg.decay_steps > 0 else optax.constant_schedule(cfg.lr)
     )
+    if cfg.warmup_steps == 0:
+        return after_warmup
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), after_warmup],
+                                [cfg.warmup_steps])
+
+
+def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+    """AdamW at `learning_rate(cfg)`, after global-norm clipping, its moments stored in `cfg.state_dtype`."""
+    schedule = learning_rate(cfg)
     return stored_as(cfg.state_dtype, optax.chain(
         optax.clip_by_global_norm(cfg.max_grad_norm),
         optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
