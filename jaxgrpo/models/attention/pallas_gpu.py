@@ -304,6 +304,24 @@ def _spec(block_shape, heads: bool, blocked: bool):
     return pl.BlockSpec((None,) + ((None,) if heads else ()) + tuple(block_shape), index)
 
 
+def _operand_specs(by_query: bool, *, rows: int, slots: int, block: int, head_dim: int, num_blocks: int,
+                   gradients: bool, positions: int) -> list:
+    """BlockSpecs of a call's operands: q, k, v, [d_out, lse, delta,] q_ids, k_ids, first, stop, [q and k
+    positions]. The grid walks `block`-blocks of the queries (`by_query`: the forward and dq) or of the keys
+    (dk/dv); each step reads its block of that side and the whole of the other."""
+    def query_side(*tail, heads=True):
+        return _spec(((block if by_query else rows),) + tail, heads, by_query)
+
+    def key_side(*tail, heads=True):
+        return _spec(((slots if by_query else block),) + tail, heads, not by_query)
+
+    specs = [query_side(head_dim), key_side(head_dim), key_side(head_dim)]
+    if gradients:
+        specs += [query_side(head_dim), query_side(), query_side()]
+    specs += [query_side(heads=False), key_side(heads=False)] + [_spec((num_blocks,), False, False)] * 2
+    return specs + [query_side(heads=False), key_side(heads=False)][:positions]
+
+
 def _forward(q, k, v, ids, *, settings: CallSettings):
     """One call's (out [B, kv, R, Dp] in q's dtype, log-sum-exp f32[B, kv, R]) over the keys `ids` allow."""
     batch, heads, rows, head_dim = q.shape
@@ -312,10 +330,8 @@ def _forward(q, k, v, ids, *, settings: CallSettings):
     first, stop = _spans(visited_blocks(ids, settings, rows, slots), axis=2)
     (q_ids, k_ids), positions = _id_inputs(ids, settings)
     blocks = rows // block_q
-    in_specs = [_spec((block_q, head_dim), True, True), _spec((slots, head_dim), True, False),
-                _spec((slots, head_dim), True, False), _spec((block_q,), False, True), _spec((slots,), False, False),
-                _spec((blocks,), False, False), _spec((blocks,), False, False)]
-    in_specs += [_spec((block_q,), False, True), _spec((slots,), False, False)][:len(positions)]
+    in_specs = _operand_specs(True, rows=rows, slots=slots, block=block_q, head_dim=head_dim, num_blocks=blocks,
+                              gradients=False, positions=len(positions))
     out_specs = [_spec((block_q, head_dim), True, True), _spec((block_q,), True, True)]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:3], jnp.float32)]
     out, lse = _pallas_call(_forward_kernel, (batch, heads, blocks), in_specs, out_specs, out_shape, settings,
@@ -336,24 +352,16 @@ def _backward(q, k, v, ids, out, lse, d_out, *, settings: CallSettings):
 
     query_blocks = rows // block_q
     first, stop = _spans(visited, axis=2)
-    in_specs = [_spec((block_q, head_dim), True, True), _spec((slots, head_dim), True, False),
-                _spec((slots, head_dim), True, False), _spec((block_q, head_dim), True, True),
-                _spec((block_q,), True, True), _spec((block_q,), True, True), _spec((block_q,), False, True),
-                _spec((slots,), False, False), _spec((query_blocks,), False, False),
-                _spec((query_blocks,), False, False)]
-    in_specs += [_spec((block_q,), False, True), _spec((slots,), False, False)][:len(positions)]
+    in_specs = _operand_specs(True, rows=rows, slots=slots, block=block_q, head_dim=head_dim,
+                              num_blocks=query_blocks, gradients=True, positions=len(positions))
     dq = _pallas_call(_dq_kernel, (batch, heads, query_blocks), in_specs, _spec((block_q, head_dim), True, True),
                       jax.ShapeDtypeStruct(q.shape, f32), settings, "flash_attention_dq")(
         *inputs, first, stop, *positions)
 
     key_blocks = slots // block_k
     first, stop = _spans(visited, axis=1)
-    in_specs = [_spec((rows, head_dim), True, False), _spec((block_k, head_dim), True, True),
-                _spec((block_k, head_dim), True, True), _spec((rows, head_dim), True, False),
-                _spec((rows,), True, False), _spec((rows,), True, False), _spec((rows,), False, False),
-                _spec((block_k,), False, True), _spec((key_blocks,), False, False),
-                _spec((key_blocks,), False, False)]
-    in_specs += [_spec((rows,), False, False), _spec((block_k,), False, True)][:len(positions)]
+    in_specs = _operand_specs(False, rows=rows, slots=slots, block=block_k, head_dim=head_dim,
+                              num_blocks=key_blocks, gradients=True, positions=len(positions))
     kv_spec = _spec((block_k, head_dim), True, True)
     dk, dv = _pallas_call(_dkv_kernel, (batch, heads, key_blocks), in_specs, [kv_spec, kv_spec],
                           [jax.ShapeDtypeStruct(k.shape, f32), jax.ShapeDtypeStruct(v.shape, f32)], settings,
