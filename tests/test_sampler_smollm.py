@@ -58,3 +58,20 @@ def test_greedy_generation_equals_argmax_of_full_forwards_and_answers_five(smoll
     assert sampler.compilation_counts() == before
     assert texts[0] == [answer]
     assert "Paris" in texts[1][0]
+
+
+def test_the_engine_decodes_greedily_exactly_as_generate(smollm):
+    from jaxgrpo.engine import Engine, Request
+
+    model, tokenizer = smollm
+    prompts = sampler.encode_prompts(tokenizer, QUESTIONS + ["Count from one to five."])
+    stop = sampler.default_stop_tokens(tokenizer)
+    rollout = sampler.generate(model, prompts, max_new_tokens=NEW_TOKENS, greedy=True, stop_tokens=stop,
+                               pad_id=tokenizer.pad_token_id)
+    # 4 requests through 3 slots of 16-position blocks: one is admitted when another finishes.
+    engine = Engine(model, num_slots=3, max_context=128)
+    completions = engine.generate([Request(id=i, prompt=p, max_new_tokens=NEW_TOKENS, stop_tokens=tuple(stop),
+                                           sampling=sampler.SamplingParams(greedy=True)) for i, p in enumerate(prompts)])
+    tokens, mask = np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask)
+    for row, completion in enumerate(completions):
+        np.testing.assert_array_equal(completion.tokens, tokens[row][mask[row]])

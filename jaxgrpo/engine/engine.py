@@ -1,0 +1,604 @@
+"""The rollout engine: requests in, completions out, through decode slots over a paged KV cache.
+
+    engine = Engine(model, num_slots=128, key=jax.random.key(0))
+    completions = engine.generate([Request(id=i, prompt=p, max_new_tokens=256, stop_tokens=(eos,)) for ...])
+
+**Continuous batching.** A request waits in a queue until a decode slot and enough blocks are free; the engine
+then prefills it (one compiled program for all requests admitted together), and every decode slot advances
+one token per step. A row that stops (a stop token, or its token budget) leaves its slot at the end of the
+current chunk of steps and the next request takes it, so 1024 requests through 128 slots do not wait for the
+slowest row of each batch of 128. A chunk ends after `decode_chunk` steps, or early once enough rows have
+finished while requests wait.
+
+**Prefix sharing.** Requests admitted together with the same prompt (the G samples of a GRPO group) run the
+prompt once: they hold its full blocks together and each gets its own copy of the last, partial block
+(copy-on-write), where its own tokens go.
+
+**The session API** (multi-turn): `prefill(requests)` admits requests now and samples each one's first token;
+`decode()` runs steps until every live sequence has stopped; `extend(id, tokens)` appends tokens a policy did
+not sample (a tool's output, the next user turn) to a stopped sequence, runs them through the model from its
+cache and samples the next token; `release(id)` frees the slot and blocks and returns the `Completion`.
+`generate` is their composition with a queue.
+
+**What each token carries.** A sampled token comes with its log-prob under the distribution it was drawn from
+(after temperature, top-k, top-p, min-p: the behaviour policy), its untruncated log-prob
+`log_softmax(logits / temperature)` (what a trainer recomputes) and the engine's policy `version` when it
+was drawn. `update_weights(model)` swaps the weights in place (no copy) and bumps the version.
+
+**Randomness.** The token at position p of request `id` is drawn with `fold_in(fold_in(key, id), p)`: it
+does not depend on the slot, the admission order, the slot count or the other rows, so the same requests
+give the same tokens however they are scheduled, wherever the logits agree.
+
+Everything runs through the decoder's cached call (`Decoder.hidden_states` with `cache=`) on a dense view of
+each row's blocks (`jaxgrpo.engine.paged`), the XLA reference math on every backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxgrpo.engine import paged
+from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
+from jaxgrpo.errors import ConfigError
+from jaxgrpo.sampler import SamplingParams, bucket_length, sample_tokens
+
+logger = logging.getLogger(__name__)
+
+STOP_SLOTS = 8
+"""Stop tokens a request may have (padded with -1, never a token, so the set never recompiles)."""
+
+_COMPILATIONS: collections.Counter = collections.Counter()
+
+
+def compilation_counts() -> dict[str, int]:
+    """How many times each engine program was traced in this process (`"forward"`, `"decode"`, `"copy"`)."""
+    return dict(_COMPILATIONS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What to generate.
+
+    Attributes:
+      id: an int naming the request: its random stream (see the module docstring) and its sequence id in the
+        session API; unique among the requests in flight. For G samples of prompt b, `b * G + g`.
+      prompt: token ids (non-empty).
+      max_new_tokens: the most tokens to sample (>= 1).
+      sampling: the distribution to draw from.
+      stop_tokens: ids that end the completion (kept in it), at most `STOP_SLOTS`.
+    """
+
+    id: int
+    prompt: Sequence[int]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_tokens: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class Completion:
+    """A finished (or, from `decode`, live) sequence after its prompt.
+
+    Attributes:
+      request_id: the `Request.id`.
+      prompt: the prompt's token ids.
+      tokens: int32 [N], every token after the prompt: sampled ones and those `extend` appended.
+      sampled: bool [N], True where the policy sampled the token (the loss mask of a multi-turn rollout).
+      logprobs: float32 [N], log-prob under the distribution the token was drawn from (0 where not sampled).
+      policy_logprobs: float32 [N], `log_softmax(logits / temperature)` of the token (0 where not sampled).
+      versions: int32 [N], the policy version that sampled each token (-1 where not sampled).
+      finish_reason: "stop" (a stop token), "length" (the budget) or None (still running).
+    """
+
+    request_id: int
+    prompt: np.ndarray
+    tokens: np.ndarray
+    sampled: np.ndarray
+    logprobs: np.ndarray
+    policy_logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: str | None
+
+    @property
+    def sampled_tokens(self) -> np.ndarray:
+        return self.tokens[self.sampled]
+
+
+@dataclasses.dataclass
+class _Sequence:
+    """The host's record of a sequence in a slot. Positions [0, length) are in the cache; `pending`, the last
+    token sampled, is not yet (it is the next step's input)."""
+
+    request: Request
+    slot: int
+    blocks: list[int]
+    length: int
+    pending: int
+    remaining: int  # tokens it may still sample
+    finish_reason: str | None = None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    sampled: list[bool] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    policy_logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.finish_reason is None
+
+    def record(self, token: int, logprob: float, policy_logprob: float, version: int, stops: set[int]) -> None:
+        self.tokens.append(int(token))
+        self.sampled.append(True)
+        self.logprobs.append(float(logprob))
+        self.policy_logprobs.append(float(policy_logprob))
+        self.versions.append(int(version))
+        self.pending = int(token)
+        self.remaining -= 1
+        if int(token) in stops:
+            self.finish_reason = "stop"
+        elif self.remaining <= 0:
+            self.finish_reason = "length"
+
+    def completion(self) -> Completion:
+        return Completion(
+            request_id=self.request.id, prompt=np.asarray(self.request.prompt, np.int32),
+            tokens=np.asarray(self.tokens, np.int32), sampled=np.asarray(self.sampled, bool),
+            logprobs=np.asarray(self.logprobs, np.float32), policy_logprobs=np.asarray(self.policy_logprobs, np.float32),
+            versions=np.asarray(self.versions, np.int32), finish_reason=self.finish_reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled programs: pure functions of the weights, the pool and small per-row arrays.
+
+
+def _draw(base_keys, positions, logits, samplings: tuple[SamplingParams, ...], choice):
+    """Each row's token from `logits` [R, V] under `samplings[choice[r]]`, keyed by (its base key, position)."""
+    keys = jax.vmap(jax.random.fold_in)(base_keys, positions)
+    draws = [sample_tokens(keys, logits, params) for params in samplings]
+    if len(draws) == 1:
+        return draws[0]
+    return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
+
+
+def _hidden_after(model, cache, tables, lengths, tokens, counts, width):
+    """Run each row's `counts[r]` new tokens `tokens` [R, T] (right-padded) after its `lengths[r]` cached
+    positions: (the hidden state after each row's last new token [R, E], the pool with the new keys written)."""
+    rows, new = tokens.shape
+    view, cached = paged.dense_view(cache, tables, lengths, width, new)
+    steps = jnp.arange(new)[None]
+    kv_mask = jnp.concatenate([cached, steps < counts[:, None]], axis=1)
+    hidden, view = model.hidden_states(tokens, lengths[:, None] + steps, cache=view, cache_index=width, kv_mask=kv_mask)
+    cache = paged.write(cache, tables, lengths, view.k[:, :, :, width:], view.v[:, :, :, width:], counts)
+    last = hidden[jnp.arange(rows), jnp.maximum(counts - 1, 0)]
+    return last, cache
+
+
+def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, base_keys, choice, *, width,
+             samplings):
+    """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
+
+    Sample row i draws from row `sample_rows[i]`'s logits (the G samples of one prompt share its prefill),
+    at that row's next position. Returns (cache, tokens, logprobs, policy_logprobs), the last three [I].
+    """
+    _COMPILATIONS["forward"] += 1
+    logger.info("compiling engine forward: %d rows x %d tokens after %d cached, %d draws",
+                tokens.shape[0], tokens.shape[1], width, sample_rows.shape[0])
+    model = nnx.merge(graphdef, state)
+    last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width)
+    logits = model.logits_from_hidden(last[sample_rows])
+    positions = (lengths + counts)[sample_rows]
+    return (cache, *_draw(base_keys, positions, logits, samplings, choice))
+
+
+class _DecodeCarry(NamedTuple):
+    step: jax.Array
+    cache: paged.PagedKVCache
+    lengths: jax.Array  # int32 [S]
+    pending: jax.Array  # int32 [S], each row's next input
+    running: jax.Array  # bool [S]
+    remaining: jax.Array  # int32 [S]
+    finished: jax.Array  # int32, rows that stopped in this chunk
+    tokens: jax.Array  # int32 [S, K]
+    logprobs: jax.Array  # float32 [S, K]
+    policy_logprobs: jax.Array  # float32 [S, K]
+
+
+def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, base_keys, choice,
+            exit_after, *, width, steps, samplings):
+    """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
+
+    Each step feeds a running row's pending token at position `lengths[r]`, writes its keys and values and
+    draws the token at the next position. Returns the final carry; row r sampled `tokens[r, :k]` where k is
+    how many steps it ran (its length grew by k).
+    """
+    _COMPILATIONS["decode"] += 1
+    logger.info("compiling engine decode: %d slots, %d cached columns, %d steps a chunk", lengths.shape[0], width, steps)
+    model = nnx.merge(graphdef, state)
+    slots = lengths.shape[0]
+
+    def keep_going(c: _DecodeCarry):
+        return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
+
+    def one_step(c: _DecodeCarry) -> _DecodeCarry:
+        live = c.running.astype(jnp.int32)
+        last, new_cache = _hidden_after(model, c.cache, tables, c.lengths, c.pending[:, None], live, width)
+        lengths = c.lengths + live
+        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths, model.logits_from_hidden(last), samplings, choice)
+        stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
+        remaining = c.remaining - live
+        ended = c.running & (stopped | (remaining <= 0))
+
+        def put(buffer, column):
+            return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, column, 0).astype(buffer.dtype)[:, None],
+                                                (0, c.step))
+
+        return _DecodeCarry(c.step + 1, new_cache, lengths, jnp.where(c.running, tokens, c.pending), c.running & ~ended,
+                            remaining, c.finished + ended.sum(dtype=jnp.int32), put(c.tokens, tokens),
+                            put(c.logprobs, logprobs), put(c.policy_logprobs, policy_logprobs))
+
+    zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731
+    carry = _DecodeCarry(jnp.int32(0), cache, lengths, pending, running, remaining, jnp.int32(0), zeros(jnp.int32),
+                         zeros(jnp.float32), zeros(jnp.float32))
+    return jax.lax.while_loop(keep_going, one_step, carry)
+
+
+def _copy(cache, sources, destinations):
+    _COMPILATIONS["copy"] += 1
+    return paged.copy_blocks(cache, sources, destinations)
+
+
+_forward_jit = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings"), donate_argnames=("cache",))
+_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings"), donate_argnames=("cache",))
+_copy_jit = jax.jit(_copy, donate_argnames=("cache",))
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+def _context_window(model) -> int | None:
+    for name in ("max_position_embeddings", "context_window", "max_seq_len"):
+        value = getattr(model.config, name, None)
+        if value:
+            return int(value)
+    return None
+
+
+class Engine:
+    """Decode slots over a paged KV cache for one policy (see the module docstring).
+
+    Args:
+      model: the policy, a `jaxgrpo.models.Decoder` (or anything with its cached-call contract).
+      num_slots: sequences decoded together (the decode batch).
+      max_context: the most positions a sequence may use, prompt and every token after it (default: the
+        model's context window, capped at 4096).
+      block_size: positions per KV block.
+      num_blocks: blocks in the pool (default: enough for every slot at `max_context`, plus the null block).
+      key: the PRNG key of every draw (required unless every request is greedy).
+      decode_chunk: decode steps per compiled call between scheduling decisions.
+      refill: while requests wait, a decode chunk ends early once this many rows have finished (default
+        `max(1, num_slots // 8)`), so freed slots are refilled promptly.
+    """
+
+    def __init__(self, model: nnx.Module, *, num_slots: int = 64, max_context: int | None = None, block_size: int = 16,
+                 num_blocks: int | None = None, key: jax.Array | None = None, decode_chunk: int = 8,
+                 refill: int | None = None):
+        for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        window = _context_window(model)
+        if max_context is None:
+            max_context = min(window or 4096, 4096)
+        if window is not None and max_context > window:
+            raise ConfigError(f"max_context={max_context} exceeds the model's context window of {window}; lower it")
+        self.num_slots, self.max_context, self.block_size = int(num_slots), int(max_context), int(block_size)
+        self.max_blocks = blocks_for(self.max_context, self.block_size)
+        if num_blocks is None:
+            num_blocks = self.num_slots * self.max_blocks + 1
+        self.allocator = BlockAllocator(int(num_blocks), self.block_size)
+        self.decode_chunk = int(decode_chunk)
+        self.refill = max(1, self.num_slots // 8) if refill is None else int(refill)
+        self._graphdef, self._state = nnx.split(model)
+        self.config = model.config
+        self.cache = paged.init_paged_cache(model.config, self.allocator.num_blocks, self.block_size, model.dtype)
+        self.key = jax.random.key(0) if key is None else key
+        self._keyed = key is not None
+        self.version = 0
+        self._slots: list[_Sequence | None] = [None] * self.num_slots
+        self._sequences: dict[int, _Sequence] = {}
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def update_weights(self, model_or_state: Any) -> int:
+        """Sample from new weights from now on (a model, or its `nnx.split` state; same structure, no copy).
+        Returns the new policy version."""
+        state = nnx.split(model_or_state)[1] if isinstance(model_or_state, nnx.Module) else model_or_state
+        if jax.tree.structure(state) != jax.tree.structure(self._state):
+            raise ValueError("update_weights needs the weights of the engine's model (same structure); got another tree")
+        self._state = state
+        self.version += 1
+        return self.version
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in self._sequences.values() if s.running)
+
+    @property
+    def blocks_in_use(self) -> int:
+        """Blocks held by live sequences: KV memory in use is this times the block's bytes."""
+        return self.allocator.num_used
+
+    def _worst_case_blocks(self, length: int, budget: int) -> int:
+        return blocks_for(length + budget, self.block_size)
+
+    def _reserved(self) -> int:
+        """Blocks live sequences may still claim for the tokens their budgets allow."""
+        return sum(max(0, self._worst_case_blocks(s.length + 1, s.remaining) - len(s.blocks))
+                   for s in self._sequences.values() if s.running)
+
+    def _check_request(self, request: Request) -> list[int]:
+        if not isinstance(request, Request):
+            raise TypeError(f"expected a Request, got {type(request).__name__}")
+        prompt = [int(t) for t in np.asarray(request.prompt).reshape(-1)]
+        budget = request.max_new_tokens
+        if not prompt:
+            raise ValueError(f"request {request.id}: the prompt is empty; every prompt needs at least one token")
+        if min(prompt) < 0 or max(prompt) >= self.config.vocab_size:
+            raise ValueError(f"request {request.id}: token ids outside [0, {self.config.vocab_size})")
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ValueError(f"request {request.id}: max_new_tokens must be an int >= 1, got {budget!r}")
+        if len(prompt) + budget > self.max_context:
+            raise ConfigError(f"request {request.id}: {len(prompt)} prompt tokens + max_new_tokens={budget} exceed the "
+                              f"engine's context of {self.max_context}; shorten the prompt or lower max_new_tokens")
+        if self._worst_case_blocks(len(prompt), budget) > self.allocator.num_blocks - 1:
+            raise ConfigError(f"request {request.id}: needs {self._worst_case_blocks(len(prompt), budget)} blocks of "
+                              f"{self.block_size} but the cache has {self.allocator.num_blocks - 1}; raise num_blocks "
+                              f"or lower max_new_tokens")
+        if len(set(request.stop_tokens)) > STOP_SLOTS:
+            raise ValueError(f"request {request.id}: at most {STOP_SLOTS} stop tokens, got {len(set(request.stop_tokens))}")
+        if not request.sampling.greedy and not self._keyed:
+            raise ValueError(f"request {request.id} samples (not greedy): create the Engine with key=jax.random.key(seed)")
+        if request.id in self._sequences:
+            raise ValueError(f"request id {request.id} is already in flight; ids must be unique among live sequences")
+        return prompt
+
+    def _tables(self, sequences: Sequence[_Sequence | None], rows: int) -> np.ndarray:
+        tables = np.full((rows, self.max_blocks), NULL_BLOCK, np.int32)
+        for row, sequence in enumerate(sequences):
+            if sequence is not None:
+                tables[row, :len(sequence.blocks)] = sequence.blocks
+        return tables
+
+    def _grow(self, sequence: _Sequence, positions: int) -> None:
+        """Give `sequence` blocks for its first `positions` positions."""
+        missing = blocks_for(positions, self.block_size) - len(sequence.blocks)
+        if missing > 0:
+            sequence.blocks += self.allocator.allocate(missing)
+
+    def _base_keys(self, ids: Iterable[int]) -> jax.Array:
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(self.key, jnp.asarray(list(ids), jnp.int32))
+
+    @staticmethod
+    def _sampling_choice(requests: Sequence[Request | None]) -> tuple[tuple[SamplingParams, ...], np.ndarray]:
+        samplings = tuple(dict.fromkeys(r.sampling for r in requests if r is not None)) or (SamplingParams(greedy=True),)
+        choice = np.array([0 if r is None else samplings.index(r.sampling) for r in requests], np.int32)
+        return samplings, choice
+
+    # -- the session API -------------------------------------------------------------------------
+
+    def can_admit(self, request: Request) -> bool:
+        """Whether a slot and the blocks `request` may need are free now."""
+        need = self._worst_case_blocks(len(request.prompt), request.max_new_tokens)
+        return None in self._slots and self.allocator.num_free - self._reserved() >= need
+
+    def prefill(self, requests: Sequence[Request]) -> list[int]:
+        """Admit `requests` into free slots now and sample each one's first token; returns their ids.
+
+        Requests with the same prompt share its full blocks and one prefill. Raises (before touching the
+        cache) if a request is malformed, or the free slots or blocks do not hold them all.
+        """
+        requests = list(requests)
+        prompts = [self._check_request(r) for r in requests]
+        if len({r.id for r in requests}) != len(requests):
+            raise ValueError("request ids must be unique among the requests in flight; two requests share an id")
+        free = [i for i, s in enumerate(self._slots) if s is None]
+        need = sum(self._worst_case_blocks(len(p), r.max_new_tokens) for p, r in zip(prompts, requests))
+        if len(requests) > len(free):
+            raise ValueError(f"{len(requests)} requests but {len(free)} free slots; release sequences or wait")
+        if need > self.allocator.num_free - self._reserved():
+            raise ValueError(f"{len(requests)} requests may need {need} blocks but "
+                             f"{self.allocator.num_free - self._reserved()} are free; release sequences or wait")
+        if not requests:
+            return []
+        # One prefill row per distinct prompt; its requests (in order) draw from its logits.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(tuple(prompt), []).append(i)
+        distinct = list(groups)
+        rows = bucket_length(len(distinct), 1)
+        sequences: list[_Sequence | None] = []
+        for prompt in distinct:
+            blocks = self.allocator.allocate(blocks_for(len(prompt), self.block_size))
+            first = requests[groups[prompt][0]]
+            sequences.append(_Sequence(first, -1, blocks, 0, -1, first.max_new_tokens))
+        tokens = np.zeros((rows, bucket_length(max(len(p) for p in distinct))), np.int32)
+        counts = np.zeros(rows, np.int32)
+        for row, prompt in enumerate(distinct):
+            tokens[row, :len(prompt)] = prompt
+            counts[row] = len(prompt)
+        draws = bucket_length(len(requests), 1)
+        sample_rows = np.zeros(draws, np.int32)
+        owner = [None] * draws
+        for row, prompt in enumerate(distinct):
+            for i in groups[prompt]:
+                sample_rows[i], owner[i] = row, requests[i]
+        samplings, choice = self._sampling_choice(owner)
+        self.cache, new_tokens, logprobs, policy_logprobs = _forward_jit(
+            self._graphdef, self._state, self.cache, self._tables(sequences, rows), np.zeros(rows, np.int32), tokens,
+            counts, sample_rows, self._base_keys([0 if r is None else r.id for r in owner]), choice, width=0,
+            samplings=samplings)
+        new_tokens, logprobs, policy_logprobs = jax.device_get((new_tokens, logprobs, policy_logprobs))
+
+        # Hand the prefilled blocks to the requests: the full ones shared, the partial last one copied.
+        copies = []
+        for row, prompt in enumerate(distinct):
+            owner_sequence = sequences[row]
+            full = len(prompt) // self.block_size
+            for n, i in enumerate(groups[prompt]):
+                blocks = owner_sequence.blocks if n == 0 else self.allocator.share(owner_sequence.blocks[:full])
+                if n > 0 and full < len(owner_sequence.blocks):
+                    (copy,) = self.allocator.allocate(1)
+                    copies.append((owner_sequence.blocks[full], copy))
+                    blocks = blocks + [copy]
+                slot = free.pop(0)
+                sequence = _Sequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens)
+                sequence.record(new_tokens[i], logprobs[i], policy_logprobs[i], self.version,
+                                set(requests[i].stop_tokens))
+                self._slots[slot] = sequence
+                self._sequences[requests[i].id] = sequence
+        if copies:
+            size = bucket_length(len(copies), 1)
+            sources, destinations = np.zeros(size, np.int32), np.zeros(size, np.int32)  # padding copies null to null
+            sources[:len(copies)], destinations[:len(copies)] = zip(*copies)
+            self.cache = _copy_jit(self.cache, sources, destinations)
+        return [r.id for r in requests]
+
+    def decode(self, max_steps: int | None = None) -> dict[int, Completion]:
+        """Run decode steps until every live sequence has stopped (or `max_steps` steps); returns them by id.
+
+        Stopped sequences keep their slot and cache until `release` (or `extend`)."""
+        steps = 0
+        while self.num_running and (max_steps is None or steps < max_steps):
+            steps += self._decode_chunk(exit_after=self.num_slots + 1,
+                                        steps=self.decode_chunk if max_steps is None else min(self.decode_chunk, max_steps - steps))
+        return {i: s.completion() for i, s in self._sequences.items()}
+
+    def extend(self, sequence_id: int, tokens: Sequence[int], max_new_tokens: int,
+               sampling: SamplingParams | None = None) -> None:
+        """Append `tokens` (not sampled by the policy: a tool's output, a user turn) to a stopped sequence, run
+        them through the model after its cache and sample the next token; it then runs again for up to
+        `max_new_tokens` more tokens (with `sampling`, or its request's). The same tokens and log-probs as a
+        prefill of the whole history."""
+        sequence = self._sequences.get(sequence_id)
+        if sequence is None:
+            raise KeyError(f"no live sequence with id {sequence_id}; extend a sequence that prefill admitted and "
+                           f"release has not returned")
+        if sequence.running:
+            raise ValueError(f"sequence {sequence_id} is still running; decode until it stops, then extend it")
+        tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        if tokens and (min(tokens) < 0 or max(tokens) >= self.config.vocab_size):
+            raise ValueError(f"extend({sequence_id}): token ids outside [0, {self.config.vocab_size})")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise ValueError(f"extend({sequence_id}): max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        new = [sequence.pending] + tokens  # the stopping token enters the cache with them
+        end = sequence.length + len(new) + max_new_tokens
+        if end > self.max_context:
+            raise ConfigError(f"extend({sequence_id}): {sequence.length + len(new)} positions + max_new_tokens="
+                              f"{max_new_tokens} exceed the engine's context of {self.max_context}")
+        need = self._worst_case_blocks(sequence.length, len(new) + max_new_tokens) - len(sequence.blocks)
+        if need > self.allocator.num_free - self._reserved():
+            raise ValueError(f"extend({sequence_id}) may need {need} blocks but "
+                             f"{self.allocator.num_free - self._reserved()} are free; release sequences first")
+        request = sequence.request if sampling is None else dataclasses.replace(sequence.request, sampling=sampling)
+        self._grow(sequence, sequence.length + len(new))
+        width = bucket_length(sequence.length)
+        samplings, choice = self._sampling_choice([request])
+        padded = np.zeros((1, bucket_length(len(new))), np.int32)
+        padded[0, :len(new)] = new
+        self.cache, token, logprob, policy_logprob = _forward_jit(
+            self._graphdef, self._state, self.cache, self._tables([sequence], 1), np.array([sequence.length], np.int32),
+            padded, np.array([len(new)], np.int32), np.zeros(1, np.int32), self._base_keys([request.id]), choice,
+            width=width, samplings=samplings)
+        for t in tokens:
+            sequence.tokens.append(t)
+            sequence.sampled.append(False)
+            sequence.logprobs.append(0.0)
+            sequence.policy_logprobs.append(0.0)
+            sequence.versions.append(-1)
+        sequence.request = request
+        sequence.length += len(new)
+        sequence.remaining, sequence.finish_reason = int(max_new_tokens), None
+        sequence.record(int(token[0]), float(logprob[0]), float(policy_logprob[0]), self.version,
+                        set(request.stop_tokens))
+
+    def release(self, sequence_id: int) -> Completion:
+        """Free a sequence's slot and blocks; returns what it generated."""
+        sequence = self._sequences.pop(sequence_id, None)
+        if sequence is None:
+            raise KeyError(f"no live sequence with id {sequence_id}")
+        self.allocator.release(sequence.blocks)
+        self._slots[sequence.slot] = None
+        return sequence.completion()
+
+    # -- continuous batching -----------------------------------------------------------------------
+
+    def _decode_chunk(self, exit_after: int, steps: int) -> int:
+        """One compiled chunk of decode steps over all slots; returns how many steps ran."""
+        running = [s if s is not None and s.running else None for s in self._slots]
+        for s in running:
+            if s is not None:  # blocks for the positions this chunk may write
+                self._grow(s, s.length + min(steps, s.remaining))
+        width = bucket_length(max(s.length for s in running if s is not None) + steps)
+        rows = self.num_slots
+        lengths, pending, remaining = (np.zeros(rows, np.int32) for _ in range(3))
+        stop = np.full((rows, STOP_SLOTS), -1, np.int32)
+        for row, s in enumerate(running):
+            if s is not None:
+                lengths[row], pending[row], remaining[row] = s.length, s.pending, s.remaining
+                stops = sorted(set(s.request.stop_tokens))
+                stop[row, :len(stops)] = stops
+        samplings, choice = self._sampling_choice([None if s is None else s.request for s in running])
+        final = _decode_jit(
+            self._graphdef, self._state, self.cache, self._tables(running, rows), lengths, pending,
+            np.array([s is not None for s in running]), remaining, stop,
+            self._base_keys([0 if s is None else s.request.id for s in running]), choice, np.int32(exit_after),
+            width=width, steps=steps, samplings=samplings)
+        self.cache = final.cache
+        ran, new_lengths, tokens, logprobs, policy_logprobs = jax.device_get(
+            (final.step, final.lengths, final.tokens, final.logprobs, final.policy_logprobs))
+        for row, s in enumerate(running):
+            if s is None:
+                continue
+            stops = set(s.request.stop_tokens)
+            for k in range(int(new_lengths[row]) - s.length):
+                s.record(tokens[row, k], logprobs[row, k], policy_logprobs[row, k], self.version, stops)
+            s.length = int(new_lengths[row])
+        return int(ran)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Every request's completion, in the order given, through the slots with continuous batching."""
+        requests = list(requests)
+        for r in requests:
+            self._check_request(r)
+        if len({r.id for r in requests}) != len(requests):
+            raise ValueError("request ids must be unique; two requests share an id")
+        queue = collections.deque(requests)
+        wanted = {r.id for r in requests}
+        done: dict[int, Completion] = {}
+        while queue or self.num_running:
+            admitted = []
+            while queue and len(admitted) < self._slots.count(None) and self._fits(admitted + [queue[0]]):
+                admitted.append(queue.popleft())
+            if queue and not admitted and not self._sequences:
+                raise RuntimeError(f"request {queue[0].id} cannot be admitted into an idle engine; raise num_blocks")
+            if admitted:
+                self.prefill(admitted)
+            if self.num_running:
+                self._decode_chunk(exit_after=self.refill if queue else self.num_slots + 1, steps=self.decode_chunk)
+            for sequence_id in [i for i, s in self._sequences.items() if not s.running and i in wanted]:
+                done[sequence_id] = self.release(sequence_id)
+        return [done[r.id] for r in requests]
+
+    def _fits(self, requests: Sequence[Request]) -> bool:
+        need = sum(self._worst_case_blocks(len(r.prompt), r.max_new_tokens) for r in requests)
+        return need <= self.allocator.num_free - self._reserved()

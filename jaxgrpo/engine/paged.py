@@ -1,0 +1,100 @@
+"""The device side of the paged KV cache: a pool of blocks, read as each row's dense view and written by position.
+
+A `PagedKVCache` holds every layer's keys and values in `num_blocks` blocks of `block_size` positions,
+[layers, num_blocks, kv_heads, block_size, head_dim] (heads-major inside a block, like the decoder's
+`KVCache`). A row's block table (int32 [max_blocks]) says where its positions live: position p in block
+`table[p // block_size]` at offset `p % block_size`.
+
+The decoder reads a cache through its `decode_step` contract (`jaxgrpo.models.decoder`): a dense
+[layers, rows, kv_heads, width, head_dim] cache, a `kv_mask` and the slot the new tokens go to. `dense_view`
+gathers each row's cached positions into such a cache **right-aligned**: a row holding `length` positions
+puts position p at column `width - length + p`, and the new tokens go at columns [width, width + T). Every
+row's query then sits at the same column distance from each of its keys as their positions' distance, so
+sliding windows (Gemma) mean the same as in an unpaged cache, while rows of any lengths share one write
+column. This is the reference form of paged attention (XLA gathers, the math of the decoder's cached call);
+kernels that read the blocks in place are its fast forms.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo.engine.blocks import NULL_BLOCK
+from jaxgrpo.models.decoder import KVCache
+
+
+class PagedKVCache(NamedTuple):
+    """Keys and values of every layer in blocks: `k`, `v` of [layers, num_blocks, kv_heads, block_size, head_dim]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[3]
+
+
+def init_paged_cache(config, num_blocks: int, block_size: int, dtype) -> PagedKVCache:
+    """An all-zero pool for a decoder with `config` (a `DecoderConfig`)."""
+    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+    return PagedKVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def _locate(tables: jax.Array, positions: jax.Array, valid: jax.Array, block_size: int) -> tuple[jax.Array, jax.Array]:
+    """(block id, offset) [R, N] of `positions` [R, N] in rows with block `tables` [R, M]; the null block where not valid."""
+    index = jnp.clip(positions // block_size, 0, tables.shape[1] - 1)
+    blocks = jnp.where(valid, jnp.take_along_axis(tables, index, axis=1), NULL_BLOCK)
+    return blocks, jnp.where(valid, positions % block_size, 0)
+
+
+def dense_view(cache: PagedKVCache, tables: jax.Array, lengths: jax.Array, width: int, new: int) -> tuple[KVCache, jax.Array]:
+    """Each row's cached positions as a dense, right-aligned `KVCache`, with `new` empty columns after them.
+
+    Args:
+      cache: the pool.
+      tables: int32 [R, M], each row's block table.
+      lengths: int32 [R], the positions each row holds (at most `width`).
+      width: static, the columns for cached positions.
+      new: static, the columns for the tokens about to be written.
+
+    Returns:
+      `(view, cached)`: the `KVCache` [L, R, kv, width + new, D], and bool [R, width], True where a column
+      holds a cached position.
+    """
+    positions = jnp.arange(width)[None] - width + lengths[:, None]
+    cached = positions >= 0
+    blocks, offsets = _locate(tables, positions, cached, cache.block_size)
+
+    def gather(pool):  # [L, N, kv, S, D] -> [L, R, kv, width + new, D]
+        rows = jnp.transpose(pool[:, blocks, :, offsets, :], (2, 0, 3, 1, 4))
+        return jnp.pad(rows, ((0, 0), (0, 0), (0, 0), (0, new), (0, 0)))
+
+    return KVCache(gather(cache.k), gather(cache.v)), cached
+
+
+def write(cache: PagedKVCache, tables: jax.Array, start: jax.Array, keys: jax.Array, values: jax.Array,
+          counts: jax.Array) -> PagedKVCache:
+    """Write each row's first `counts[r]` new keys and values at positions `start[r] + t`.
+
+    keys, values [L, R, kv, T, D]; start, counts int32 [R]. The rest (padding) goes to the null block.
+    """
+    steps = jnp.arange(keys.shape[3])[None]
+    blocks, offsets = _locate(tables, start[:, None] + steps, steps < counts[:, None], cache.block_size)
+
+    def scatter(pool, new):  # new [L, R, kv, T, D] -> the pool's [R, T, L, kv, D] slots
+        return pool.at[:, blocks, :, offsets, :].set(jnp.transpose(new, (1, 3, 0, 2, 4)).astype(pool.dtype))
+
+    return PagedKVCache(scatter(cache.k, keys), scatter(cache.v, values))
+
+
+def copy_blocks(cache: PagedKVCache, sources: jax.Array, destinations: jax.Array) -> PagedKVCache:
+    """The pool with block `destinations[i]` a copy of block `sources[i]` (copy-on-write of a shared block)."""
+    return PagedKVCache(cache.k.at[:, destinations].set(cache.k[:, sources]),
+                        cache.v.at[:, destinations].set(cache.v[:, sources]))
