@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.engine import paged
+from jaxgrpo.models import memory_forms
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler import SamplingParams, bucket_length, sample_tokens
@@ -181,7 +182,7 @@ def _hidden_after(model, cache, tables, lengths, tokens, counts, width):
     return last, cache
 
 
-def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, base_keys, choice, *, width,
+def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, choice, *, width,
              samplings):
     """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
 
@@ -195,12 +196,14 @@ def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_row
     last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width)
     logits = model.logits_from_hidden(last[sample_rows])
     positions = (lengths + counts)[sample_rows]
+    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     return (cache, *_draw(base_keys, positions, logits, samplings, choice))
 
 
 class _DecodeCarry(NamedTuple):
     step: jax.Array
-    cache: paged.PagedKVCache
+    view: Any  # the chunk's dense KVCache [L, S, kv, width + steps, D], as the memory forms carry it
+    kv_mask: jax.Array  # bool [S, width + steps]
     lengths: jax.Array  # int32 [S]
     pending: jax.Array  # int32 [S], each row's next input
     running: jax.Array  # bool [S]
@@ -211,43 +214,59 @@ class _DecodeCarry(NamedTuple):
     policy_logprobs: jax.Array  # float32 [S, K]
 
 
-def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, base_keys, choice,
+def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, choice,
             exit_after, *, width, steps, samplings):
     """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
 
-    Each step feeds a running row's pending token at position `lengths[r]`, writes its keys and values and
-    draws the token at the next position. Returns the final carry; row r sampled `tokens[r, :k]` where k is
-    how many steps it ran (its length grew by k).
+    The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds
+    each running row's pending token at column `width + k` (its position `lengths[r]`), a decode step of the
+    decoder with a run-time cache index like the sampler's, and draws the token at the next position. A row
+    runs from step 0 until it stops, so its new keys fill columns [width, width + k_r), written back to its
+    blocks when the chunk ends. Returns (cache, final carry); row r sampled `tokens[r, :k_r]`, its length grew
+    by k_r.
     """
     _COMPILATIONS["decode"] += 1
     logger.info("compiling engine decode: %d slots, %d cached columns, %d steps a chunk", lengths.shape[0], width, steps)
     model = nnx.merge(graphdef, state)
     slots = lengths.shape[0]
+    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+    forms = memory_forms.for_program()
+    packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
+    view, cached = paged.dense_view(cache, tables, lengths, width, steps)
 
     def keep_going(c: _DecodeCarry):
         return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
 
     def one_step(c: _DecodeCarry) -> _DecodeCarry:
+        column = width + c.step
+        kv_mask = jax.lax.dynamic_update_slice(c.kv_mask, c.running[:, None], (0, column))
+        hidden, view = model.hidden_states(c.pending[:, None], c.lengths[:, None],
+                                           cache=forms.from_carry(c.view, model.dtype), cache_index=column,
+                                           kv_mask=kv_mask, packed_weights=packed_weights)
         live = c.running.astype(jnp.int32)
-        last, new_cache = _hidden_after(model, c.cache, tables, c.lengths, c.pending[:, None], live, width)
         lengths = c.lengths + live
-        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths, model.logits_from_hidden(last), samplings, choice)
+        logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
+        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths, logits, samplings, choice)
         stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
         remaining = c.remaining - live
         ended = c.running & (stopped | (remaining <= 0))
 
-        def put(buffer, column):
-            return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, column, 0).astype(buffer.dtype)[:, None],
+        def put(buffer, values):
+            return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, values, 0).astype(buffer.dtype)[:, None],
                                                 (0, c.step))
 
-        return _DecodeCarry(c.step + 1, new_cache, lengths, jnp.where(c.running, tokens, c.pending), c.running & ~ended,
-                            remaining, c.finished + ended.sum(dtype=jnp.int32), put(c.tokens, tokens),
+        return _DecodeCarry(c.step + 1, forms.to_carry(view), kv_mask, lengths, jnp.where(c.running, tokens, c.pending),
+                            c.running & ~ended, remaining, c.finished + ended.sum(dtype=jnp.int32), put(c.tokens, tokens),
                             put(c.logprobs, logprobs), put(c.policy_logprobs, policy_logprobs))
 
     zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731
-    carry = _DecodeCarry(jnp.int32(0), cache, lengths, pending, running, remaining, jnp.int32(0), zeros(jnp.int32),
-                         zeros(jnp.float32), zeros(jnp.float32))
-    return jax.lax.while_loop(keep_going, one_step, carry)
+    carry = _DecodeCarry(jnp.int32(0), forms.to_carry(view), jnp.concatenate([cached, zeros(bool)], axis=1), lengths,
+                         pending, running, remaining, jnp.int32(0), zeros(jnp.int32), zeros(jnp.float32),
+                         zeros(jnp.float32))
+    final = jax.lax.while_loop(keep_going, one_step, carry)
+    view = forms.from_carry(final.view, model.dtype)
+    cache = paged.write(cache, tables, lengths, view.k[:, :, :, width:], view.v[:, :, :, width:], final.lengths - lengths)
+    return cache, final
 
 
 def _copy(cache, sources, destinations):
@@ -385,8 +404,9 @@ class Engine:
         if missing > 0:
             sequence.blocks += self.allocator.allocate(missing)
 
-    def _base_keys(self, ids: Iterable[int]) -> jax.Array:
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(self.key, jnp.asarray(list(ids), jnp.int32))
+    @staticmethod
+    def _ids(requests: Iterable[Request | None]) -> np.ndarray:
+        return np.array([0 if r is None else r.id for r in requests], np.int32)
 
     @staticmethod
     def _sampling_choice(requests: Sequence[Request | None]) -> tuple[tuple[SamplingParams, ...], np.ndarray]:
@@ -445,7 +465,7 @@ class Engine:
         samplings, choice = self._sampling_choice(owner)
         self.cache, new_tokens, logprobs, policy_logprobs = _forward_jit(
             self._graphdef, self._state, self.cache, self._tables(sequences, rows), np.zeros(rows, np.int32), tokens,
-            counts, sample_rows, self._base_keys([0 if r is None else r.id for r in owner]), choice, width=0,
+            counts, sample_rows, self.key, self._ids(owner), choice, width=0,
             samplings=samplings)
         new_tokens, logprobs, policy_logprobs = jax.device_get((new_tokens, logprobs, policy_logprobs))
 
@@ -517,7 +537,7 @@ class Engine:
         padded[0, :len(new)] = new
         self.cache, token, logprob, policy_logprob = _forward_jit(
             self._graphdef, self._state, self.cache, self._tables([sequence], 1), np.array([sequence.length], np.int32),
-            padded, np.array([len(new)], np.int32), np.zeros(1, np.int32), self._base_keys([request.id]), choice,
+            padded, np.array([len(new)], np.int32), np.zeros(1, np.int32), self.key, self._ids([request]), choice,
             width=width, samplings=samplings)
         for t in tokens:
             sequence.tokens.append(t)
@@ -548,7 +568,7 @@ class Engine:
         for s in running:
             if s is not None:  # blocks for the positions this chunk may write
                 self._grow(s, s.length + min(steps, s.remaining))
-        width = bucket_length(max(s.length for s in running if s is not None) + steps)
+        width = bucket_length(max(s.length for s in running if s is not None))
         rows = self.num_slots
         lengths, pending, remaining = (np.zeros(rows, np.int32) for _ in range(3))
         stop = np.full((rows, STOP_SLOTS), -1, np.int32)
@@ -558,12 +578,11 @@ class Engine:
                 stops = sorted(set(s.request.stop_tokens))
                 stop[row, :len(stops)] = stops
         samplings, choice = self._sampling_choice([None if s is None else s.request for s in running])
-        final = _decode_jit(
+        self.cache, final = _decode_jit(
             self._graphdef, self._state, self.cache, self._tables(running, rows), lengths, pending,
-            np.array([s is not None for s in running]), remaining, stop,
-            self._base_keys([0 if s is None else s.request.id for s in running]), choice, np.int32(exit_after),
+            np.array([s is not None for s in running]), remaining, stop, self.key,
+            self._ids([None if s is None else s.request for s in running]), choice, np.int32(exit_after),
             width=width, steps=steps, samplings=samplings)
-        self.cache = final.cache
         ran, new_lengths, tokens, logprobs, policy_logprobs = jax.device_get(
             (final.step, final.lengths, final.tokens, final.logprobs, final.policy_logprobs))
         for row, s in enumerate(running):
