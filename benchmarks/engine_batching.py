@@ -83,14 +83,17 @@ def main() -> None:
     ways = {"continuous": continuous, "fixed (engine)": fixed_engine}
     if not args.skip_generate:
         ways["fixed (generate)"] = fixed_generate
-    for run in ways.values():  # warm-up: compile every shape
+    for name, run in ways.items():  # warm-up: compile every shape
+        start = time.perf_counter()
         run()
+        print(f"warm-up {name}: {time.perf_counter() - start:.2f} s", flush=True)
     times = {name: [] for name in ways}
     for _ in range(args.repeats):
         for name, run in ways.items():
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
+            print(f"{name}: {times[name][-1]:.2f} s", flush=True)
 
     print(f"# {args.model}, {args.requests} requests through {args.slots} slots, budget {args.budget}; lengths: "
           f"mean {lengths.mean():.1f}, median {np.median(lengths):.0f}, {np.mean(lengths == args.budget):.0%} at the "
