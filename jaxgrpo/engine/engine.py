@@ -50,6 +50,7 @@ from jaxgrpo.models import memory_forms
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler import SamplingParams, bucket_length, sample_tokens
+from jaxgrpo.sampler import _context_window as sampler_context_window
 
 logger = logging.getLogger(__name__)
 
@@ -283,14 +284,6 @@ _copy_jit = jax.jit(_copy, donate_argnames=("cache",))
 # The engine
 
 
-def _context_window(model) -> int | None:
-    for name in ("max_position_embeddings", "context_window", "max_seq_len"):
-        value = getattr(model.config, name, None)
-        if value:
-            return int(value)
-    return None
-
-
 class Engine:
     """Decode slots over a paged KV cache for one policy (see the module docstring).
 
@@ -313,7 +306,7 @@ class Engine:
         for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        window = _context_window(model)
+        window = sampler_context_window(model, None)
         if max_context is None:
             max_context = min(window or 4096, 4096)
         if window is not None and max_context > window:
@@ -418,8 +411,7 @@ class Engine:
 
     def can_admit(self, request: Request) -> bool:
         """Whether a slot and the blocks `request` may need are free now."""
-        need = self._worst_case_blocks(len(request.prompt), request.max_new_tokens)
-        return None in self._slots and self.allocator.num_free - self._reserved() >= need
+        return None in self._slots and self._fits([request])
 
     def prefill(self, requests: Sequence[Request]) -> list[int]:
         """Admit `requests` into free slots now and sample each one's first token; returns their ids.
