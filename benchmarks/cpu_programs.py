@@ -59,17 +59,17 @@ def _sampler_programs(decoder, samples: int) -> dict[str, str]:
     from jaxgrpo import sampler
 
     graphdef, state = nnx.split(decoder)
-    layout = sampler._layout_for(decoder, None, samples, PROMPT_BUCKET, NEW_BUCKET, sampler.SamplingParams())
+    layout = sampler.layout_for(decoder, None, samples, PROMPT_BUCKET, NEW_BUCKET, sampler.SamplingParams())
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     stop = jax.ShapeDtypeStruct((8,), jnp.int32)
     keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), PROMPTS * samples))
     prompt = (jax.ShapeDtypeStruct((PROMPTS, PROMPT_BUCKET), jnp.int32),
               jax.ShapeDtypeStruct((PROMPTS, PROMPT_BUCKET), jnp.bool_))
-    prefill = functools.partial(sampler._prefill_jit, graphdef, layout=layout)
+    prefill = functools.partial(sampler.prefill_program, graphdef, layout=layout)
     carry = jax.eval_shape(prefill, state, *prompt, keys, stop, scalar, scalar)
     return {
-        "prefill": sampler._prefill_jit.lower(graphdef, state, *prompt, keys, stop, scalar, scalar, layout=layout),
-        "decode loop": sampler._decode_jit.lower(graphdef, state, carry, stop, scalar, scalar, layout=layout),
+        "prefill": sampler.prefill_program.lower(graphdef, state, *prompt, keys, stop, scalar, scalar, layout=layout),
+        "decode loop": sampler.decode_program.lower(graphdef, state, carry, stop, scalar, scalar, layout=layout),
     }
 
 

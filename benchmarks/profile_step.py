@@ -43,11 +43,11 @@ def decode_breakdown(model, tokenizer, steps: int, calls: int):
     mask = np.ones_like(prompts, bool)
     keys = sampler.row_keys(jax.random.key(0), np.arange(PROMPTS), SAMPLES)
     new_bucket = sampler.bucket_length(128)
-    layout = sampler._layout_for(model, None, SAMPLES, prompts.shape[1], new_bucket, sampler.SamplingParams(temperature=1.0))
-    stop, pad = sampler._stop_array([]), jnp.int32(0)
-    carry = sampler._prefill_jit(graphdef, state, prompts, mask, keys, stop, jnp.int32(steps + 1), pad, layout=layout)
+    layout = sampler.layout_for(model, None, SAMPLES, prompts.shape[1], new_bucket, sampler.SamplingParams(temperature=1.0))
+    stop, pad = sampler.stop_array([]), jnp.int32(0)
+    carry = sampler.prefill_program(graphdef, state, prompts, mask, keys, stop, jnp.int32(steps + 1), pad, layout=layout)
     # The sampler's decode loop, jitted without donation so that the same carry can be replayed.
-    decode = jax.jit(lambda s, c, n: sampler._decode(graphdef, s, c, stop, n, pad, layout=layout))
+    decode = jax.jit(lambda s, c, n: sampler.decode_loop(graphdef, s, c, stop, n, pad, layout=layout))
     args = (state, carry, jnp.int32(steps + 1))
     breakdown = profiling.time_by_scope(decode.lower(*args).compile(), args, calls=calls)
     title = (f"Decode: {PROMPTS * SAMPLES} rows, prompt {prompts.shape[1]}, cache capacity {layout.capacity}, "

@@ -131,14 +131,14 @@ def capacity(model, tokenizer, repeats: int) -> float:
     keys = sampler.row_keys(jax.random.key(0), np.arange(PROMPTS), SAMPLES)
     per_step = {}
     for cap in (256, 1024):
-        layout = sampler._layout_for(model, None, SAMPLES, PROMPT_LENGTH, cap - PROMPT_LENGTH, sampler.SamplingParams())
+        layout = sampler.layout_for(model, None, SAMPLES, PROMPT_LENGTH, cap - PROMPT_LENGTH, sampler.SamplingParams())
 
         def decode_time(new_tokens):
-            stop, limit, pad = sampler._stop_array([]), jnp.int32(new_tokens), jnp.int32(0)
-            carry = sampler._prefill_jit(graphdef, state, prompts, mask, keys, stop, limit, pad, layout=layout)
+            stop, limit, pad = sampler.stop_array([]), jnp.int32(new_tokens), jnp.int32(0)
+            carry = sampler.prefill_program(graphdef, state, prompts, mask, keys, stop, limit, pad, layout=layout)
             jax.block_until_ready(carry)
             start = time.perf_counter()
-            jax.block_until_ready(sampler._decode_jit(graphdef, state, carry, stop, limit, pad, layout=layout))
+            jax.block_until_ready(sampler.decode_program(graphdef, state, carry, stop, limit, pad, layout=layout))
             return time.perf_counter() - start
 
         decode_time(4)  # compiles

@@ -258,13 +258,13 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
     prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
     params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
-    layout = sampler._layout_for(decoder, mesh, g, prompt_bucket, new_bucket, params)
+    layout = sampler.layout_for(decoder, mesh, g, prompt_bucket, new_bucket, params)
     replicated = NamedSharding(mesh, P())
     scalar = _sharded((), jnp.int32, replicated)
     stop = _sharded((8,), jnp.int32, replicated)
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
     with jax.set_mesh(mesh):
-        prefill = sampler._prefill_jit.trace(
+        prefill = sampler.prefill_program.trace(
             graphdef, state, _sharded((prompts, prompt_bucket), jnp.int32, replicated),
             _sharded((prompts, prompt_bucket), jnp.bool_, replicated),
             _sharded((prompts * g,), key_dtype, replicated), stop, scalar, scalar, layout=layout)
@@ -275,7 +275,7 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
                                f"({prefill[0].message}); compile --programs forward update, or fewer prompts")
         carry = jax.tree.map(lambda info, sharding: _sharded(info.shape, info.dtype, sharding),
                              prefill[0].out_info, prefill[0].output_shardings)
-        decode = sampler._decode_jit.trace(graphdef, state, carry, stop, scalar, scalar, layout=layout)
+        decode = sampler.decode_program.trace(graphdef, state, carry, stop, scalar, scalar, layout=layout)
         decode = (*_compile(decode.lower()), decode.jaxpr)
     return prefill, prompts * prompt_bucket, decode, prompts * g * s.max_new_tokens, per_chip_bytes(carry)
 

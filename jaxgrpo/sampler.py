@@ -364,7 +364,7 @@ class _DecodeState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Layout:
+class Layout:
     """Static shapes and shardings of one compiled sampler."""
 
     num_samples: int
@@ -400,22 +400,22 @@ class _Layout:
         return jax.tree.map(lambda x: self.constrain(x, None, self.batch_axes or None, self.kv_heads_axes), cache)
 
 
-def _layout_for(model, mesh, num_samples: int, prompt_bucket: int, new_bucket: int, sampling: SamplingParams) -> _Layout:
+def layout_for(model, mesh, num_samples: int, prompt_bucket: int, new_bucket: int, sampling: SamplingParams) -> Layout:
     """Rows over the mesh's `data`/`fsdp` axes, the cache's kv heads as the model's rules shard them."""
     if mesh is None:
-        return _Layout(num_samples, prompt_bucket, new_bucket, sampling)
+        return Layout(num_samples, prompt_bucket, new_bucket, sampling)
     if "data" not in mesh.axis_names:
         raise ValueError(f"mesh must have a 'data' axis to shard the batch over, got axes {mesh.axis_names}")
     batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
     heads = partitioning.logical_to_mesh_spec(("kv_heads",), (model.config.num_kv_heads,), mesh)[0]
-    return _Layout(num_samples, prompt_bucket, new_bucket, sampling, mesh, batch_axes, heads)
+    return Layout(num_samples, prompt_bucket, new_bucket, sampling, mesh, batch_axes, heads)
 
 
 def _is_done(tokens: jax.Array, stop_tokens: jax.Array) -> jax.Array:
     return jnp.any(tokens[:, None] == stop_tokens[None, :], axis=-1)
 
 
-def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens, pad_id, *, layout: _Layout):
+def prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens, pad_id, *, layout: Layout):
     """Run the B prompts once into the prompt cache their G samples share, sample each row's first token.
 
     prompt_tokens/prompt_mask [B, P]; keys [B*G]; stop_tokens int32 [S]; returns a `_DecodeState`
@@ -460,7 +460,7 @@ def _prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max
     )
 
 
-def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, pad_id, *, layout: _Layout) -> _DecodeState:
+def decode_loop(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, pad_id, *, layout: Layout) -> _DecodeState:
     """The decode `lax.while_loop`: one token per row per iteration until all rows are done.
 
     Iteration t feeds token t-1 at completion-cache slot t - 1 (position prompt_length + t - 1) and
@@ -520,11 +520,12 @@ def _decode(graphdef, state, carry: _DecodeState, stop_tokens, max_new_tokens, p
     return final._replace(finish_reason=jnp.where(final.finish_reason == FINISH_STOP, FINISH_STOP, FINISH_LENGTH))
 
 
-_prefill_jit = jax.jit(_prefill, static_argnames=("graphdef", "layout"))
-_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
+# The two compiled programs of `generate`, public for what lowers or replays them (`jaxgrpo.compile`, benchmarks).
+prefill_program = jax.jit(prefill, static_argnames=("graphdef", "layout"))
+decode_program = jax.jit(decode_loop, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
 
 
-def _stop_array(stop_tokens: Sequence[int]) -> np.ndarray:
+def stop_array(stop_tokens: Sequence[int]) -> np.ndarray:
     """The stop set as int32 [S], S a power of two >= 8 padded with -1 (never a token), so
     changing the stop set does not recompile."""
     stop = sorted({int(t) for t in stop_tokens})
@@ -533,13 +534,13 @@ def _stop_array(stop_tokens: Sequence[int]) -> np.ndarray:
     return out
 
 
-def _run(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens: int, pad_id: int, layout: _Layout) -> _DecodeState:
+def _run(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_new_tokens: int, pad_id: int, layout: Layout) -> _DecodeState:
     """Prefill then decode with a given layout (`generate` without the checks; benchmarks use it
     to pick the cache capacity). Returns the final loop state; its buffers hold `layout.new_bucket` columns."""
-    stop = _stop_array(stop_tokens)
+    stop = stop_array(stop_tokens)
     limit, pad = jnp.int32(max_new_tokens), jnp.int32(pad_id)
-    carry = _prefill_jit(graphdef, state, prompt_tokens, prompt_mask, keys, stop, limit, pad, layout=layout)
-    return _decode_jit(graphdef, state, carry, stop, limit, pad, layout=layout)
+    carry = prefill_program(graphdef, state, prompt_tokens, prompt_mask, keys, stop, limit, pad, layout=layout)
+    return decode_program(graphdef, state, carry, stop, limit, pad, layout=layout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -555,7 +556,9 @@ def _mesh_of(state) -> jax.sharding.Mesh | None:
     return None
 
 
-def _context_window(model, context_window: int | None) -> int | None:
+def model_context_window(model, context_window: int | None = None) -> int | None:
+    """`context_window` if given, else the model's (its config's `max_position_embeddings`, `context_window`
+    or `max_seq_len`), else None (unknown: not checked)."""
     if context_window is not None:
         return int(context_window)
     config = getattr(model, "config", None)
@@ -622,7 +625,7 @@ def generate(
             raise ValueError("key is required to sample (pass jax.random.key(seed)), or set greedy=True")
         key = jax.random.key(0)
     config = model.config
-    window = _context_window(model, context_window)
+    window = model_context_window(model, context_window)
     prompts = _check_prompts(prompts, config.vocab_size, window, int(max_new_tokens))
     batch = len(prompts)
     if prompt_ids is None:
@@ -642,7 +645,7 @@ def generate(
     if distributed:  # one prompt bucket on every process, so all compile the same program
         longest = int(np.max(multihost_utils.process_allgather(np.int32(longest))))
     prompt_bucket = bucket_length(longest)
-    layout = _layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
+    layout = layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
     tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
     if distributed:
         # The generation's prompt rows: this process's block of the global [B*G, P] arrays, on its own devices.

@@ -137,6 +137,30 @@ def test_extend_after_a_tool_turn_equals_a_prefill_of_the_whole_history(family, 
     assert engine.blocks_in_use == 0
 
 
+def test_on_a_mesh_the_slots_and_blocks_split_over_data_and_the_tokens_do_not_change():
+    # 4 data shards of 2 slots: groups of 3 samples split across shards where one has no room, a tool turn
+    # extends a sequence on its shard, and every token and log-prob is the single device's.
+    mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:8])
+    requests = _requests(PROMPTS, samples=3, sampling=TRUNCATED) + _long_tailed_requests(10)
+    sharded, single = _engine(num_slots=8, max_context=32, mesh=mesh), _engine(num_slots=8, max_context=32)
+    assert sharded.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, "data")
+    assert sharded.blocks_per_shard == 2 * 8 + 1
+    for a, b in zip(sharded.generate(requests), single.generate(requests)):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    for engine in (sharded, single):
+        engine.prefill([Request(id=1, prompt=PROMPTS[0], max_new_tokens=3, sampling=SAMPLED)])
+        engine.decode()
+        engine.extend(1, [40, 41, 42], max_new_tokens=4)
+        engine.decode()
+    a, b = sharded.release(1), single.release(1)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
+    assert sharded.blocks_in_use == single.blocks_in_use == 0
+    with pytest.raises(ConfigError, match="num_slots=6 does not divide over the mesh's 4 data shards"):
+        _engine(num_slots=6, mesh=mesh)
+
+
 def test_samples_of_a_prompt_share_its_full_blocks_and_copy_the_partial_one():
     engine = _engine(num_slots=8, block_size=4)
     prompt = PROMPTS[1]  # 11 tokens: two full blocks and a partial one
@@ -145,11 +169,11 @@ def test_samples_of_a_prompt_share_its_full_blocks_and_copy_the_partial_one():
     assert engine.blocks_in_use == 2 + 4
     held = [s.blocks for s in engine._sequences.values()]
     assert all(blocks[:2] == held[0][:2] for blocks in held) and len({blocks[2] for blocks in held}) == 4
-    assert all(engine.allocator.references(b) == 4 for b in held[0][:2])
+    assert all(engine.allocators[0].references(b) == 4 for b in held[0][:2])
     completions = engine.decode()
     for sequence_id in list(completions):
         engine.release(sequence_id)
-    assert engine.blocks_in_use == 0 and engine.allocator.num_free == engine.allocator.num_blocks - 1
+    assert engine.blocks_in_use == 0 and engine.allocators[0].num_free == engine.allocators[0].num_blocks - 1
     # Shared or not, every sample decodes the same tokens (its copy holds the prompt's last positions).
     shared = _engine(num_slots=8).generate(_requests([prompt], samples=4, sampling=SAMPLED))
     alone = [_engine(num_slots=1).generate([r])[0] for r in _requests([prompt], samples=4, sampling=SAMPLED)]

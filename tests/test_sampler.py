@@ -142,6 +142,6 @@ def test_bad_sampling_parameters_name_the_argument(kwargs, argument):
 
 
 def test_stop_set_is_padded_to_a_fixed_size_with_an_impossible_token():
-    stop = sampler._stop_array([2, 0, 2])
+    stop = sampler.stop_array([2, 0, 2])
     assert stop.tolist() == [0, 2, -1, -1, -1, -1, -1, -1]
-    assert sampler._stop_array([]).shape == (8,)
+    assert sampler.stop_array([]).shape == (8,)

@@ -193,16 +193,16 @@ def _prefill_inputs(dtype=jnp.float32, family="llama", **config_changes):
         model = Decoder(dataclasses.replace(CONFIGS[family], **config_changes), dtype=dtype, param_dtype=dtype,
                         rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
-    layout = sampler._layout_for(model, None, 2, 16, 16, sampler.SamplingParams(greedy=True))
+    layout = sampler.layout_for(model, None, 2, 16, 16, sampler.SamplingParams(greedy=True))
     tokens, mask = sampler.left_pad(PROMPTS, 16)
     keys = sampler.row_keys(jax.random.key(0), np.arange(3), 2)
-    stop, limit, pad = sampler._stop_array([]), jnp.int32(NEW_TOKENS), jnp.int32(0)
+    stop, limit, pad = sampler.stop_array([]), jnp.int32(NEW_TOKENS), jnp.int32(0)
     return graphdef, state, (tokens, mask, keys, stop, limit, pad), layout
 
 
 def _decode_inputs(dtype=jnp.float32, family="llama", **config_changes):
     graphdef, state, prefill_args, layout = _prefill_inputs(dtype, family, **config_changes)
-    carry = sampler._prefill_jit(graphdef, state, *prefill_args, layout=layout)
+    carry = sampler.prefill_program(graphdef, state, *prefill_args, layout=layout)
     return graphdef, state, carry, prefill_args[3:], layout
 
 
@@ -224,7 +224,7 @@ def _unfused_arrays(hlo: str):
 
 def test_decode_donates_the_cache_and_writes_only_live_slots():
     graphdef, state, carry, args, layout = _decode_inputs()
-    final = sampler._decode_jit(graphdef, state, carry, *args, layout=layout)
+    final = sampler.decode_program(graphdef, state, carry, *args, layout=layout)
     assert carry.cache.k.is_deleted() and carry.cache.v.is_deleted()  # donated: its buffers were reused
     # The 3 prompts' keys are stored once, shared by their 2 rows; the 6 rows hold only their completions.
     assert final.prompt_cache.k.shape == (2, 3, 2, 16, 16)
@@ -250,7 +250,7 @@ def test_compiled_decode_loop_never_copies_the_cache(dtype):
     graphdef, state, carry, args, layout = _decode_inputs(dtype, **_DISTINCT_SIZES)
     assert cpu_forms.FORMS.from_carry(carry.cache, dtype).k.dtype == dtype
     assert carry.cache.k.dtype == (jnp.uint16 if dtype == jnp.bfloat16 else dtype)
-    hlo = sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+    hlo = sampler.decode_program.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
     whole = {carry.cache.k.size, carry.prompt_cache.k.size}
     in_place = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "dynamic-update-slice")
     copies = [(name, opcode) for name, _, size, opcode in _hlo_arrays(hlo)
@@ -286,9 +286,9 @@ def _bfloat16_program(family, program):
     compiled once per family and program, with the products `products_of` chose)."""
     if program == "prefill":
         graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-        return state, sampler._prefill_jit.lower(graphdef, state, *args, layout=layout).compile().as_text()
+        return state, sampler.prefill_program.lower(graphdef, state, *args, layout=layout).compile().as_text()
     graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-    return state, sampler._decode_jit.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+    return state, sampler.decode_program.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
 
 
 def _weight_sizes(state, family):

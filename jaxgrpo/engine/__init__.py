@@ -5,7 +5,7 @@ blocks on the host, `paged` reads and writes them on the device.
 """
 
 from jaxgrpo.engine.blocks import BlockAllocator, OutOfBlocks
-from jaxgrpo.engine.engine import Completion, Engine, Request, compilation_counts
+from jaxgrpo.engine.engine import Completion, Engine, Request, compilation_counts, trace_programs
 from jaxgrpo.engine.paged import PagedKVCache
 
-__all__ = ["BlockAllocator", "Completion", "Engine", "OutOfBlocks", "PagedKVCache", "Request", "compilation_counts"]
+__all__ = ["BlockAllocator", "Completion", "Engine", "OutOfBlocks", "PagedKVCache", "Request", "compilation_counts", "trace_programs"]

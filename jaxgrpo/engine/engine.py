@@ -36,7 +36,9 @@ each row's blocks (`jaxgrpo.engine.paged`), the XLA reference math on every back
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import logging
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -44,13 +46,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo.engine import paged
+from jaxgrpo.engine.paged import PagedKVCache
 from jaxgrpo.models import memory_forms
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler import SamplingParams, bucket_length, sample_tokens
-from jaxgrpo.sampler import _context_window as sampler_context_window
+from jaxgrpo.sampler import model_context_window
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +129,7 @@ class _Sequence:
     length: int
     pending: int
     remaining: int  # tokens it may still sample
+    shard: int = 0  # the data shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
     finish_reason: str | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     sampled: list[bool] = dataclasses.field(default_factory=list)
@@ -170,21 +175,46 @@ def _draw(base_keys, positions, logits, samplings: tuple[SamplingParams, ...], c
     return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
 
 
-def _hidden_after(model, cache, tables, lengths, tokens, counts, width):
+_POOL = P(None, "data")  # [layers, blocks, ...] and [layers, rows, ...]: each data shard its own blocks and rows
+_ROWS = P("data")
+
+
+def _per_shard(fn, mesh, in_specs, out_specs):
+    """`fn` run by each of the mesh's `data` shards on its own rows and blocks (a row's block table holds ids
+    local to its shard), or `fn` itself without a mesh."""
+    if mesh is None:
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={"data"}, check_vma=False)
+
+
+def _read(cache, tables, lengths, *, width, new, mesh):
+    """`paged.dense_view` on each data shard."""
+    view = functools.partial(paged.dense_view, width=width, new=new)
+    return _per_shard(view, mesh, (_POOL, _ROWS, _ROWS), (_POOL, _ROWS))(cache, tables, lengths)
+
+
+def _write(cache, tables, start, view, width, counts, *, mesh):
+    """`paged.write` of a dense view's columns from `width` on, on each data shard."""
+    keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
+    return _per_shard(paged.write, mesh, (_POOL, _ROWS, _ROWS, _POOL, _POOL, _ROWS), _POOL)(
+        cache, tables, start, keys, values, counts)
+
+
+def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
     """Run each row's `counts[r]` new tokens `tokens` [R, T] (right-padded) after its `lengths[r]` cached
     positions: (the hidden state after each row's last new token [R, E], the pool with the new keys written)."""
     rows, new = tokens.shape
-    view, cached = paged.dense_view(cache, tables, lengths, width, new)
+    view, cached = _read(cache, tables, lengths, width=width, new=new, mesh=mesh)
     steps = jnp.arange(new)[None]
     kv_mask = jnp.concatenate([cached, steps < counts[:, None]], axis=1)
     hidden, view = model.hidden_states(tokens, lengths[:, None] + steps, cache=view, cache_index=width, kv_mask=kv_mask)
-    cache = paged.write(cache, tables, lengths, view.k[:, :, :, width:], view.v[:, :, :, width:], counts)
+    cache = _write(cache, tables, lengths, view, width, counts, mesh=mesh)
     last = hidden[jnp.arange(rows), jnp.maximum(counts - 1, 0)]
     return last, cache
 
 
 def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, choice, *, width,
-             samplings):
+             samplings, mesh):
     """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
 
     Sample row i draws from row `sample_rows[i]`'s logits (the G samples of one prompt share its prefill),
@@ -194,7 +224,7 @@ def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_row
     logger.info("compiling engine forward: %d rows x %d tokens after %d cached, %d draws",
                 tokens.shape[0], tokens.shape[1], width, sample_rows.shape[0])
     model = nnx.merge(graphdef, state)
-    last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width)
+    last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh)
     logits = model.logits_from_hidden(last[sample_rows])
     positions = (lengths + counts)[sample_rows]
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
@@ -216,7 +246,7 @@ class _DecodeCarry(NamedTuple):
 
 
 def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, choice,
-            exit_after, *, width, steps, samplings):
+            exit_after, *, width, steps, samplings, mesh):
     """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
 
     The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds
@@ -233,7 +263,7 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     forms = memory_forms.for_program()
     packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
-    view, cached = paged.dense_view(cache, tables, lengths, width, steps)
+    view, cached = _read(cache, tables, lengths, width=width, new=steps, mesh=mesh)
 
     def keep_going(c: _DecodeCarry):
         return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
@@ -265,19 +295,63 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
                          pending, running, remaining, jnp.int32(0), zeros(jnp.int32), zeros(jnp.float32),
                          zeros(jnp.float32))
     final = jax.lax.while_loop(keep_going, one_step, carry)
-    view = forms.from_carry(final.view, model.dtype)
-    cache = paged.write(cache, tables, lengths, view.k[:, :, :, width:], view.v[:, :, :, width:], final.lengths - lengths)
+    cache = _write(cache, tables, lengths, forms.from_carry(final.view, model.dtype), width, final.lengths - lengths,
+                   mesh=mesh)
     return cache, final
 
 
-def _copy(cache, sources, destinations):
+def _copy(cache, sources, destinations, *, mesh):
+    """Copy block `sources[i]` to `destinations[i]`, ids local to the data shard holding entry i."""
     _COMPILATIONS["copy"] += 1
-    return paged.copy_blocks(cache, sources, destinations)
+    return _per_shard(paged.copy_blocks, mesh, (_POOL, _ROWS, _ROWS), _POOL)(cache, sources, destinations)
 
 
-_forward_jit = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings"), donate_argnames=("cache",))
-_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings"), donate_argnames=("cache",))
-_copy_jit = jax.jit(_copy, donate_argnames=("cache",))
+_forward_jit = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings", "mesh"), donate_argnames=("cache",))
+_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh"),
+                      donate_argnames=("cache",))
+_copy_jit = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",))
+
+
+def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,
+                   prefill_rows: int, prompt_len: int, draws: int, width: int, steps: int, sampling: SamplingParams,
+                   mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.stages.Traced]:
+    """The engine's programs traced at abstract shapes, for ahead-of-time compilation (`jaxgrpo.compile`).
+
+    `graphdef`, `state`: the decoder split (`state` may be abstract, placed as the run places it). Returns
+    {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,
+    `draws` first tokens; "engine decode": a chunk of `steps` decode steps of `num_slots` slots holding
+    `width` cached positions each}. With a mesh the pool's blocks and the rows split over its `data` axis,
+    as `Engine(mesh=...)` lays them out.
+    """
+    model = nnx.merge(graphdef, state)
+    config, dtype = model.config, model.dtype
+    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+
+    def abstract(shape, dtype, spec=P()):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
+
+    pool = PagedKVCache(abstract(shape, dtype, _POOL), abstract(shape, dtype, _POOL))
+    max_blocks = blocks_for(max_context, block_size)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = abstract(key.shape, key.dtype)
+
+    def rows(count, *tail, dtype=jnp.int32):
+        return abstract((count, *tail), dtype, _ROWS)
+
+    def replicated(count, dtype=jnp.int32):
+        return abstract((count,), dtype)
+
+    samplings = (sampling,)
+    with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
+        prefill = _forward_jit.trace(
+            graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
+            rows(prefill_rows), replicated(draws), key, replicated(draws), replicated(draws), width=0,
+            samplings=samplings, mesh=mesh)
+        decode = _decode_jit.trace(
+            graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
+            rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
+            rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)
+    return {"engine prefill": prefill, "engine decode": decode}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,34 +367,51 @@ class Engine:
       max_context: the most positions a sequence may use, prompt and every token after it (default: the
         model's context window, capped at 4096).
       block_size: positions per KV block.
-      num_blocks: blocks in the pool (default: enough for every slot at `max_context`, plus the null block).
+      num_blocks: blocks in the pool, every shard's null block included (default: enough for every slot at
+        `max_context`). Fewer blocks than that is the point of paging: the pool holds the tokens that live,
+        and requests wait while it is full.
       key: the PRNG key of every draw (required unless every request is greedy).
       decode_chunk: decode steps per compiled call between scheduling decisions.
       refill: while requests wait, a decode chunk ends early once this many rows have finished (default
         `max(1, num_slots // 8)`), so freed slots are refilled promptly.
+      mesh: a mesh with a `data` axis: the slots and the pool's blocks are split over it, each shard holding
+        its slots' blocks (a sequence lives on one shard; block tables hold ids local to it), and the
+        model's weights stay as placed. None: one device.
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int = 64, max_context: int | None = None, block_size: int = 16,
                  num_blocks: int | None = None, key: jax.Array | None = None, decode_chunk: int = 8,
-                 refill: int | None = None):
+                 refill: int | None = None, mesh: jax.sharding.Mesh | None = None):
         for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        window = sampler_context_window(model, None)
+        if mesh is not None and "data" not in mesh.axis_names:
+            raise ValueError(f"the engine's mesh needs a 'data' axis to split its slots over; got axes {mesh.axis_names}")
+        shards = 1 if mesh is None else int(mesh.shape["data"])
+        if num_slots % shards:
+            raise ConfigError(f"num_slots={num_slots} does not divide over the mesh's {shards} data shards; use a "
+                              f"multiple of {shards}")
+        window = model_context_window(model)
         if max_context is None:
             max_context = min(window or 4096, 4096)
         if window is not None and max_context > window:
             raise ConfigError(f"max_context={max_context} exceeds the model's context window of {window}; lower it")
         self.num_slots, self.max_context, self.block_size = int(num_slots), int(max_context), int(block_size)
+        self.mesh, self.num_shards = mesh, shards
+        self.slots_per_shard = self.num_slots // shards
         self.max_blocks = blocks_for(self.max_context, self.block_size)
         if num_blocks is None:
-            num_blocks = self.num_slots * self.max_blocks + 1
-        self.allocator = BlockAllocator(int(num_blocks), self.block_size)
+            num_blocks = shards * (self.slots_per_shard * self.max_blocks + 1)
+        if num_blocks % shards:
+            raise ConfigError(f"num_blocks={num_blocks} does not divide over the mesh's {shards} data shards; use a "
+                              f"multiple of {shards}")
+        self.allocators = [BlockAllocator(int(num_blocks) // shards, self.block_size) for _ in range(shards)]
         self.decode_chunk = int(decode_chunk)
         self.refill = max(1, self.num_slots // 8) if refill is None else int(refill)
         self._graphdef, self._state = nnx.split(model)
         self.config = model.config
-        self.cache = paged.init_paged_cache(model.config, self.allocator.num_blocks, self.block_size, model.dtype)
+        init = functools.partial(paged.init_paged_cache, model.config, int(num_blocks), self.block_size, model.dtype)
+        self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, _POOL))()
         self.key = jax.random.key(0) if key is None else key
         self._keyed = key is not None
         self.version = 0
@@ -346,17 +437,51 @@ class Engine:
         return sum(1 for s in self._sequences.values() if s.running)
 
     @property
+    def blocks_per_shard(self) -> int:
+        """Blocks in each data shard's part of the pool, its null block included."""
+        return self.allocators[0].num_blocks
+
+    @property
     def blocks_in_use(self) -> int:
         """Blocks held by live sequences: KV memory in use is this times the block's bytes."""
-        return self.allocator.num_used
+        return sum(a.num_used for a in self.allocators)
+
+    def _shard_of(self, slot: int) -> int:
+        return slot // self.slots_per_shard
+
+    def _free_slots(self, shard: int) -> list[int]:
+        start = shard * self.slots_per_shard
+        return [i for i in range(start, start + self.slots_per_shard) if self._slots[i] is None]
 
     def _worst_case_blocks(self, length: int, budget: int) -> int:
         return blocks_for(length + budget, self.block_size)
 
-    def _reserved(self) -> int:
-        """Blocks live sequences may still claim for the tokens their budgets allow."""
-        return sum(max(0, self._worst_case_blocks(s.length + 1, s.remaining) - len(s.blocks))
-                   for s in self._sequences.values() if s.running)
+    def _unclaimed_blocks(self, shard: int) -> int:
+        """Free blocks of `shard` that none of its live sequences may still claim for the tokens their budgets
+        allow: what new requests or extensions there can have."""
+        reserved = sum(max(0, self._worst_case_blocks(s.length + 1, s.remaining) - len(s.blocks))
+                       for s in self._sequences.values() if s.running and s.shard == shard)
+        return self.allocators[shard].num_free - reserved
+
+    def _place(self, requests: Sequence[Request], prompts: Sequence[Sequence[int]]) -> list[int] | None:
+        """A data shard for each request within the shards' free slots and unclaimed blocks, or None if they do
+        not all fit. Requests with one prompt go to one shard while it has room (they share its blocks there)."""
+        slots = [len(self._free_slots(d)) for d in range(self.num_shards)]
+        blocks = [self._unclaimed_blocks(d) for d in range(self.num_shards)]
+        home: dict[tuple[int, ...], int] = {}
+        placed = []
+        for request, prompt in zip(requests, prompts):
+            need = self._worst_case_blocks(len(prompt), request.max_new_tokens)
+            shard = home.get(tuple(prompt))
+            if shard is None or slots[shard] < 1 or blocks[shard] < need:
+                fitting = [d for d in range(self.num_shards) if slots[d] >= 1 and blocks[d] >= need]
+                if not fitting:
+                    return None
+                shard = home[tuple(prompt)] = max(fitting, key=lambda d: (slots[d], -d))
+            slots[shard] -= 1
+            blocks[shard] -= need
+            placed.append(shard)
+        return placed
 
     def _check_request(self, request: Request) -> list[int]:
         if not isinstance(request, Request):
@@ -372,10 +497,11 @@ class Engine:
         if len(prompt) + budget > self.max_context:
             raise ConfigError(f"request {request.id}: {len(prompt)} prompt tokens + max_new_tokens={budget} exceed the "
                               f"engine's context of {self.max_context}; shorten the prompt or lower max_new_tokens")
-        if self._worst_case_blocks(len(prompt), budget) > self.allocator.num_blocks - 1:
-            raise ConfigError(f"request {request.id}: needs {self._worst_case_blocks(len(prompt), budget)} blocks of "
-                              f"{self.block_size} but the cache has {self.allocator.num_blocks - 1}; raise num_blocks "
-                              f"or lower max_new_tokens")
+        need = self._worst_case_blocks(len(prompt), budget)
+        if need > self.blocks_per_shard - 1:
+            raise ConfigError(f"request {request.id}: needs {need} blocks of {self.block_size} but the cache has "
+                              f"{self.blocks_per_shard - 1}{' per data shard' if self.num_shards > 1 else ''}; raise num_blocks or "
+                              f"lower max_new_tokens")
         if len(set(request.stop_tokens)) > STOP_SLOTS:
             raise ValueError(f"request {request.id}: at most {STOP_SLOTS} stop tokens, got {len(set(request.stop_tokens))}")
         if not request.sampling.greedy and not self._keyed:
@@ -384,8 +510,8 @@ class Engine:
             raise ValueError(f"request id {request.id} is already in flight; ids must be unique among live sequences")
         return prompt
 
-    def _tables(self, sequences: Sequence[_Sequence | None], rows: int) -> np.ndarray:
-        tables = np.full((rows, self.max_blocks), NULL_BLOCK, np.int32)
+    def _tables(self, sequences: Sequence[_Sequence | None]) -> np.ndarray:
+        tables = np.full((len(sequences), self.max_blocks), NULL_BLOCK, np.int32)
         for row, sequence in enumerate(sequences):
             if sequence is not None:
                 tables[row, :len(sequence.blocks)] = sequence.blocks
@@ -395,7 +521,7 @@ class Engine:
         """Give `sequence` blocks for its first `positions` positions."""
         missing = blocks_for(positions, self.block_size) - len(sequence.blocks)
         if missing > 0:
-            sequence.blocks += self.allocator.allocate(missing)
+            sequence.blocks += self.allocators[sequence.shard].allocate(missing)
 
     @staticmethod
     def _ids(requests: Iterable[Request | None]) -> np.ndarray:
@@ -411,78 +537,86 @@ class Engine:
 
     def can_admit(self, request: Request) -> bool:
         """Whether a slot and the blocks `request` may need are free now."""
-        return None in self._slots and self._fits([request])
+        return self._fits([request])
 
     def prefill(self, requests: Sequence[Request]) -> list[int]:
         """Admit `requests` into free slots now and sample each one's first token; returns their ids.
 
-        Requests with the same prompt share its full blocks and one prefill. Raises (before touching the
-        cache) if a request is malformed, or the free slots or blocks do not hold them all.
+        Requests with the same prompt share its full blocks and one prefill (on one data shard while it has
+        room). Raises (before touching the cache) if a request is malformed, or the free slots or blocks do not
+        hold them all.
         """
         requests = list(requests)
         prompts = [self._check_request(r) for r in requests]
         if len({r.id for r in requests}) != len(requests):
             raise ValueError("request ids must be unique among the requests in flight; two requests share an id")
-        free = [i for i, s in enumerate(self._slots) if s is None]
-        need = sum(self._worst_case_blocks(len(p), r.max_new_tokens) for p, r in zip(prompts, requests))
-        if len(requests) > len(free):
-            raise ValueError(f"{len(requests)} requests but {len(free)} free slots; release sequences or wait")
-        if need > self.allocator.num_free - self._reserved():
-            raise ValueError(f"{len(requests)} requests may need {need} blocks but "
-                             f"{self.allocator.num_free - self._reserved()} are free; release sequences or wait")
+        free = {d: self._free_slots(d) for d in range(self.num_shards)}
+        if len(requests) > sum(map(len, free.values())):
+            raise ValueError(f"{len(requests)} requests but {sum(map(len, free.values()))} free slots; release "
+                             f"sequences or wait")
+        shards = self._place(requests, prompts)
+        if shards is None:
+            unclaimed = sum(self._unclaimed_blocks(d) for d in range(self.num_shards))
+            raise ValueError(f"{len(requests)} requests may need {self._blocks_needed(requests)} blocks but {unclaimed} "
+                             f"are free{' over the data shards' if self.num_shards > 1 else ''}; release sequences "
+                             f"or wait")
         if not requests:
             return []
-        # One prefill row per distinct prompt; its requests (in order) draw from its logits.
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, prompt in enumerate(prompts):
-            groups.setdefault(tuple(prompt), []).append(i)
-        distinct = list(groups)
-        rows = bucket_length(len(distinct), 1)
-        sequences: list[_Sequence | None] = []
-        for prompt in distinct:
-            blocks = self.allocator.allocate(blocks_for(len(prompt), self.block_size))
-            first = requests[groups[prompt][0]]
-            sequences.append(_Sequence(first, -1, blocks, 0, -1, first.max_new_tokens))
-        tokens = np.zeros((rows, bucket_length(max(len(p) for p in distinct))), np.int32)
-        counts = np.zeros(rows, np.int32)
-        for row, prompt in enumerate(distinct):
+        # One prefill row per distinct (shard, prompt), the rows of shard d at [d * per_shard, (d + 1) * per_shard);
+        # its requests (in order) draw from its logits.
+        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for i, (shard, prompt) in enumerate(zip(shards, prompts)):
+            groups.setdefault((shard, tuple(prompt)), []).append(i)
+        per_shard = bucket_length(max(collections.Counter(shard for shard, _ in groups).values()), 1)
+        rows: list[_Sequence | None] = [None] * (self.num_shards * per_shard)
+        row_of = {}
+        for shard, prompt in groups:
+            row = row_of[shard, prompt] = shard * per_shard + sum(1 for d, _ in row_of if d == shard)
+            first = requests[groups[shard, prompt][0]]
+            blocks = self.allocators[shard].allocate(blocks_for(len(prompt), self.block_size))
+            rows[row] = _Sequence(first, -1, blocks, 0, -1, first.max_new_tokens, shard)
+        tokens = np.zeros((len(rows), bucket_length(max(len(p) for _, p in groups))), np.int32)
+        counts = np.zeros(len(rows), np.int32)
+        for (_, prompt), row in row_of.items():
             tokens[row, :len(prompt)] = prompt
             counts[row] = len(prompt)
         draws = bucket_length(len(requests), 1)
         sample_rows = np.zeros(draws, np.int32)
-        owner = [None] * draws
-        for row, prompt in enumerate(distinct):
-            for i in groups[prompt]:
-                sample_rows[i], owner[i] = row, requests[i]
+        owner: list[Request | None] = [None] * draws
+        for group, members in groups.items():
+            for i in members:
+                sample_rows[i], owner[i] = row_of[group], requests[i]
         samplings, choice = self._sampling_choice(owner)
         self.cache, new_tokens, logprobs, policy_logprobs = _forward_jit(
-            self._graphdef, self._state, self.cache, self._tables(sequences, rows), np.zeros(rows, np.int32), tokens,
-            counts, sample_rows, self.key, self._ids(owner), choice, width=0,
-            samplings=samplings)
+            self._graphdef, self._state, self.cache, self._tables(rows), np.zeros(len(rows), np.int32), tokens,
+            counts, sample_rows, self.key, self._ids(owner), choice, width=0, samplings=samplings, mesh=self.mesh)
         new_tokens, logprobs, policy_logprobs = jax.device_get((new_tokens, logprobs, policy_logprobs))
 
         # Hand the prefilled blocks to the requests: the full ones shared, the partial last one copied.
-        copies = []
-        for row, prompt in enumerate(distinct):
-            owner_sequence = sequences[row]
+        copies: list[list[tuple[int, int]]] = [[] for _ in range(self.num_shards)]
+        for (shard, prompt), members in groups.items():
+            prefilled = rows[row_of[shard, prompt]]
             full = len(prompt) // self.block_size
-            for n, i in enumerate(groups[prompt]):
-                blocks = owner_sequence.blocks if n == 0 else self.allocator.share(owner_sequence.blocks[:full])
-                if n > 0 and full < len(owner_sequence.blocks):
-                    (copy,) = self.allocator.allocate(1)
-                    copies.append((owner_sequence.blocks[full], copy))
+            for n, i in enumerate(members):
+                blocks = prefilled.blocks if n == 0 else self.allocators[shard].share(prefilled.blocks[:full])
+                if n > 0 and full < len(prefilled.blocks):
+                    (copy,) = self.allocators[shard].allocate(1)
+                    copies[shard].append((prefilled.blocks[full], copy))
                     blocks = blocks + [copy]
-                slot = free.pop(0)
-                sequence = _Sequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens)
+                slot = free[shard].pop(0)
+                sequence = _Sequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens, shard)
                 sequence.record(new_tokens[i], logprobs[i], policy_logprobs[i], self.version,
                                 set(requests[i].stop_tokens))
                 self._slots[slot] = sequence
                 self._sequences[requests[i].id] = sequence
-        if copies:
-            size = bucket_length(len(copies), 1)
-            sources, destinations = np.zeros(size, np.int32), np.zeros(size, np.int32)  # padding copies null to null
-            sources[:len(copies)], destinations[:len(copies)] = zip(*copies)
-            self.cache = _copy_jit(self.cache, sources, destinations)
+        if any(copies):
+            # Each shard's copies in its part of two id arrays; padding copies the null block onto itself.
+            size = bucket_length(max(map(len, copies)), 1)
+            sources, destinations = np.zeros((2, self.num_shards, size), np.int32)
+            for shard, pairs in enumerate(copies):
+                if pairs:
+                    sources[shard, :len(pairs)], destinations[shard, :len(pairs)] = zip(*pairs)
+            self.cache = _copy_jit(self.cache, sources.reshape(-1), destinations.reshape(-1), mesh=self.mesh)
         return [r.id for r in requests]
 
     def decode(self, max_steps: int | None = None) -> dict[int, Completion]:
@@ -518,19 +652,23 @@ class Engine:
             raise ConfigError(f"extend({sequence_id}): {sequence.length + len(new)} positions + max_new_tokens="
                               f"{max_new_tokens} exceed the engine's context of {self.max_context}")
         need = self._worst_case_blocks(sequence.length, len(new) + max_new_tokens) - len(sequence.blocks)
-        if need > self.allocator.num_free - self._reserved():
-            raise ValueError(f"extend({sequence_id}) may need {need} blocks but "
-                             f"{self.allocator.num_free - self._reserved()} are free; release sequences first")
+        if need > self._unclaimed_blocks(sequence.shard):
+            raise ValueError(f"extend({sequence_id}) may need {need} blocks but {self._unclaimed_blocks(sequence.shard)}"
+                             f" are free{' on its data shard' if self.num_shards > 1 else ''}; release sequences first")
         request = sequence.request if sampling is None else dataclasses.replace(sequence.request, sampling=sampling)
         self._grow(sequence, sequence.length + len(new))
         width = bucket_length(sequence.length)
         samplings, choice = self._sampling_choice([request])
-        padded = np.zeros((1, bucket_length(len(new))), np.int32)
-        padded[0, :len(new)] = new
+        # One row per data shard, the sequence's on its shard and the others empty.
+        rows = [sequence if d == sequence.shard else None for d in range(self.num_shards)]
+        padded = np.zeros((self.num_shards, bucket_length(len(new))), np.int32)
+        padded[sequence.shard, :len(new)] = new
+        lengths, counts = np.zeros((2, self.num_shards), np.int32)
+        lengths[sequence.shard], counts[sequence.shard] = sequence.length, len(new)
         self.cache, token, logprob, policy_logprob = _forward_jit(
-            self._graphdef, self._state, self.cache, self._tables([sequence], 1), np.array([sequence.length], np.int32),
-            padded, np.array([len(new)], np.int32), np.zeros(1, np.int32), self.key, self._ids([request]), choice,
-            width=width, samplings=samplings)
+            self._graphdef, self._state, self.cache, self._tables(rows), lengths, padded, counts,
+            np.array([sequence.shard], np.int32), self.key, self._ids([request]), choice, width=width,
+            samplings=samplings, mesh=self.mesh)
         for t in tokens:
             sequence.tokens.append(t)
             sequence.sampled.append(False)
@@ -548,7 +686,7 @@ class Engine:
         sequence = self._sequences.pop(sequence_id, None)
         if sequence is None:
             raise KeyError(f"no live sequence with id {sequence_id}")
-        self.allocator.release(sequence.blocks)
+        self.allocators[sequence.shard].release(sequence.blocks)
         self._slots[sequence.slot] = None
         return sequence.completion()
 
@@ -571,10 +709,10 @@ class Engine:
                 stop[row, :len(stops)] = stops
         samplings, choice = self._sampling_choice([None if s is None else s.request for s in running])
         self.cache, final = _decode_jit(
-            self._graphdef, self._state, self.cache, self._tables(running, rows), lengths, pending,
+            self._graphdef, self._state, self.cache, self._tables(running), lengths, pending,
             np.array([s is not None for s in running]), remaining, stop, self.key,
             self._ids([None if s is None else s.request for s in running]), choice, np.int32(exit_after),
-            width=width, steps=steps, samplings=samplings)
+            width=width, steps=steps, samplings=samplings, mesh=self.mesh)
         ran, new_lengths, tokens, logprobs, policy_logprobs = jax.device_get(
             (final.step, final.lengths, final.tokens, final.logprobs, final.policy_logprobs))
         for row, s in enumerate(running):
@@ -610,6 +748,11 @@ class Engine:
                 done[sequence_id] = self.release(sequence_id)
         return [done[r.id] for r in requests]
 
+    def _blocks_needed(self, requests: Iterable[Request]) -> int:
+        """Blocks `requests` may claim over their lives (prompt and whole budget; prefix sharing not counted)."""
+        return sum(self._worst_case_blocks(len(r.prompt), r.max_new_tokens) for r in requests)
+
     def _fits(self, requests: Sequence[Request]) -> bool:
-        need = sum(self._worst_case_blocks(len(r.prompt), r.max_new_tokens) for r in requests)
-        return need <= self.allocator.num_free - self._reserved()
+        """Whether free slots and unclaimed blocks hold all of `requests` now."""
+        prompts = [[int(t) for t in np.asarray(r.prompt).reshape(-1)] for r in requests]
+        return self._place(requests, prompts) is not None
