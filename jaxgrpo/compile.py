@@ -12,6 +12,10 @@ shows the collectives. Programs compiled here, each at the experiment's shapes:
 * `forward`: the reference / old-policy log-prob forward (`jaxgrpo.train.step.make_forward_fn`) over a batch;
 * `update`: one optimizer step of `jaxgrpo.train.step.make_update_fn` over a minibatch of micro-batches (packed
   groups at their worst case, one group per row, when `packing` is on).
+* `engine` (asked for by name, not in the default set while the trainer samples with `sampler.generate`):
+  the rollout engine's programs (`jaxgrpo.engine.trace_programs`): its prefill, and a chunk of decode steps
+  over one slot per sample at two fill levels (`ENGINE_FILLS`: a pool holding half and all of every slot's
+  context), each with its KV pool's bytes per chip: KV memory follows the live positions, in whole blocks.
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
 scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower bounds. So the report also
@@ -74,7 +78,11 @@ CHIPS = {
 }
 EXAMPLE_TOPOLOGIES = "v5e:2x4, v5e:4x4, v5p:2x2x1, v5p:4x4x4, v6e:2x4, v4:2x2x2"
 
-PROGRAMS = ("prefill", "decode", "forward", "update")
+DEFAULT_PROGRAMS = ("prefill", "decode", "forward", "update")
+PROGRAMS = (*DEFAULT_PROGRAMS, "engine")
+ENGINE_FILLS = (0.5, 1.0)
+"""The rollout engine's fill levels (`--programs engine`): its pool holds this share of every slot's whole context."""
+ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK = 16, 8
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 # Ops that move data between the host and the chip inside a program.
 HOST_TRANSFERS = ("infeed", "outfeed", "send", "recv", "host-compute")
@@ -278,6 +286,46 @@ def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
         decode = sampler.decode_program.trace(graphdef, state, carry, stop, scalar, scalar, layout=layout)
         decode = (*_compile(decode.lower()), decode.jaxpr)
     return prefill, prompts * prompt_bucket, decode, prompts * g * s.max_new_tokens, per_chip_bytes(carry)
+
+
+class EnginePrograms(NamedTuple):
+    """The rollout engine's compiled programs at one fill level, and what the report needs of them."""
+
+    prefill: tuple  # (compiled, compile seconds, jaxpr)
+    decode: tuple
+    prompt_tokens: int  # per prefill call
+    decode_tokens: int  # per decode chunk: slots x steps
+    live_tokens: int  # positions the pool holds (every slot at the fill level)
+    pool_bytes: int  # the pool's bytes per chip
+
+
+def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float) -> EnginePrograms:
+    """The engine's prefill and decode chunk (`jaxgrpo.engine.trace_programs`) for one step's requests: a slot
+    per sample, a pool of blocks holding `fill` of every slot's whole context (prompt and completion), the
+    decode chunk reading that many cached positions. Its blocks and slots split over the mesh's data axis."""
+    from jaxgrpo import engine, sampler
+
+    decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
+    graphdef = abstract.decoder_graphdef
+    state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
+    s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
+    shards, block = mesh.shape["data"], ENGINE_BLOCK_SIZE
+    slots = prompts * g
+    context = s.max_prompt_len + s.max_new_tokens
+    live = max(block, math.ceil(fill * context / block) * block)  # positions per slot, whole blocks
+    num_blocks = shards * (slots // shards * (live // block) + 1)
+    rows = math.ceil(prompts / shards) * shards
+    traced = engine.trace_programs(
+        graphdef, state, num_slots=slots, num_blocks=num_blocks, block_size=block, max_context=context,
+        prefill_rows=rows, prompt_len=sampler.bucket_length(s.max_prompt_len), draws=slots, width=live,
+        steps=ENGINE_DECODE_CHUNK, mesh=mesh,
+        sampling=sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p))
+    c = decoder.config
+    pool_bytes = 2 * c.num_layers * num_blocks * c.num_kv_heads * block * c.head_dim * _itemsize(decoder.dtype)
+    with jax.set_mesh(mesh):
+        compiled = {name: (*_compile(t.lower()), t.jaxpr) for name, t in traced.items()}
+    return EnginePrograms(compiled["engine prefill"], compiled["engine decode"], rows * s.max_prompt_len,
+                          slots * ENGINE_DECODE_CHUNK, slots * live, pool_bytes // shards)
 
 
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
@@ -513,6 +561,8 @@ class ProgramReport:
     mfu_with_memory: float | None = None  # estimated MFU at estimated_seconds_with_memory (a roofline bound too)
     calibration: dict | None = None  # the measured run nearest this program (`jaxgrpo.calibration.nearest`):
     # its fields with "factor" (measured / products' estimate) and "factor_with_memory"; None where none is
+    kv_pool_bytes: int | None = None  # the engine's programs: its KV pool's bytes per chip
+    live_tokens: int | None = None  # the engine's programs: positions that pool holds, over all slots
 
     def calibration_note(self, chip: str, with_memory: bool = False) -> str:
         """'measured 3.0x this on an H200, jax 0.11.2 ...' for the estimate (with the memory-bound work or not)."""
@@ -593,6 +643,9 @@ class Report:
                 f"{p.flops:.3g} FLOPs, {p.bytes_accessed / 2**20:.1f} MiB accessed, {estimate} "
                 f"(loop bodies once){step}; collectives: {moved}; host transfers: "
                 f"{', '.join(p.host_transfers) or 'none'}; compiled in {p.compile_seconds:.1f} s")
+            if p.kv_pool_bytes is not None:
+                lines.append(f"  {'':8s} KV pool {p.kv_pool_bytes / GiB:.3f} GiB per chip for {p.live_tokens} live "
+                             f"positions, {p.kv_pool_bytes / p.live_tokens / 1024:.1f} KiB each")
             # The estimates, loops x trip counts, each labelled with how far the nearest measured run was from it.
             lines += [f"  {'':8s} {line}{per_step}" for line in p.estimate_lines(self.chip)]
         return "\n".join(lines)
@@ -676,7 +729,7 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
         if with_memory > 0 and not products.loops_counted_once else None, **estimates)
 
 
-def compile_experiment(cfg: Config, topology: str, programs=PROGRAMS, cpu_forms: bool = False,
+def compile_experiment(cfg: Config, topology: str, programs=DEFAULT_PROGRAMS, cpu_forms: bool = False,
                        calibrations=None) -> Report:
     """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
     `cpu_forms` traces the decoder's CPU-specific forms (`memory_forms.force_cpu_forms`) too, to compare them.
@@ -710,6 +763,18 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
             floor = per_chip_bytes((abstract.state.params, abstract.rest)) + carry_bytes
             reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor,
                                            calibrations=calibrations))
+    if "engine" in programs:
+        for fill in ENGINE_FILLS:
+            e = lower_engine(cfg, mesh, abstract, fill)
+            if fill == ENGINE_FILLS[0]:  # the prefill reads no cached positions: one fill level tells it
+                reports.append(dataclasses.replace(
+                    _program_report("engine prefill", *e.prefill, chip, chips, 2 * n * e.prompt_tokens,
+                                    calibrations=calibrations), kv_pool_bytes=e.pool_bytes, live_tokens=e.live_tokens))
+            floor = per_chip_bytes((abstract.state.params, abstract.rest)) + e.pool_bytes
+            reports.append(dataclasses.replace(
+                _program_report(f"engine decode {fill:.0%} full", *e.decode, chip, chips, 2 * n * e.decode_tokens,
+                                floor, calibrations=calibrations), kv_pool_bytes=e.pool_bytes,
+                live_tokens=e.live_tokens))
     if "forward" in programs:
         lowered, tokens, jaxpr = lower_forward(cfg, mesh, abstract)
         reports.append(_program_report("forward", *_compile(lowered), jaxpr, chip, chips, 2 * n * tokens,

@@ -204,6 +204,27 @@ def test_count_products_counts_the_decode_kernel_at_a_full_cache_per_shard_times
         assert count.bytes >= 2 * rows * kv_heads * capacity * head_dim * 2
 
 
+def test_the_engines_kv_memory_follows_its_live_tokens_and_splits_over_data():
+    # The toy as 4-way data x 2-way FSDP: the engine's pool and slots split over data, at two fill levels.
+    cfg = _toy("mesh.data=4", "mesh.fsdp=2")
+    report = aot.compile_experiment(cfg, ONE_HOST, programs=("engine",))
+    c = aot.decoder_config(cfg)
+    position_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jax.numpy.dtype(cfg.dtype).itemsize / 4
+    _, half, full = report.programs
+    assert [p.program for p in report.programs] == ["engine prefill", "engine decode 50% full",
+                                                    "engine decode 100% full"]
+    assert all(p.fits and not p.host_transfers for p in report.programs)
+    # The pool holds the live positions in whole blocks, plus each shard's null block, and a chip a quarter.
+    assert full.live_tokens > 1.8 * half.live_tokens
+    for p in (half, full):
+        per_position = p.kv_pool_bytes / p.live_tokens
+        assert 1.0 <= per_position / position_bytes < 1.01  # keys and values of every layer, over 4 data shards
+    # The decode chunk's arguments grow by the pool's growth (nothing else changes between the levels), and no
+    # collective moves more for the bigger pool: each shard reads its own blocks.
+    assert full.argument_bytes - half.argument_bytes == pytest.approx(full.kv_pool_bytes - half.kv_pool_bytes, rel=0.01)
+    assert full.collectives == half.collectives
+
+
 def test_bfloat16_optimizer_state_halves_the_moments_a_chip_holds():
     f32 = _toy("mesh.data=1", "mesh.fsdp=-1")
     bf16 = _toy("mesh.data=1", "mesh.fsdp=-1", "optimizer.state_dtype=bfloat16")
