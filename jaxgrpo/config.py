@@ -85,6 +85,10 @@ class SamplingConfig(_Fields):
     min_p: float = 0.0
     max_new_tokens: int = 128
     max_prompt_len: int = 256
+    #: Sample through the rollout engine (`jaxgrpo.engine`: continuous batching over a paged KV cache, one slot
+    #: per sample of a step, the trainer's weights swapped in each step) instead of `sampler.generate`'s fixed
+    #: batch; training and held-out evaluation both. One process only for now.
+    engine: bool = False
 
 
 @dataclasses.dataclass

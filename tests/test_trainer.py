@@ -1,6 +1,7 @@
 """The GRPO loop end to end on the offline toy task: learning, exact resume (every experiment file:
 tests/test_experiments_reproduce_metrics.py)."""
 
+import dataclasses
 import logging
 import os
 import signal
@@ -63,6 +64,27 @@ def test_mean_reward_rises_on_the_toy_task(method, tmp_path, caplog):
     assert all(np.isfinite(h["loss"]) for h in history)
     if method == "dapo":
         assert max(h["sampling_rounds"] for h in history) > 1  # zero-signal groups were resampled
+
+
+def test_sampling_through_the_rollout_engine_learns_with_the_trainers_own_weights(tmp_path):
+    """`sampling.engine`: the engine samples every step with the trainer's weights swapped in (the same arrays,
+    a new policy version each update), its greedy completions are the sampler's, and the toy learns as well."""
+    cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", "sampling.engine=true")
+    trainer = Trainer(cfg)
+    history = trainer.run(progress=False)
+    accuracy = np.array([h["accuracy"] for h in history])
+    assert accuracy[-10:].mean() > accuracy[:10].mean() + 0.15, accuracy
+    engine = trainer._engine
+    assert engine.version == 39 and engine.blocks_in_use == 0  # one version per update after the first step's
+    examples = trainer.train_examples[:24]
+    by_engine = trainer.generate(examples, 1, jax.random.key(0), greedy=True)  # after the last update: version 40
+    params = {id(x) for x in jax.tree.leaves(trainer.state.params)}
+    assert engine.version == 40 and all(id(x) in params for x in jax.tree.leaves(engine._state))  # no copy
+    trainer.cfg = dataclasses.replace(trainer.cfg, sampling=dataclasses.replace(trainer.cfg.sampling, engine=False))
+    by_sampler = trainer.generate(examples, 1, jax.random.key(0), greedy=True)
+    for field in ("completion_tokens", "completion_mask", "finish_reason", "prompt_tokens"):
+        np.testing.assert_array_equal(np.asarray(getattr(by_engine, field)), np.asarray(getattr(by_sampler, field)))
+    np.testing.assert_allclose(by_engine.policy_logprobs, by_sampler.policy_logprobs, atol=1e-5)
 
 
 def test_a_run_driven_to_collapse_warns_once_of_each_sign(tmp_path, caplog):

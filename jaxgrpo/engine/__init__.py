@@ -5,7 +5,8 @@ blocks on the host, `paged` reads and writes them on the device.
 """
 
 from jaxgrpo.engine.blocks import BlockAllocator, OutOfBlocks
-from jaxgrpo.engine.engine import Completion, Engine, Request, compilation_counts, trace_programs
+from jaxgrpo.engine.engine import Completion, Engine, Request, compilation_counts, generate_groups, trace_programs
 from jaxgrpo.engine.paged import PagedKVCache
 
-__all__ = ["BlockAllocator", "Completion", "Engine", "OutOfBlocks", "PagedKVCache", "Request", "compilation_counts", "trace_programs"]
+__all__ = ["BlockAllocator", "Completion", "Engine", "OutOfBlocks", "PagedKVCache", "Request", "compilation_counts", "generate_groups",
+           "trace_programs"]

@@ -53,7 +53,7 @@ from jaxgrpo.engine.paged import PagedKVCache
 from jaxgrpo.models import memory_forms
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.sampler import SamplingParams, bucket_length, sample_tokens
+from jaxgrpo.sampler import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams, bucket_length, left_pad, sample_tokens
 from jaxgrpo.sampler import model_context_window
 
 logger = logging.getLogger(__name__)
@@ -724,9 +724,15 @@ class Engine:
             s.length = int(new_lengths[row])
         return int(ran)
 
-    def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Every request's completion, in the order given, through the slots with continuous batching."""
+    def generate(self, requests: Sequence[Request], *, key: jax.Array | None = None) -> list[Completion]:
+        """Every request's completion, in the order given, through the slots with continuous batching.
+
+        `key`: the PRNG key of these requests' draws from now on (as if the engine were created with it)."""
         requests = list(requests)
+        if key is not None:
+            if self._sequences:
+                raise ValueError("generate(key=...) changes the key of every draw: release the live sequences first")
+            self.key, self._keyed = key, True
         for r in requests:
             self._check_request(r)
         if len({r.id for r in requests}) != len(requests):
@@ -756,3 +762,38 @@ class Engine:
         """Whether free slots and unclaimed blocks hold all of `requests` now."""
         prompts = [[int(t) for t in np.asarray(r.prompt).reshape(-1)] for r in requests]
         return self._place(requests, prompts) is not None
+
+
+def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
+                    sampling: SamplingParams, key: jax.Array | None = None, stop_tokens: Sequence[int] = (),
+                    prompt_ids: Sequence[int] | None = None, pad_id: int = 0) -> Generation:
+    """`num_samples` completions of each prompt through `engine`, as `sampler.generate` returns them.
+
+    Sample g of prompt b is request `prompt_ids[b] * G + g` (default ids 0..B-1): its draws depend on that id
+    and its positions only. Rows are prompt-major and padded as `sampler.Generation` says (prompts left-padded
+    to their bucket, completions right-padded with `pad_id` to `max_new_tokens`); `logprobs` are the behaviour
+    log-probs, `policy_logprobs` the untruncated ones.
+    """
+    prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+    g, n = int(num_samples), int(max_new_tokens)
+    ids = np.arange(len(prompts)) if prompt_ids is None else np.asarray(prompt_ids, np.int64).reshape(-1)
+    if len(ids) != len(prompts):
+        raise ValueError(f"prompt_ids has {len(ids)} entries but there are {len(prompts)} prompts")
+    requests = [Request(id=int(i) * g + j, prompt=p, max_new_tokens=n, sampling=sampling, stop_tokens=tuple(stop_tokens))
+                for i, p in zip(ids, prompts) for j in range(g)]
+    completions = engine.generate(requests, key=key)
+    rows = len(completions)
+    tokens = np.full((rows, n), pad_id, np.int32)
+    mask = np.zeros((rows, n), bool)
+    logprobs, policy_logprobs = np.zeros((2, rows, n), np.float32)
+    for row, c in enumerate(completions):
+        k = len(c.tokens)
+        tokens[row, :k], mask[row, :k] = c.tokens, True
+        logprobs[row, :k], policy_logprobs[row, :k] = c.logprobs, c.policy_logprobs
+    prompt_tokens, prompt_mask = left_pad(prompts, bucket_length(max(map(len, prompts))), pad_id)
+    return Generation(
+        prompt_tokens=np.repeat(prompt_tokens, g, axis=0), prompt_mask=np.repeat(prompt_mask, g, axis=0),
+        completion_tokens=tokens, completion_mask=mask, logprobs=logprobs, policy_logprobs=policy_logprobs,
+        finish_reason=np.array([FINISH_STOP if c.finish_reason == "stop" else FINISH_LENGTH for c in completions],
+                               np.int32),
+        prompt_index=np.repeat(np.arange(len(prompts), dtype=np.int32), g))

@@ -44,6 +44,7 @@ import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -137,6 +138,10 @@ class Trainer:
         self.prompts = PromptStream(self.train_examples, cfg.seed)
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
+        self._engine, self._engine_params = None, None  # the rollout engine, with `sampling.engine`
+        if cfg.sampling.engine and jax.process_count() > 1:
+            raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
+                              "multi-process run")
 
     @property
     def cfg(self) -> Config:
@@ -164,6 +169,8 @@ class Trainer:
                  prompt_ids: np.ndarray | None = None, process_local: bool = False):
         """`sampler.generate` on the examples' prompts; `process_local`: they are this host's block of the batch."""
         s = self.cfg.sampling
+        if s.engine:
+            return self._generate_with_engine(examples, num_samples, key, greedy=greedy, prompt_ids=prompt_ids)
         with device_memory.reported(self.cfg, "sampler", self.mesh):  # a run-time failure surfaces when waited for
             return jax.block_until_ready(sampler.generate(
                 self.policy.decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
@@ -171,6 +178,31 @@ class Trainer:
                 top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=s.max_new_tokens,
                 stop_tokens=self.stop_tokens, pad_id=self.pad_id,
             ))
+
+    def _generate_with_engine(self, examples, num_samples, key, *, greedy, prompt_ids):
+        """`generate` through the rollout engine: one slot per sample of a step, created on first use and given
+        the policy's current weights (in place, no copy: a new policy version) whenever they changed."""
+        from jaxgrpo import engine as engine_lib
+
+        s, decoder = self.cfg.sampling, self.policy.decoder
+        if self._engine is None:
+            slots = self.cfg.prompts_per_step * self.cfg.group_size
+            context = sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens  # the sampler's prompt bucket
+            window = sampler.model_context_window(decoder)
+            self._engine = engine_lib.Engine(
+                decoder, num_slots=slots, max_context=context if window is None else min(context, window), key=key,
+                decode_chunk=s.max_new_tokens, mesh=self.mesh if self.mesh.size > 1 else None)
+        elif self._engine_params is not self.state.params:
+            self._engine.update_weights(decoder)
+        self._engine_params = self.state.params
+        sampling = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                          greedy=greedy)
+        with device_memory.reported(self.cfg, "sampler", self.mesh):
+            out = engine_lib.generate_groups(
+                self._engine, [self.prompt_ids(e) for e in examples], num_samples=num_samples, key=key,
+                max_new_tokens=s.max_new_tokens, sampling=sampling, stop_tokens=self.stop_tokens,
+                prompt_ids=prompt_ids, pad_id=self.pad_id)
+        return jax.tree.map(jnp.asarray, out)
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
         """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`)."""
