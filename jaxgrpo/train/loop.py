@@ -93,6 +93,9 @@ class Trainer:
         # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
         cfg = resolve_packing(cfg, attention_platform(mesh))
         validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
+        if cfg.sampling.engine and jax.process_count() > 1:
+            raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
+                              "multi-process run")
         # What the config names (task, rewards, model, context budget, mesh), then the data: before the model.
         task, reward_fns, _ = preflight.check(
             cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
@@ -139,9 +142,6 @@ class Trainer:
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine, with `sampling.engine`
-        if cfg.sampling.engine and jax.process_count() > 1:
-            raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
-                              "multi-process run")
 
     @property
     def cfg(self) -> Config:
