@@ -252,17 +252,21 @@ def lower_forward(cfg: Config, mesh, abstract: Abstract):
         return traced.lower(), cfg.batch_size * length, traced.jaxpr
 
 
+def _abstract_decoder(abstract: Abstract) -> tuple:
+    """The policy's decoder (abstract), its graph as split while tracing (`abstract_train_state`: a QLoRA base is
+    state, not graph) and its state from the policy's, as placed: what the sampler's and engine's programs take."""
+    decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
+    state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
+    return decoder, abstract.decoder_graphdef, state
+
+
 def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
     """The compiled prefill and decode programs of one step's sampling (each with its compile seconds and
     jaxpr), and what the report needs of them: (prefill, prompt tokens per call, decode, generated tokens
     per call, per-chip bytes of the decode loop's state)."""
     from jaxgrpo import sampler
 
-    decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
-    # The decoder's graph as split while tracing (`abstract_train_state`: a QLoRA base is state, not graph) and
-    # its state from the policy's, as placed.
-    graphdef = abstract.decoder_graphdef
-    state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
+    decoder, graphdef, state = _abstract_decoder(abstract)
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
     prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
     params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
@@ -305,9 +309,7 @@ def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float) -> EnginePr
     decode chunk reading that many cached positions. Its blocks and slots split over the mesh's data axis."""
     from jaxgrpo import engine, sampler
 
-    decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
-    graphdef = abstract.decoder_graphdef
-    state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
+    decoder, graphdef, state = _abstract_decoder(abstract)
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
     shards, block = mesh.shape["data"], ENGINE_BLOCK_SIZE
     slots = prompts * g
