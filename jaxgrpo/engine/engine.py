@@ -29,7 +29,7 @@ was drawn. `update_weights(model)` swaps the weights in place (no copy) and bump
 does not depend on the slot, the admission order, the slot count or the other rows, so the same requests
 give the same tokens however they are scheduled, wherever the logits agree.
 
-Everything runs through the decoder's cached call (`Decoder.hidden_states` with `cache=`) on a dense view of
+Everything runs through the decoder's cached call (`Decoder.decode_step`) on a dense view of
 each row's blocks (`jaxgrpo.engine.paged`), the XLA reference math on every backend.
 """
 
@@ -207,7 +207,7 @@ def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
     view, cached = _read(cache, tables, lengths, width=width, new=new, mesh=mesh)
     steps = jnp.arange(new)[None]
     kv_mask = jnp.concatenate([cached, steps < counts[:, None]], axis=1)
-    hidden, view = model.hidden_states(tokens, lengths[:, None] + steps, cache=view, cache_index=width, kv_mask=kv_mask)
+    hidden, view = model.decode_step(tokens, lengths[:, None] + steps, cache=view, cache_index=width, kv_mask=kv_mask)
     cache = _write(cache, tables, lengths, view, width, counts, mesh=mesh)
     last = hidden[jnp.arange(rows), jnp.maximum(counts - 1, 0)]
     return last, cache
@@ -229,6 +229,11 @@ def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_row
     positions = (lengths + counts)[sample_rows]
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     return (cache, *_draw(base_keys, positions, logits, samplings, choice))
+
+
+def _token_list(tokens) -> list[int]:
+    """A prompt (any sequence or array of token ids) as a flat list of Python ints."""
+    return [int(t) for t in np.asarray(tokens).reshape(-1)]
 
 
 class _DecodeCarry(NamedTuple):
@@ -271,9 +276,9 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
     def one_step(c: _DecodeCarry) -> _DecodeCarry:
         column = width + c.step
         kv_mask = jax.lax.dynamic_update_slice(c.kv_mask, c.running[:, None], (0, column))
-        hidden, view = model.hidden_states(c.pending[:, None], c.lengths[:, None],
-                                           cache=forms.from_carry(c.view, model.dtype), cache_index=column,
-                                           kv_mask=kv_mask, packed_weights=packed_weights)
+        hidden, view = model.decode_step(c.pending[:, None], c.lengths[:, None],
+                                         cache=forms.from_carry(c.view, model.dtype), cache_index=column,
+                                         kv_mask=kv_mask, packed_weights=packed_weights)
         live = c.running.astype(jnp.int32)
         lengths = c.lengths + live
         logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
@@ -486,7 +491,7 @@ class Engine:
     def _check_request(self, request: Request) -> list[int]:
         if not isinstance(request, Request):
             raise TypeError(f"expected a Request, got {type(request).__name__}")
-        prompt = [int(t) for t in np.asarray(request.prompt).reshape(-1)]
+        prompt = _token_list(request.prompt)
         budget = request.max_new_tokens
         if not prompt:
             raise ValueError(f"request {request.id}: the prompt is empty; every prompt needs at least one token")
@@ -641,7 +646,7 @@ class Engine:
                            f"release has not returned")
         if sequence.running:
             raise ValueError(f"sequence {sequence_id} is still running; decode until it stops, then extend it")
-        tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        tokens = _token_list(tokens)
         if tokens and (min(tokens) < 0 or max(tokens) >= self.config.vocab_size):
             raise ValueError(f"extend({sequence_id}): token ids outside [0, {self.config.vocab_size})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -756,11 +761,11 @@ class Engine:
 
     def _blocks_needed(self, requests: Iterable[Request]) -> int:
         """Blocks `requests` may claim over their lives (prompt and whole budget; prefix sharing not counted)."""
-        return sum(self._worst_case_blocks(len(r.prompt), r.max_new_tokens) for r in requests)
+        return sum(self._worst_case_blocks(len(_token_list(r.prompt)), r.max_new_tokens) for r in requests)
 
     def _fits(self, requests: Sequence[Request]) -> bool:
         """Whether free slots and unclaimed blocks hold all of `requests` now."""
-        prompts = [[int(t) for t in np.asarray(r.prompt).reshape(-1)] for r in requests]
+        prompts = [_token_list(r.prompt) for r in requests]
         return self._place(requests, prompts) is not None
 
 
@@ -774,7 +779,7 @@ def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sam
     to their bucket, completions right-padded with `pad_id` to `max_new_tokens`); `logprobs` are the behaviour
     log-probs, `policy_logprobs` the untruncated ones.
     """
-    prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+    prompts = [_token_list(p) for p in prompts]
     g, n = int(num_samples), int(max_new_tokens)
     ids = np.arange(len(prompts)) if prompt_ids is None else np.asarray(prompt_ids, np.int64).reshape(-1)
     if len(ids) != len(prompts):
