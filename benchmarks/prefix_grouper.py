@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 from jaxgrpo.models.prefix import shared_prefix_token_logprobs
 
@@ -59,7 +60,8 @@ def main():
     def replicated_loss(params):
         # Project only the positions that predict completion tokens, as a trainer would.
         model = nnx.merge(graphdef, params)
-        hidden, _ = model.hidden_states(replicated)
+        hidden = model.forward(replicated, jnp.arange(replicated.shape[1])[None],
+                               AttentionLayout.padded(jnp.ones(replicated.shape, bool)))
         log_probs, _ = token_logprobs_and_entropy(hidden[:, p - 1 : p + s - 1], model.unembedding(), targets[:, p - 1 : p + s - 1])
         return jnp.mean(log_probs)
 

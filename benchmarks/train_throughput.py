@@ -104,6 +104,7 @@ def compiled_cost(fn, *args) -> dict:
 
 def step_functions(model):
     """(train_grad, forward, layers_grad, head_grad) as functions of (params, tokens...) for `model`."""
+    from jaxgrpo.models.attention import AttentionLayout
     from jaxgrpo.models.logprobs import token_logprobs_and_entropy
     from jaxgrpo.train import Policy, completion_outputs
 
@@ -115,7 +116,7 @@ def step_functions(model):
         return -logp.mean() + 0.0 * entropy.mean()
 
     def layers_loss(p, tokens, mask, positions):
-        hidden, _ = nnx.merge(graphdef, p, rest).decoder.hidden_states(tokens, positions, attention_mask=mask)
+        hidden = nnx.merge(graphdef, p, rest).decoder.forward(tokens, positions, AttentionLayout.padded(mask))
         return jnp.mean(hidden * hidden)
 
     def head_loss(hidden, unembedding, targets):

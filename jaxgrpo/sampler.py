@@ -430,7 +430,7 @@ def prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_
     prompt_mask = layout.constrain_rows(prompt_mask)
     positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
     cache = layout.constrain_cache(model.init_cache(batch, prompt_len))
-    hidden, prompt_cache = model.hidden_states(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
+    hidden, prompt_cache = model.decode_step(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
     # Left padding puts every prompt's last token in the last column.
     last_logits = model.logits_from_hidden(hidden[:, -1])
     last_logits = layout.constrain_rows(jnp.repeat(last_logits, g, axis=0))
@@ -488,11 +488,13 @@ def decode_loop(graphdef, state, carry: _DecodeState, stop_tokens, max_new_token
         positions = (s.prompt_lengths + s.step - 1)[:, None]
         # The caches ride the loop as the memory forms carry them (on a CPU, a bfloat16 cache as its bits:
         # no whole-cache copy per step on XLA:CPU).
-        logits, cache = model(previous, positions, cache=forms.from_carry(s.cache, model.dtype), cache_index=slot,
-                              kv_mask=kv_mask, prefix=forms.from_carry(s.prompt_cache, model.dtype),
-                              prefix_mask=s.prompt_mask, packed_weights=packed_weights)
+        hidden, cache = model.decode_step(previous, positions, cache=forms.from_carry(s.cache, model.dtype),
+                                          cache_index=slot, kv_mask=kv_mask,
+                                          prefix=forms.from_carry(s.prompt_cache, model.dtype),
+                                          prefix_mask=s.prompt_mask, packed_weights=packed_weights)
+        logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
         cache = forms.to_carry(layout.constrain_cache(cache))
-        tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits[:, 0], layout.sampling)
+        tokens, logprobs, policy_logprobs = sample_tokens(step_keys(s.keys, s.step), logits, layout.sampling)
         live = ~s.done
         stopped = live & _is_done(tokens, stop_tokens)
 
@@ -591,7 +593,7 @@ def generate(
     """Sample `num_samples` completions for each prompt with a KV cache.
 
     Args:
-      model: the policy, a `flax.nnx` decoder with `init_cache`, `hidden_states`,
+      model: the policy, a `flax.nnx` decoder with `init_cache`, `decode_step`,
         `logits_from_hidden` and the cached call contract of `jaxgrpo.models.decoder`.
       prompts: B token id lists of any lengths (each non-empty).
       num_samples: G >= 1 completions per prompt.

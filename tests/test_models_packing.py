@@ -10,6 +10,8 @@ from tiny_models import llama_and_gemma3
 
 from jaxgrpo.models import Decoder, DecoderConfig
 from jaxgrpo.models import packing
+from jaxgrpo.models.attention import AttentionLayout
+from jaxgrpo.models.decoder import positions_from_mask
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
 CONFIGS = llama_and_gemma3(sliding_window=3)
@@ -35,7 +37,7 @@ def _padded_batch(vocab):
 
 
 def _padded_outputs(model, tokens, attention, temperature):
-    hidden, _ = model.hidden_states(tokens, attention_mask=attention)
+    hidden = model.forward(tokens, positions_from_mask(attention, None, tokens.shape[1]), AttentionLayout.padded(attention))
     return token_logprobs_and_entropy(hidden[:, PROMPT - 1:-1], model.unembedding(), tokens[:, PROMPT:],
                                       temperature=temperature, logit_softcap=model.config.final_logit_softcapping)
 
@@ -124,8 +126,10 @@ def test_packing_checks_its_inputs():
         packing.pack_groups(tokens, attention, COMPLETION, 4, 16)
     model = Decoder(CONFIGS["llama"], rngs=nnx.Rngs(0))
     packed = packing.pack_groups(tokens, attention, COMPLETION, GROUP, 16)
-    with pytest.raises(ValueError, match="branch_ids .* need segment_ids and positions"):
-        model.hidden_states(packed.tokens, branch_ids=packed.branch_ids, segment_ids=packed.segment_ids)
+    with pytest.raises(ValueError, match=r"the layout's branch_ids must be \[batch, length\]"):
+        model.forward(packed.tokens, packed.positions, AttentionLayout.branches(packed.segment_ids, packed.branch_ids[:, 1:]))
+    with pytest.raises(ValueError, match="forward needs positions"):
+        model.forward(packed.tokens, None, AttentionLayout.branches(packed.segment_ids, packed.branch_ids))
 
 
 def test_plan_rows_balances_micro_batches_and_packs_the_fewest_slots():

@@ -6,19 +6,21 @@ so compile time does not grow with depth. Every parameter carries `logical_axes`
 
 Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, `V` vocabulary):
 
-* Training / scoring: `logits = model(tokens[B, T])`, optionally with `positions[B, T]` and either
-  `attention_mask[B, T]` (True for real tokens; left padding) or `segment_ids[B, T]` (packed
-  sequences; tokens attend within their own segment, id 0 is padding). Without `positions`, they
-  count real tokens (left padding) or restart at each segment.
-* Packed prompt groups (a tree of branches): with `segment_ids`, `branch_ids[B, T]` splits a segment
-  into a shared trunk (branch 0, e.g. a prompt) and branches (ids >= 1, e.g. the G completions of that
-  prompt, laid out one after the other). A token attends to the earlier trunk tokens of its segment and
-  the earlier tokens of its own branch, never to another branch; `positions` are then required (each
-  branch continues the trunk's positions) and Gemma's sliding windows count positions, not slots.
+* Training / scoring: `hidden = model.forward(tokens[B, T], positions[B, T], layout)` with an
+  `AttentionLayout` saying which keys each query sees: `padded(valid[B, T])` (True for real tokens; left
+  padding), `segments(segment_ids[B, T])` (packed sequences; tokens attend within their own segment, id 0 is
+  padding) or `branches(segment_ids, branch_ids)`, packed prompt groups (a tree of branches): `branch_ids[B, T]`
+  splits a segment into a shared trunk (branch 0, e.g. a prompt) and branches (ids >= 1, e.g. the G
+  completions of that prompt, laid out one after the other). A token attends to the earlier trunk tokens of
+  its segment and the earlier tokens of its own branch, never to another branch; each branch continues the
+  trunk's positions, and Gemma's sliding windows count positions, not slots. `logits = model(tokens,
+  positions=None, attention_mask=... or segment_ids=...)` is the same forward with positions counting real
+  tokens (left padding) or restarting at each segment, then `logits_from_hidden`.
 * Sampling with the KV cache:
 
       cache = model.init_cache(batch_size, capacity)          # KVCache of [L, B, kv_heads, C, head_dim]
-      logits, cache = model(tokens, positions, cache=cache, cache_index=i, kv_mask=kv_mask)
+      hidden, cache = model.decode_step(tokens, positions, cache=cache, cache_index=i, kv_mask=kv_mask)
+      # or: logits, cache = model(tokens, positions, cache=cache, cache_index=i, kv_mask=kv_mask)
 
   writes the T new tokens' keys and values at cache slots [i, i + T) with `lax.dynamic_update_slice`
   (in place when the cache is donated), and the query at slot i + t attends to the slots
@@ -36,16 +38,19 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
 * Packed weights (a decode loop on CPU): `packed = model.pack_weights()` once before the loop, then
   `model(..., packed_weights=packed)` multiplies by them through a CPU kernel (`jaxgrpo.models.cpu_forms`:
   bfloat16, unsharded, AVX512-BF16; None elsewhere, where passing None changes nothing). No derivative.
-* Memory forms: the weights and the cache are read and written through `memory_forms.for_program()`,
-  the plain `lax` operations on accelerators and forms tuned for XLA:CPU in programs that run on CPUs
-  (`jaxgrpo.models.memory_forms`); the math here is the same on every backend.
+* The backend (`jaxgrpo.models.backend`, `Decoder.backend(mesh)`): everything that differs per backend sits
+  behind one object, picked once per call, so the math here reads the same on every backend. Its `memory`
+  forms read and write the weights and the cache and multiply by the weights (the plain `lax` operations
+  on accelerators, forms tuned for XLA:CPU in programs that run on CPUs: `jaxgrpo.models.memory_forms`);
+  its `attention` implementation (`attention=` at construction: "auto" is splash attention on a TPU, the
+  Pallas flash kernel on a GPU, the XLA math on a CPU) runs the training and scoring attention over a layout
+  and reads a decode step's caches where it has a kernel for them (`cache_state`: the Pallas decode kernel on a
+  TPU, the C++ kernel on a CPU), the XLA math of `_cached_attention` reading them elsewhere.
 
 The two purposes have their own entry points: `forward(tokens, positions, layout)` (training and scoring:
 hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
-cached call); `hidden_states` and `__call__` dispatch to them from the keyword arguments above. Training
-and scoring attention runs through an implementation of `jaxgrpo.models.attention` (`attention=` at
-construction: "auto" is splash attention on a TPU, with the Pallas decode kernel for the sampler's decode steps,
-and the XLA math plus the CPU decode kernel on a CPU).
+cached call), the only two; `__call__` dispatches to them from its keyword arguments. Both run
+the same layer scan (`_layers`), each layer's attention bound by its entry point.
 
 Logits are float32 whatever the compute dtype.
 
@@ -67,6 +72,8 @@ from flax import nnx
 from jaxgrpo.models import attention as attention_implementations
 from jaxgrpo.models import memory_forms
 from jaxgrpo.models.attention import AttentionLayout
+from jaxgrpo.models.backend import Backend
+from jaxgrpo.models.backend import for_program as backend_for_program
 from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
 from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask  # noqa: F401 (re-exported)
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
@@ -257,26 +264,48 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms):
     return to_rows(top), to_rows(total), to_rows(out)
 
 
-def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, scale, dtype, forms, prefix=None,
-                       prefix_mask=None, mesh=None, cache_reader=None, cache_blocks=None):
-    """Attention output [B, T, kv, G, D] over the shared prefix, the live cache and the T new tokens.
+class _CachedCall(NamedTuple):
+    """What every layer of a cached call reads besides its own queries, keys and values (`Decoder.decode_step`).
 
-    q [B, T, kv, G, D]; new_scores [B, kv, G, T, T] (scaled, masked); v [B, T, kv, D]; cache the
-    whole (k, v) [L, B, kv, C, D], of which layer `layer` is read; cache_mask [B, T, C]; prefix
-    (k, v) [L, P_rows, kv, P, D] with prefix_mask [P_rows, T, P], or None. The blocks of keys
-    (prefix, cached slots, new tokens) combine exactly through their online-softmax states. Only
-    slots below `cache_index` are read (`forms.read_slots`), straight from the whole cache (never a
-    per-layer copy): a static index slices them (differentiable, as the shared-prefix forward needs); a
-    traced one runs over chunks of `forms.cache_chunk(capacity)` slots (on a CPU, a decode step's work then
-    grows with the live length and not with the capacity). Scores against the cache are one [G*T, D] x
-    [D, S] product per (row, kv head), with no transposes of the cache. Where the attention
-    implementation's `cache_reader(cache dtype, head_dim, T, mesh)` gives a reader (the `cpu` one's C++
-    kernel: a one-token call of an unsharded CPU program, where the kernel is built), the reader gives the
-    cached slots' and the prefix's online-softmax states instead. With a traced index and `cache_blocks`
-    (`Decoder.decode_step`'s, from the implementation's `cache_state`: pallas_tpu's decode kernel),
-    `cache_blocks(q, layer)` gives the cached slots' and the prefix's state together.
+    cache: every layer's (k, v) [L, B, kv, C, D], read-only in the layers; cache_index: the first slot the new
+    tokens are written to (an int, or traced); key_valid: bool [B, C], the slots holding keys; masks: (full,
+    sliding), each (cached [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None); prefix: a shared prefix's
+    (k, v) [L, P_rows, kv, P, D] or None, with prefix_valid bool [P_rows, P]; backend: the program's
+    (`jaxgrpo.models.backend`); window: the sliding layers' window or None; scale: the attention scale.
     """
-    cache_k, cache_v = cache
+
+    cache: KVCache
+    cache_index: jax.Array | int
+    key_valid: jax.Array
+    masks: tuple
+    prefix: KVCache | None
+    prefix_valid: jax.Array | None
+    backend: Backend
+    window: int | None
+    scale: float
+    mesh: jax.sharding.Mesh | None
+
+
+def _cached_attention(q, k, v, call: _CachedCall, layer, sliding):
+    """Attention output [B, T, kv, G, D] of a cached call's layer `layer` (`sliding`: whether it uses the window)
+    over the shared prefix, the live cache and the T new tokens.
+
+    q [B, T, kv, G, D]; k, v [B, T, kv, D] (the new tokens'). The blocks of keys (prefix, cached slots, new
+    tokens) combine exactly through their online-softmax states. Only slots below `cache_index` are read,
+    straight from the whole cache (never a per-layer copy, `memory.read_slots`): a static index slices them
+    (differentiable, as the shared-prefix forward needs); with a traced one, each cache (prefix, row cache) is
+    read by the backend's kernel where it has one for this call (`Backend.cache_state`), else by the XLA math
+    over chunks of `memory.cache_chunk(capacity)` slots (on a CPU, a decode step's work then grows with the live
+    length and not with the capacity). Scores against a cache are one [G*T, D] x [D, S] product per (row, kv
+    head), with no transposes of the cache.
+    """
+    forms, scale, dtype = call.backend.memory, call.scale, q.dtype
+    cache_mask, new_mask, prefix_mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), call.masks[1],
+                                                     call.masks[0])
+    new_scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    new_scores = constrain_activation(new_scores, ("batch", "kv_heads", None, None, None), call.mesh)
+    new_scores = jnp.where(new_mask[:, None, None], new_scores, _MASKED_SCORE)
+    cache_k, cache_v = call.cache
     _, batch, kv_heads, capacity, head_dim = cache_k.shape
     length, groups = q.shape[1], q.shape[3]
     q_rows = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, groups * length, head_dim)
@@ -301,30 +330,33 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         _, total, out = state
         return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
 
-    def with_prefix(state):  # merged with the shared prefix's block, if any
-        if prefix is None:
-            return state
-        return _merge_blocks(state, _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms))
+    def kernel(cache, live, key_mask, query_slot):  # the backend's read of one cache, or None
+        return call.backend.cache_state(q, cache.k, cache.v, layer, live, key_mask, sliding, window=call.window,
+                                        scale=scale, query_slot=query_slot, mesh=call.mesh)
 
-    if isinstance(cache_index, (int, np.integer)):
-        live = int(cache_index)
+    def with_prefix(state, run_time):  # merged with the shared prefix's block, if any
+        if call.prefix is None:
+            return state
+        prefix_length = call.prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
+        block = kernel(call.prefix, prefix_length, call.prefix_valid, prefix_length + call.cache_index) if run_time else None
+        if block is None:
+            block = _prefix_block(q, call.prefix, layer, prefix_mask, scale, dtype, forms)
+        return _merge_blocks(state, block)
+
+    if isinstance(call.cache_index, (int, np.integer)):
+        live = int(call.cache_index)
         if live == 0:
-            return finish(with_prefix(_softmax_block(new_scores, new_values)))
+            return finish(with_prefix(_softmax_block(new_scores, new_values), False))
         # The live slots and the new tokens as one block.
         cached_v = read(cache_v, 0, live)
         scores = jnp.concatenate([cached_scores(read(cache_k, 0, live), cache_mask[..., :live]), new_scores], axis=-1)
         state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
-        return finish(with_prefix(state))
+        return finish(with_prefix(state, False))
 
-    state = _softmax_block(new_scores, new_values)
-    if cache_blocks is not None:
-        return finish(_merge_blocks(state, cache_blocks(q, layer)))
-    reader = None if cache_reader is None else cache_reader(cache_k.dtype, head_dim, length, mesh)
-    if reader is not None and (prefix is None or prefix[0].dtype == cache_k.dtype):
-        if prefix is not None:
-            state = _merge_blocks(state, reader(q, prefix[0], prefix[1], layer, prefix_mask, prefix[0].shape[3], scale))
-        return finish(_merge_blocks(state, reader(q, cache_k, cache_v, layer, cache_mask, cache_index, scale)))
-    state = with_prefix(state)
+    state = with_prefix(_softmax_block(new_scores, new_values), True)
+    block = kernel(call.cache, call.cache_index, call.key_valid, None)
+    if block is not None:
+        return finish(_merge_blocks(state, block))
     chunk = forms.cache_chunk(capacity)
 
     def one_chunk(i, state):
@@ -337,7 +369,7 @@ def _attend_with_cache(q, new_scores, v, cache, layer, cache_mask, cache_index, 
         values = read(cache_v, start, chunk)
         return _merge_blocks(state, _softmax_block(scores, lambda w: cached_values(w, values)))
 
-    num_chunks = (cache_index + chunk - 1) // chunk
+    num_chunks = (call.cache_index + chunk - 1) // chunk
     return finish(jax.lax.fori_loop(0, num_chunks, one_chunk, state))
 
 
@@ -367,18 +399,13 @@ class Attention(nnx.Module):
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return y
 
-    def __call__(self, x, cos, sin, mask, forms, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
-                 cache_reader=None):
+    def __call__(self, x, cos, sin, attend, forms, mesh=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
-        Without a cache, `mask` is the attention implementation's `attend(q, k, v)` for this layer (the
-        layout bound: see `jaxgrpo.models.attention`). With `cache` (every layer's k, v [L, B, kv_heads,
-        C, head_dim]) the queries also attend to layer `layer`'s cached slots below `cache_index`, and to
-        the shared `prefix` (k, v) [L, P_rows, kv_heads, P, head_dim] if given; `mask` is then (cached
-        [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None, and the implementation's reader of the
-        cached and prefix blocks or None: `_attend_with_cache`'s `cache_blocks`), and `cache_reader` the
-        implementation's (`_attend_with_cache`'s). `forms` (`memory_forms`) multiplies the weights and reads
-        the cache. `mesh` (or None) lays out the activations: rows over the batch axes, heads over `model`.
+        `attend(q, k, v)` is this layer's attention over the call's keys (the decoder binds it: the attention
+        implementation's over a layout in a forward, `_cached_attention` in a cached call), q [B, T, kv_heads,
+        G, head_dim] -> [B, T, kv_heads, G, head_dim]. `forms` (`memory_forms`) multiplies the weights. `mesh`
+        (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
         c = self.config
         heads = lambda y, name: constrain_activation(y, ("batch", None, name, None), mesh)  # noqa: E731
@@ -389,27 +416,13 @@ class Attention(nnx.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
-        new_kv = (k, v)
         batch, length = q.shape[:2]
-        groups = c.num_heads // c.num_kv_heads
         with jax.named_scope("attention"), jax.named_scope("core"):
-            q = q.reshape(batch, length, c.num_kv_heads, groups, c.head_dim)
-            if cache is None:
-                out = mask(q, k, v)
-            else:
-                scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * c.attention_scale
-                scores = constrain_activation(scores, ("batch", "kv_heads", None, None, None), mesh)
-                # The cache is read-only here (the caller writes the new slots after the layer scan), and
-                # only its live prefix, slots [0, cache_index), is read: a decode step costs the same
-                # whatever the capacity.
-                cache_mask, new_mask, prefix_mask, cache_blocks = mask
-                scores = jnp.where(new_mask[:, None, None], scores, _MASKED_SCORE)
-                out = _attend_with_cache(q, scores, v, cache, layer, cache_mask, cache_index, c.attention_scale,
-                                         self.dtype, forms, prefix, prefix_mask, mesh, cache_reader, cache_blocks)
+            out = attend(q.reshape(batch, length, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim), k, v)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
             out = _product("bthk,hkd->btd", out, _projection_weight(self, "o"), self.dtype, forms)
-            return constrain_activation(out, ("batch", None, None), mesh), new_kv
+            return constrain_activation(out, ("batch", None, None), mesh), (k, v)
 
 
 class MLP(nnx.Module):
@@ -448,12 +461,10 @@ class Block(nnx.Module):
             self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
             self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
 
-    def __call__(self, x, cos, sin, mask, forms, cache=None, layer=None, cache_index=None, mesh=None, prefix=None,
-                 cache_reader=None):
+    def __call__(self, x, cos, sin, attend, forms, mesh=None):
         rows = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         x = rows(x)
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, mask, forms, cache, layer, cache_index, mesh, prefix,
-                              cache_reader)
+        y, new_kv = self.attn(self.attn_norm(x), cos, sin, attend, forms, mesh)
         x = rows(x + (self.attn_out_norm(y) if self.gemma else y))
         y = self.mlp(self.mlp_norm(x), forms, mesh)
         return rows(x + (self.mlp_out_norm(y) if self.gemma else y)), new_kv
@@ -554,32 +565,35 @@ class Decoder(nnx.Module):
     def attention_implementation(self, mesh=None) -> attention_implementations.AttentionImplementation:
         """The attention implementation this model runs in a program laid out on `mesh` (None: the default
         devices): `self.attention`, or with "auto" the platform's default (`jaxgrpo.models.attention`)."""
-        return attention_implementations.resolve(self.attention, attention_implementations.target_platform(mesh))
+        return self.backend(mesh).attention
 
-    def hidden_states(
-        self,
-        tokens: jax.Array,
-        positions: jax.Array | None = None,
-        *,
-        attention_mask: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        branch_ids: jax.Array | None = None,
-        cache: KVCache | None = None,
-        cache_index: jax.Array | int | None = None,
-        kv_mask: jax.Array | None = None,
-        prefix: KVCache | None = None,
-        prefix_mask: jax.Array | None = None,
-        packed_weights: PackedWeights | None = None,
-    ) -> tuple[jax.Array, KVCache | None]:
-        """Final-normalized hidden states [B, T, E] and the updated cache (None without one).
+    def backend(self, mesh=None) -> Backend:
+        """This model's backend in a program laid out on `mesh` (None: the default devices): the program's
+        memory forms and this model's attention implementation there (`jaxgrpo.models.backend`)."""
+        return backend_for_program(self.attention, mesh)
 
-        `branch_ids`: packed prompt groups, with `segment_ids` and `positions`; `prefix`/`prefix_mask`:
-        a shared prefix for a cached call (see the module docstring); `packed_weights`: this model's
-        `pack_weights()`, multiplied by instead of the parameters (no derivative). Without a cache this is
-        `forward` with the layout the masks describe; with one, `decode_step`.
+    def forward(self, tokens: jax.Array, positions: jax.Array, layout: AttentionLayout, *,
+                packed_weights: PackedWeights | None = None) -> jax.Array:
+        """Final-normalized hidden states [B, T, E] of a training or scoring forward (no cache).
+
+        `positions` [B, T] (or [1, T]) feed RoPE; `layout` says which keys each query sees (padded rows,
+        packed segments or packed prompt groups: `AttentionLayout`, its arrays [B, T]); the attention runs
+        through this model's backend (`backend`). `packed_weights`: this model's `pack_weights()`, multiplied
+        by instead of the parameters (no derivative).
         """
-        if branch_ids is not None and (cache is not None or segment_ids is None or positions is None):
-            raise ValueError("branch_ids (packed prompt groups) need segment_ids and positions, and no cache")
+        self._check_tokens(tokens)
+        if positions is None:
+            raise ValueError("forward needs positions [batch, length]; decoder.positions_from_mask gives those of "
+                             "left-padded rows or packed segments")
+        for name, value in layout._asdict().items():
+            if value is not None and value.shape != tokens.shape:
+                raise ValueError(f"the layout's {name} must be [batch, length] = {tokens.shape}, got {value.shape}")
+        return self._forward(tokens, positions, layout, packed_weights)
+
+    def _hidden_states(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None,
+                       cache_index=None, kv_mask=None, prefix=None, prefix_mask=None, packed_weights=None):
+        """`forward` or `decode_step` from `__call__`'s keyword arguments: (hidden states, the updated cache or
+        None)."""
         if cache is not None:  # decode_step checks the tokens and the prefix
             return self.decode_step(tokens, positions, cache=cache, cache_index=cache_index, kv_mask=kv_mask,
                                     prefix=prefix, prefix_mask=prefix_mask, packed_weights=packed_weights)
@@ -589,29 +603,13 @@ class Decoder(nnx.Module):
             raise ValueError("pass either attention_mask or segment_ids, not both (segment id 0 marks padding)")
         self._check_tokens(tokens)
         batch, length = tokens.shape
-        if branch_ids is not None and (branch_ids.shape != tokens.shape or segment_ids.shape != tokens.shape):
-            raise ValueError(f"branch_ids and segment_ids must be [batch, length] = {tokens.shape}, "
-                             f"got {branch_ids.shape} and {segment_ids.shape}")
         if positions is None:
             positions = positions_from_mask(attention_mask, segment_ids, length)
-        if branch_ids is not None:
-            layout = AttentionLayout.branches(segment_ids, branch_ids)
-        elif segment_ids is not None:
+        if segment_ids is not None:
             layout = AttentionLayout.segments(segment_ids)
         else:
             layout = AttentionLayout.padded(jnp.ones((batch, length), bool) if attention_mask is None else attention_mask)
-        return self._forward(tokens, positions, layout, packed_weights), None
-
-    def forward(self, tokens: jax.Array, positions: jax.Array, layout: AttentionLayout, *,
-                packed_weights: PackedWeights | None = None) -> jax.Array:
-        """Final-normalized hidden states [B, T, E] of a training or scoring forward (no cache).
-
-        `positions` [B, T] (or [1, T]) feed RoPE; `layout` says which keys each query sees (padded rows,
-        packed segments or packed prompt groups: `AttentionLayout`); the attention runs through this
-        model's implementation (`attention_implementation`).
-        """
-        self._check_tokens(tokens)
-        return self._forward(tokens, positions, layout, packed_weights)
+        return self.forward(tokens, positions, layout, packed_weights=packed_weights), None
 
     def _forward(self, tokens, positions, layout, packed_weights):
         """`forward` of tokens already checked."""
@@ -619,15 +617,15 @@ class Decoder(nnx.Module):
         batch, length = tokens.shape
         positions = jnp.broadcast_to(positions, (batch, length))
         mesh = active_mesh(self.embed[...])
-        implementation = self.attention_implementation(mesh)
+        backend = self.backend(mesh)
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
-        masks = jax.tree.map(rows, implementation.prepare(layout, positions, c.sliding_window))
+        masks = jax.tree.map(rows, backend.attention.prepare(layout, positions, c.sliding_window))
 
-        def attention(sliding):
-            return functools.partial(implementation.attend, masks=masks, sliding=sliding, window=c.sliding_window,
+        def attention(sliding, layer):
+            return functools.partial(backend.attention.attend, masks=masks, sliding=sliding, window=c.sliding_window,
                                      scale=c.attention_scale, mesh=mesh)
 
-        hidden, _ = self._layers(tokens, positions, attention, mesh, packed_weights=packed_weights)
+        hidden, _ = self._layers(tokens, positions, attention, mesh, backend, packed_weights=packed_weights)
         return hidden
 
     def decode_step(self, tokens: jax.Array, positions: jax.Array | None = None, *, cache: KVCache,
@@ -648,30 +646,16 @@ class Decoder(nnx.Module):
             positions = cache_index + jnp.arange(length)[None]
         positions = jnp.broadcast_to(positions, (batch, length))
         mesh = active_mesh(self.embed[...])
+        backend = self.backend(mesh)
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
         window = self.config.sliding_window
-        implementation = self.attention_implementation(mesh)
-        # A decode step (run-time cache index) of an implementation with its own cache reader (pallas_tpu's
-        # kernel) reads the cached slots and the prefix through it; any other call, the XLA math of
-        # `_attend_with_cache`, with dense masks over the cached slots and the prefix.
-        kernel = None if isinstance(cache_index, (int, np.integer)) else implementation.cache_state
         key_valid = kv_mask.astype(bool)
-        if kernel is not None:
-            new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
-            full_new = rows(build_attention_mask(jnp.arange(length), new_valid, None))
-            sliding_new = rows(build_attention_mask(jnp.arange(length), new_valid, window)) if window else full_new
-
-            def kernel_masks(sliding):  # the layer's (cached, new, prefix, reader) as `Attention` takes them
-                new_mask = jnp.where(sliding, sliding_new, full_new)
-                return None, new_mask, None, self._cache_blocks(kernel, sliding, cache, cache_index, kv_mask, prefix,
-                                                                prefix_mask, mesh)
-
-            return self._layers(tokens, positions, kernel_masks, mesh, cache=cache, cache_index=cache_index,
-                                prefix=prefix, packed_weights=packed_weights)
+        prefix_valid = None if prefix is None else prefix_mask.astype(bool)
         query_slots = cache_index + jnp.arange(length)
-        # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T], mask over the
-        # prefix [P_rows, T, P] or None); slots from cache_index on hold stale values until
-        # written, so only earlier ones count as cached.
+        # (mask over the cached slots [B, T, C], mask among the T new tokens [B, T, T], mask over the prefix
+        # [P_rows, T, P] or None) for the XLA math; slots from cache_index on hold stale values until written,
+        # so only earlier ones count as cached. A kernel reading a cache (`Backend.cache_state`) leaves its
+        # mask unused, and XLA drops it.
         old_valid = key_valid & (jnp.arange(key_valid.shape[1]) < cache_index)[None]
         new_valid = jax.lax.dynamic_slice_in_dim(key_valid, cache_index, length, axis=1)
 
@@ -682,7 +666,7 @@ class Decoder(nnx.Module):
             allowed = jnp.ones((length, prefix_length), bool)
             if window is not None:  # the prefix's slots come before the cache's
                 allowed = (prefix_length + query_slots)[:, None] - jnp.arange(prefix_length)[None] < window
-            return allowed[None] & prefix_mask.astype(bool)[:, None, :]
+            return allowed[None] & prefix_valid[:, None, :]
 
         def cached_and_new(window):
             return (build_attention_mask(query_slots, old_valid, window),
@@ -691,42 +675,28 @@ class Decoder(nnx.Module):
 
         full_mask = jax.tree.map(rows, cached_and_new(None))
         sliding_mask = jax.tree.map(rows, cached_and_new(window)) if window else full_mask
+        call = _CachedCall(cache, cache_index, key_valid, (full_mask, sliding_mask), prefix, prefix_valid, backend,
+                           window, self.config.attention_scale, mesh)
 
-        def masks(sliding):
-            layer_masks = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), sliding_mask, full_mask)
-            return (*layer_masks, None)
+        def attention(sliding, layer):
+            return functools.partial(_cached_attention, call=call, layer=layer, sliding=sliding)
 
-        return self._layers(tokens, positions, masks, mesh, cache=cache, cache_index=cache_index, prefix=prefix,
+        return self._layers(tokens, positions, attention, mesh, backend, cache=cache, cache_index=cache_index,
                             packed_weights=packed_weights)
 
-    def _cache_blocks(self, kernel, sliding, cache, cache_index, kv_mask, prefix, prefix_mask, mesh):
-        """(q, layer) -> the online-softmax state of the cached slots and the prefix, read by `kernel` (an
-        attention implementation's `cache_state`)."""
-        read = functools.partial(kernel, sliding=sliding, window=self.config.sliding_window,
-                                 scale=self.config.attention_scale, mesh=mesh)
-
-        def blocks(q, layer):
-            state = read(q, cache.k, cache.v, layer, cache_index, kv_mask.astype(bool))
-            if prefix is None:
-                return state
-            prefix_length = prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
-            return _merge_blocks(state, read(q, prefix.k, prefix.v, layer, prefix_length,
-                                             prefix_mask.astype(bool), query_slot=prefix_length + cache_index))
-        return blocks
-
-    def _layers(self, tokens, positions, attention, mesh, *, cache=None, cache_index=None, prefix=None,
+    def _layers(self, tokens, positions, attention, mesh, backend, *, cache=None, cache_index=None,
                 packed_weights=None):
         """Embedding, the layer scan and the final norm: (hidden [B, T, E], the updated cache or None).
 
-        `attention(sliding)` gives a layer's attention argument (`Attention.__call__`'s `mask`) from
-        whether that layer slides (a traced bool)."""
+        `attention(sliding, layer)` gives a layer's `attend(q, k, v)` (`Attention.__call__`'s) from whether that
+        layer slides and its index (traced); with `cache`, the layers' new keys and values are written at
+        `cache_index`."""
         c = self.config
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
         cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
         cos_sliding, sin_sliding = rope_tables(positions, rope_inverse_frequencies(c.rope_sliding or c.rope, c.head_dim))
         cos_full, sin_full, cos_sliding, sin_sliding = jax.tree.map(rows, (cos_full, sin_full, cos_sliding, sin_sliding))
-        cache_reader = self.attention_implementation(mesh).cache_reader if cache is not None else None
-        forms = memory_forms.for_program()
+        forms = backend.memory
 
         with jax.named_scope("embed"):
             x = forms.take_rows(self.embed[...], tokens).astype(self.dtype)
@@ -742,8 +712,7 @@ class Decoder(nnx.Module):
                                                             packed_weights.layers if packed_weights else None))
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
-            x, new_kv = block(x, cos, sin, attention(sliding), forms, cache, index, cache_index, mesh, prefix,
-                              cache_reader)
+            x, new_kv = block(x, cos, sin, attention(sliding, index), forms, mesh)
             return x, (None if cache is None else new_kv)
 
         if self.remat:
@@ -766,7 +735,7 @@ class Decoder(nnx.Module):
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None,
                  kv_mask=None, prefix=None, prefix_mask=None, packed_weights=None):
         """Logits [B, T, V] float32; with `cache=`, `(logits, updated_cache)`."""
-        hidden, new_cache = self.hidden_states(
+        hidden, new_cache = self._hidden_states(
             tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids,
             cache=cache, cache_index=cache_index, kv_mask=kv_mask, prefix=prefix, prefix_mask=prefix_mask,
             packed_weights=packed_weights,
@@ -790,7 +759,7 @@ class Decoder(nnx.Module):
 
         `targets` is usually `tokens` shifted left by one; temperature divides the logits as in sampling.
         """
-        hidden, _ = self.hidden_states(tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids)
+        hidden, _ = self._hidden_states(tokens, positions, attention_mask=attention_mask, segment_ids=segment_ids)
         return token_logprobs_and_entropy(
             hidden, self.unembedding(), targets, temperature=temperature,
             logit_softcap=self.config.final_logit_softcapping, sequence_chunk=sequence_chunk, vocab_chunk=vocab_chunk,

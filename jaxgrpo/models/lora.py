@@ -7,8 +7,9 @@ the adapted model starts as the base. QLoRA ("QLoRA: Efficient Finetuning of Qua
 
 `apply(model, rank=..., alpha=..., targets=..., quantize_base=...)` adapts a `Decoder` with qwix:
 
-* **The products are qwix's.** `qwix.apply_lora_to_model` intercepts the decoder's `hidden_states` (the one entry
-  of training, scoring and the sampler's prefill and decode steps), so each projection's `einsum` runs through
+* **The products are qwix's.** `qwix.apply_lora_to_model` intercepts the decoder's layer scan `_layers`, which
+  both entry points run (`forward`: training, scoring; `decode_step`: the sampler's and the engine's prefill and
+  decode steps; qwix intercepts one method of an nnx model), so each projection's `einsum` runs through
   qwix's `LoraProvider`: the base product (qwix's quantized einsum for QLoRA) plus qwix's low-rank one. Nothing
   of the decoder is rewritten; the sampler samples from the adapted policy in the same graph as the trainer.
 * **The adapters and the quantized weights are created here, stacked over the layers.** qwix creates both on a
@@ -117,7 +118,7 @@ def apply(model: Decoder, *, rank: int, alpha: float, targets: Sequence[str] = T
         setattr(module, f"{name}_lora_b", b)
     provider = ProjectionLoraProvider([rule])
     # The model is not called here (skip_nnx_init): its adapters and quantized weights exist already.
-    adapted = qwix.apply_lora_to_model(model, provider, jnp.zeros((1, 1), jnp.int32), methods=("hidden_states",),
+    adapted = qwix.apply_lora_to_model(model, provider, jnp.zeros((1, 1), jnp.int32), methods=("_layers",),
                                        rngs=nnx.Rngs(seed), skip_nnx_init=True)
     adapted.lora = LoraSettings(rank, float(alpha), targets, quantize_base)
     return adapted

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
 #: Packed rows are padded to a multiple of this many slots, so a run compiles few update programs.
@@ -227,8 +228,8 @@ def packed_completion_outputs(decoder, packed: PackedGroups, *, temperature: flo
 
     Equal to scoring the padded rows (`jaxgrpo.train.step.completion_outputs`) on every token a row packed.
     """
-    hidden, _ = decoder.hidden_states(packed.tokens, packed.positions, segment_ids=packed.segment_ids,
-                                      branch_ids=packed.branch_ids)
+    layout = AttentionLayout.branches(packed.segment_ids, packed.branch_ids)
+    hidden = decoder.forward(packed.tokens, packed.positions, layout)
     logp, entropy = token_logprobs_and_entropy(
         hidden, decoder.unembedding(), packed.targets, temperature=temperature,
         logit_softcap=decoder.config.final_logit_softcapping,

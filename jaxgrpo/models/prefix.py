@@ -35,7 +35,7 @@ def shared_prefix_hidden_states(
     _, group_size, completion_length = completion_tokens.shape
     prompt_mask = prompt_mask.astype(bool)
     positions = positions_from_mask(prompt_mask, None, prompt_length)
-    prompt_hidden, prompt_cache = model.hidden_states(
+    prompt_hidden, prompt_cache = model.decode_step(
         prompt_tokens, positions, cache=model.init_cache(num_prompts, prompt_length), cache_index=0, kv_mask=prompt_mask
     )
 
@@ -43,7 +43,7 @@ def shared_prefix_hidden_states(
     rows = num_prompts * group_size
     prompt_lengths = jnp.repeat(prompt_mask.sum(axis=1), group_size)
     completion_positions = prompt_lengths[:, None] + jnp.arange(completion_length)[None]
-    completion_hidden, _ = model.hidden_states(
+    completion_hidden, _ = model.decode_step(
         completion_tokens.reshape(rows, completion_length),
         completion_positions,
         cache=model.init_cache(rows, completion_length),

@@ -11,8 +11,9 @@ hands it, with the queries, keys and values, to one implementation:
   linear in T; on a GPU, and interpreted on a CPU (for tests: slow);
 * `cpu`: the XLA math, plus the C++ decode kernel (`cpu_attention`) for the sampler's cached steps.
 
-`pallas_tpu` also reads the sampler's cached decode steps through a Pallas kernel (`cache_state`,
-`pallas_decode`); the others read them with the decoder's XLA math. `flash_common` holds what the two
+`pallas_tpu` also reads cached decode steps (the sampler's, the engine's) through a Pallas kernel
+(`cache_state`, `pallas_decode`) and `cpu` through a C++ one (`cpu_attention`); the others read them with the
+decoder's XLA math. `flash_common` holds what the two
 Pallas implementations share (the layouts as segment-id calls, their exact union, running per shard).
 
 `default_for(platform)` picks `pallas_tpu` on a TPU, `pallas_gpu` on a GPU, `cpu` on a CPU, `xla`
@@ -84,24 +85,21 @@ class AttentionImplementation(NamedTuple):
     """One attention implementation (see the module docstring).
 
     name: its configured name; platforms: where it runs; prepare, attend: the training/scoring attention;
-    cache_reader: `(cache_dtype, head_dim, query_length, mesh) -> reader or None`: for a cached call with a
-    run-time cache index, a reader `(q, cache_k, cache_v, layer, mask, live, scale) -> (top, total, out)` of
-    the online-softmax state of the queries [B, T, kv, G, D] over one cache's slots below `live` that `mask`
-    [R, T, C] keeps (the row cache, or a shared prefix of R rows), or None for the decoder's XLA math
-    (`cpu`: its C++ kernel where it applies; None for the others);
-    cache_state: None (the decoder's XLA math reads the cache), or for a decode step with a run-time cache
-    index `(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, window, scale, query_slot, mesh)
-    -> (top, total, out)`, the online-softmax state of the queries [B, T, kv, G, D] over one cache's live
-    slots [L, R, kv, C, D] (the row cache, or a shared prefix with R dividing B), as
-    `pallas_decode.cache_attention_state` defines it (`pallas_tpu`).
+    cache_state: None (the decoder's XLA math reads every cache), or a reader of a cached call's cache with a
+    run-time live length, `(q, cache_k, cache_v, layer, live, key_mask, sliding, *, window, scale, query_slot,
+    mesh) -> (top, total, out) or None`: the online-softmax state of the queries q [B, T, kv, G, D] over layer
+    `layer`'s slots below `live` of one cache [L, R, kv, C, D] (the row cache, or a shared prefix with R
+    dividing B: row b reads cache row b // (B / R)) that `key_mask` bool [R, C] keeps, query t sitting at slot
+    `query_slot + t` (a layer that slides, `sliding` a bool or a traced flag, sees the last `window` slots),
+    as `pallas_decode.cache_attention_state` defines it; None where it does not serve this call (the decoder's
+    XLA math then reads that cache). `pallas_tpu`: its Pallas decode kernel; `cpu`: its C++ kernel where built.
     """
 
     name: str
     platforms: tuple[str, ...]
     prepare: Callable[..., Any]
     attend: Callable[..., jax.Array]
-    cache_reader: Callable[..., Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None]
-    cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
+    cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array] | None] | None = None
 
 
 def get(name: str) -> AttentionImplementation:

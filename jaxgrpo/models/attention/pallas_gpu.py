@@ -37,7 +37,7 @@ Triton, not TF32). On a mesh the kernels run per shard (`flash_common.per_shard`
 interpreted (`interpret=True`): for tests, slowly. The block sizes, warps and stages are static
 (`Tiling`, defaults `BLOCK_Q`, `BLOCK_K`, `NUM_WARPS`, `NUM_STAGES`), to be tuned on a GPU.
 
-The sampler's cached decode steps keep the decoder's XLA math on a GPU (`cache_reader` gives None).
+Cached decode steps keep the decoder's XLA math on a GPU (no `cache_state`).
 """
 
 from __future__ import annotations
@@ -441,4 +441,4 @@ def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap
 
 
 IMPLEMENTATION = AttentionImplementation(
-    name="pallas_gpu", platforms=("gpu", "cpu"), prepare=prepare, attend=attend, cache_reader=lambda *args: None)
+    name="pallas_gpu", platforms=("gpu", "cpu"), prepare=prepare, attend=attend)

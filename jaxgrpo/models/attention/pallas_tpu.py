@@ -252,7 +252,7 @@ def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap
     return jax.lax.cond(sliding, windowed, functools.partial(run, None))
 
 
-def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, window=None, scale: float,
+def cache_state(q, cache_k, cache_v, layer, live, key_mask, sliding, *, window=None, scale: float,
                 query_slot=None, mesh=None):
     """Online-softmax state (top, total [B, kv, G, T], out [B, kv, G, T, D]) of a decode step's queries
     q [B, T, kv, G, D] over layer `layer`'s live slots of one cache [L, R, kv, C, D] (the row cache, or a
@@ -261,7 +261,7 @@ def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, w
     `key_mask` bool [R, C] says which slots hold keys; its first True slot per row is passed as the row's
     first valid slot, so left padding is never copied. A layer that slides (`sliding`, a bool or the layer
     scan's traced flag) reads only the last `window` slots before each query (`query_slot`: new token 0's
-    slot, `cache_index` by default); with a traced flag both kernels are traced, one runs (`lax.cond`).
+    slot, `live` by default); with a traced flag both kernels are traced, one runs (`lax.cond`).
 
     A cache whose rows the mesh's row shards do not divide (the sampler's prompt cache of 8 prompts on 16
     chips) cannot be split for the kernel: its state is `pallas_decode.xla_cache_attention_state`, the same
@@ -275,7 +275,7 @@ def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, w
                                   interpret=target_platform(mesh) == "cpu")
 
     def run(window):
-        return state(q, cache_k, cache_v, layer, cache_index, scale, valid_start=valid_start, key_mask=key_mask,
+        return state(q, cache_k, cache_v, layer, live, scale, valid_start=valid_start, key_mask=key_mask,
                      window=window, query_slot=query_slot)
 
     if not window:
@@ -286,5 +286,5 @@ def cache_state(q, cache_k, cache_v, layer, cache_index, key_mask, sliding, *, w
 
 
 IMPLEMENTATION = AttentionImplementation(
-    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend, cache_reader=lambda *args: None,
+    name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend,
     cache_state=cache_state)
