@@ -542,7 +542,7 @@ class Engine:
 
     def can_admit(self, request: Request) -> bool:
         """Whether a slot and the blocks `request` may need are free now."""
-        return self._fits([request])
+        return self._head_that_fits([request], {request.id: _token_list(request.prompt)}) == 1
 
     def prefill(self, requests: Sequence[Request]) -> list[int]:
         """Admit `requests` into free slots now and sample each one's first token; returns their ids.
@@ -738,17 +738,15 @@ class Engine:
             if self._sequences:
                 raise ValueError("generate(key=...) changes the key of every draw: release the live sequences first")
             self.key, self._keyed = key, True
-        for r in requests:
-            self._check_request(r)
-        if len({r.id for r in requests}) != len(requests):
+        prompts = {r.id: self._check_request(r) for r in requests}  # each prompt's tokens, read once
+        if len(prompts) != len(requests):
             raise ValueError("request ids must be unique; two requests share an id")
         queue = collections.deque(requests)
         wanted = {r.id for r in requests}
         done: dict[int, Completion] = {}
         while queue or self.num_running:
-            admitted = []
-            while queue and len(admitted) < self._slots.count(None) and self._fits(admitted + [queue[0]]):
-                admitted.append(queue.popleft())
+            head = [queue[i] for i in range(min(len(queue), self._slots.count(None)))]
+            admitted = [queue.popleft() for _ in range(self._head_that_fits(head, prompts))]
             if queue and not admitted and not self._sequences:
                 raise RuntimeError(f"request {queue[0].id} cannot be admitted into an idle engine; raise num_blocks")
             if admitted:
@@ -763,10 +761,17 @@ class Engine:
         """Blocks `requests` may claim over their lives (prompt and whole budget; prefix sharing not counted)."""
         return sum(self._worst_case_blocks(len(_token_list(r.prompt)), r.max_new_tokens) for r in requests)
 
-    def _fits(self, requests: Sequence[Request]) -> bool:
-        """Whether free slots and unclaimed blocks hold all of `requests` now."""
-        prompts = [_token_list(r.prompt) for r in requests]
-        return self._place(requests, prompts) is not None
+    def _head_that_fits(self, requests: Sequence[Request], prompts: dict[int, list[int]]) -> int:
+        """The most leading `requests` that free slots and unclaimed blocks hold now (`prompts`: their tokens by id).
+
+        A head fits whenever a longer one does (`_place` places them in order), so this bisects: a few
+        placements, not one per request."""
+        fits = lambda n: self._place(requests[:n], [prompts[r.id] for r in requests[:n]]) is not None  # noqa: E731
+        low, high = 0, len(requests)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle - 1)
+        return low
 
 
 def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
