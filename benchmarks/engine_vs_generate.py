@@ -27,15 +27,7 @@ import numpy as np
 from jaxgrpo import engine as engine_lib
 from jaxgrpo import sampler
 
-
-def load(name: str):
-    if name == "toy":
-        from jaxgrpo.toy import tiny_model
-
-        return tiny_model(0)[0]
-    import jaxgrpo.models
-
-    return jaxgrpo.models.load("smollm2-135m-instruct")[0]
+from engine_batching import load  # noqa: E402 (a sibling script: the same two models)
 
 
 def main() -> None:

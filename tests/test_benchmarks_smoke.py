@@ -120,3 +120,18 @@ def test_profile_step_attributes_a_tiny_training_step():
     assert settings == {"batch": 2, "prompt": 8, "completion": 8} and "2 rows x (8 prompt + 8 completion)" in title
     assert "MLP (gate, up, down) (backward)" in breakdown.seconds
     assert breakdown.attributed_seconds > 0
+
+
+def test_engine_vs_generate_runs_on_the_toy():
+    """benchmarks/engine_vs_generate.py end to end on the toy, tiny shapes: both ways timed, the ratio printed."""
+    import re
+    import subprocess
+    import sys
+
+    script = os.path.join(BENCHMARKS, "engine_vs_generate.py")
+    out = subprocess.run([sys.executable, script, "--model", "toy", "--repeats", "2", "--prompts", "2", "--samples", "2",
+                          "--max-new-tokens", "4", "--prompt-len", "4", "12"], capture_output=True, text=True,
+                         timeout=600, check=True).stdout
+    medians = dict(re.findall(r"^\s+(generate|engine)\s+median ([0-9.]+) s", out, re.M))
+    assert set(medians) == {"generate", "engine"} and all(float(v) > 0 for v in medians.values())
+    assert re.search(r"engine / generate: median ratio [0-9.]+ \(pairs [0-9.]+, [0-9.]+\)", out)
