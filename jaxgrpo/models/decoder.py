@@ -271,7 +271,8 @@ class _CachedCall(NamedTuple):
     tokens are written to (an int, or traced); key_valid: bool [B, C], the slots holding keys; masks: (full,
     sliding), each (cached [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None); prefix: a shared prefix's
     (k, v) [L, P_rows, kv, P, D] or None, with prefix_valid bool [P_rows, P]; backend: the program's
-    (`jaxgrpo.models.backend`); window: the sliding layers' window or None; scale: the attention scale.
+    (`jaxgrpo.models.backend`); window: the sliding layers' window or None; scale: the attention scale; mesh: the
+    program's mesh (activations laid out on it) or None.
     """
 
     cache: KVCache
