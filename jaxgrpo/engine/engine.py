@@ -542,7 +542,7 @@ class Engine:
 
     def can_admit(self, request: Request) -> bool:
         """Whether a slot and the blocks `request` may need are free now."""
-        return self._head_that_fits([request], {request.id: _token_list(request.prompt)}) == 1
+        return self._place([request], [_token_list(request.prompt)]) is not None
 
     def prefill(self, requests: Sequence[Request]) -> list[int]:
         """Admit `requests` into free slots now and sample each one's first token; returns their ids.

@@ -331,30 +331,34 @@ def _cached_attention(q, k, v, call: _CachedCall, layer, sliding):
         _, total, out = state
         return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
 
-    def kernel(cache, live, key_mask, query_slot):  # the backend's read of one cache, or None
+    static = isinstance(call.cache_index, (int, np.integer))
+
+    def kernel(cache, live, key_mask, query_slot):  # the backend's read of one cache with a run-time index, or None
+        if static:
+            return None
         return call.backend.cache_state(q, cache.k, cache.v, layer, live, key_mask, sliding, window=call.window,
                                         scale=scale, query_slot=query_slot, mesh=call.mesh)
 
-    def with_prefix(state, run_time):  # merged with the shared prefix's block, if any
+    def with_prefix(state):  # merged with the shared prefix's block, if any
         if call.prefix is None:
             return state
         prefix_length = call.prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
-        block = kernel(call.prefix, prefix_length, call.prefix_valid, prefix_length + call.cache_index) if run_time else None
+        block = kernel(call.prefix, prefix_length, call.prefix_valid, prefix_length + call.cache_index)
         if block is None:
             block = _prefix_block(q, call.prefix, layer, prefix_mask, scale, dtype, forms)
         return _merge_blocks(state, block)
 
-    if isinstance(call.cache_index, (int, np.integer)):
+    if static:
         live = int(call.cache_index)
         if live == 0:
-            return finish(with_prefix(_softmax_block(new_scores, new_values), False))
+            return finish(with_prefix(_softmax_block(new_scores, new_values)))
         # The live slots and the new tokens as one block.
         cached_v = read(cache_v, 0, live)
         scores = jnp.concatenate([cached_scores(read(cache_k, 0, live), cache_mask[..., :live]), new_scores], axis=-1)
         state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
-        return finish(with_prefix(state, False))
+        return finish(with_prefix(state))
 
-    state = with_prefix(_softmax_block(new_scores, new_values), True)
+    state = with_prefix(_softmax_block(new_scores, new_values))
     block = kernel(call.cache, call.cache_index, call.key_valid, None)
     if block is not None:
         return finish(_merge_blocks(state, block))
@@ -610,7 +614,7 @@ class Decoder(nnx.Module):
             layout = AttentionLayout.segments(segment_ids)
         else:
             layout = AttentionLayout.padded(jnp.ones((batch, length), bool) if attention_mask is None else attention_mask)
-        return self.forward(tokens, positions, layout, packed_weights=packed_weights), None
+        return self._forward(tokens, positions, layout, packed_weights), None  # tokens checked, layout built here
 
     def _forward(self, tokens, positions, layout, packed_weights):
         """`forward` of tokens already checked."""

@@ -24,7 +24,6 @@ from jaxgrpo.config import Config
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.models import packing
 from jaxgrpo.models.attention import AttentionLayout
-from jaxgrpo.models.decoder import positions_from_mask
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 from jaxgrpo.train import inputs as inputs_lib
 from jaxgrpo.train.distributed import BATCH_AXES
@@ -86,8 +85,6 @@ def completion_outputs(policy: Policy, tokens, attention_mask, positions, comple
     computed in vocabulary chunks (never materializing [B, C, V] float32 logits).
     """
     decoder = policy.decoder
-    if positions is None:
-        positions = positions_from_mask(attention_mask, None, tokens.shape[1])
     hidden = decoder.forward(tokens, positions, AttentionLayout.padded(attention_mask))
     prompt_len = tokens.shape[1] - completion_len
     hidden = hidden[:, prompt_len - 1 : -1]
