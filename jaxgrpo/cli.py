@@ -107,6 +107,10 @@ def train_main(argv: list[str] | None = None) -> int:
                              "so is --overwrite of a directory holding files no run wrote)")
     parser.add_argument("--run-dir", help="where metrics, plots and checkpoints go (default: the config's run_dir)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="trace STEPS steps after the first (which compiles) with jax.profiler into "
+                             "RUN_DIR/profile/steps_<first>-<last>/ and write there where they went: host phases, "
+                             "compiled programs, the model's parts (summary.md)")
     args = parser.parse_args(argv)
 
     from jaxgrpo.config import ExperimentError, apply_overrides, load_experiment, to_dict, validate
@@ -121,6 +125,10 @@ def train_main(argv: list[str] | None = None) -> int:
         validate(cfg)
     except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError) as e:
         return _fail("jaxgrpo-train", e, 2)
+    if args.profile < 0 or (args.profile and not args.resume and args.profile + 1 > cfg.steps):
+        return _fail("jaxgrpo-train", f"--profile {args.profile} needs a number of steps >= 0 that leaves the run's "
+                                      f"first step (which compiles) untraced, here at most {cfg.steps - 1}; raise steps "
+                                      f"or profile fewer", 2)
     if args.print_config:
         print(json.dumps(to_dict(cfg), indent=2))
         return 0
@@ -151,7 +159,7 @@ def train_main(argv: list[str] | None = None) -> int:
     # Any other user error from here on (data, a model, a checkpoint) is one line from `_entry_point`.
     trainer = Trainer(cfg)
     try:
-        trainer.run(resume=args.resume, overwrite=args.overwrite)
+        trainer.run(resume=args.resume, overwrite=args.overwrite, profile=args.profile)
         plots = plot_run(cfg.run_dir) if jax.process_index() == 0 else []
     except (RunDirectoryError, CheckpointError, NoLearningSignal, NonFiniteUpdates) as e:
         print(f"jaxgrpo-train: error: {e}", file=sys.stderr)

@@ -15,6 +15,14 @@ backward-pass instructions (whose path contains `transpose(`) are counted apart 
 The numbers are the device's own: on CPU the XLA runtime's per-thunk events, on GPU/TPU the device
 ops. The trace adds overhead per instruction, so compare the shares, not the seconds, with untraced
 timings; `coverage` says how much of the wall time the attributed instructions account for.
+
+The instructions' op_names come from the trace itself: the profiler stores each program's HLO (with its
+metadata) in the trace's XSpace (`*.xplane.pb`), read here with a minimal protobuf reader, so any traced
+run can be attributed, not only a program compiled for the purpose.
+
+`StepTracer` does the same for whole training steps (`jaxgrpo-train --profile STEPS`): the loop
+annotates its host phases (`phase("sample")`, ...), and `summarize_steps` reads the trace into a
+`StepProfile`: seconds per step of each phase, of each compiled program and of each part of the model.
 """
 
 from __future__ import annotations
@@ -77,12 +85,72 @@ class Breakdown:
         return {k: v / total for k, v in self.seconds.items()}
 
 
-def op_names(hlo_text: str) -> dict[str, str]:
-    """instruction name -> op_name metadata, for every instruction of an HLO module's text."""
-    names = {}
-    for match in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text, re.MULTILINE):
-        names[match.group(1)] = match.group(2)
-    return names
+def _protobuf_fields(buffer: bytes):
+    """(field number, value) of a serialized protobuf message: varints as ints, length-delimited fields as bytes."""
+    def varint(i):
+        value = shift = 0
+        while True:
+            byte = buffer[i]
+            value |= (byte & 0x7F) << shift
+            shift, i = shift + 7, i + 1
+            if byte < 0x80:
+                return value, i
+
+    i = 0
+    while i < len(buffer):
+        key, i = varint(i)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, i = varint(i)
+        elif wire_type == 2:
+            length, i = varint(i)
+            value, i = buffer[i:i + length], i + length
+        elif wire_type in (1, 5):  # fixed 64 and 32 bits
+            size = 8 if wire_type == 1 else 4
+            value, i = buffer[i:i + size], i + size
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire_type}")
+        yield number, value
+
+
+def _field(message: bytes, number: int) -> list:
+    return [value for n, value in _protobuf_fields(message) if n == number]
+
+
+def _text(message: bytes, number: int) -> str:
+    values = _field(message, number)
+    return values[0].decode() if values else ""
+
+
+def xplane_op_names(xspace: bytes) -> dict[str, dict[str, str]]:
+    """program (HLO module) name -> {instruction name: op_name} for every program whose HLO a trace stored.
+
+    `xspace` is a serialized `tsl.profiler.XSpace` (a `*.xplane.pb`): its planes (field 1) carry event
+    metadata (4: map entries of id 1 -> `XEventMetadata` 2) whose stats (5: `XStat`, metadata id 1, bytes 6)
+    include "Hlo Proto": an `xla.HloProto` (module 1: name 1, computations 3: instructions 2: name 1,
+    `OpMetadata` 7: op_name 2). Programs with the same name (one jit compiled for two shapes) are merged.
+    """
+    names: dict[str, dict[str, str]] = collections.defaultdict(dict)
+    for plane in _field(xspace, 1):
+        stat_names = {}
+        for entry in _field(plane, 5):  # map<int64, XStatMetadata>: id 1, name 2
+            metadata = _field(entry, 2)[0]
+            stat_names[(_field(metadata, 1) or [0])[0]] = _text(metadata, 2)
+        hlo_stats = {i for i, name in stat_names.items() if name == "Hlo Proto"}
+        if not hlo_stats:
+            continue
+        for entry in _field(plane, 4):
+            for stat in _field(_field(entry, 2)[0], 5):
+                if (_field(stat, 1) or [0])[0] not in hlo_stats:
+                    continue
+                module = _field(_field(stat, 6)[0], 1)[0]
+                program = names[_text(module, 1)]
+                for computation in _field(module, 3):
+                    for instruction in _field(computation, 2):
+                        metadata = _field(instruction, 7)
+                        if metadata and (op_name := _text(metadata[0], 2)):
+                            program[_text(instruction, 1)] = op_name
+    return dict(names)
 
 
 def label_of(op_name: str, scopes: Sequence[tuple[str, str]] = MODEL_SCOPES) -> str:
@@ -95,13 +163,22 @@ def label_of(op_name: str, scopes: Sequence[tuple[str, str]] = MODEL_SCOPES) -> 
     return label + (" (backward)" if BACKWARD_MARK in op_name else "")
 
 
-def _trace_events(directory: str) -> list[dict]:
-    files = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
+def _newest(directory: str, pattern: str) -> str:
+    files = glob.glob(os.path.join(directory, "**", pattern), recursive=True)
     if not files:
-        raise RuntimeError(f"the profiler wrote no trace.json.gz under {directory}")
-    with gzip.open(max(files, key=os.path.getmtime)) as f:
+        raise RuntimeError(f"the profiler wrote no {pattern} under {directory}")
+    return max(files, key=os.path.getmtime)
+
+
+def _trace_events(directory: str) -> list[dict]:
+    with gzip.open(_newest(directory, "*.trace.json.gz")) as f:
         data = json.load(f)
     return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _trace_op_names(directory: str) -> dict[str, dict[str, str]]:
+    with open(_newest(directory, "*.xplane.pb"), "rb") as f:
+        return xplane_op_names(f.read())
 
 
 def exclusive_times(events: Sequence[dict]) -> collections.Counter:
@@ -130,6 +207,23 @@ def exclusive_times(events: Sequence[dict]) -> collections.Counter:
     return totals
 
 
+def _attribute(directory: str, scopes: Sequence[tuple[str, str]], count: int) -> tuple[collections.Counter, ...]:
+    """(seconds per label, per program, per instruction), each over `count` calls or steps, of the trace in
+    `directory`: every instruction's exclusive time under the label of its op_name (`label_of`)."""
+    totals = exclusive_times(_trace_events(directory))
+    if not totals:
+        raise RuntimeError("the trace has no per-instruction events (hlo_op); this backend's profiler does not record them")
+    names = _trace_op_names(directory)
+    labels, programs, instructions = collections.Counter(), collections.Counter(), collections.Counter()
+    for (module, instruction), microseconds in totals.items():
+        label = label_of(names.get(module, {}).get(instruction, ""), scopes)
+        seconds = microseconds / 1e6 / count
+        labels[label] += seconds
+        programs[module] += seconds
+        instructions[f"{module}/{instruction} [{label}]"] += seconds
+    return labels, programs, instructions
+
+
 def time_by_scope(
     compiled: Any,
     args: Sequence[Any],
@@ -153,25 +247,13 @@ def time_by_scope(
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         walls.append(time.perf_counter() - start)
-    names: dict[str, str] = {}
-    for text in _hlo_texts(compiled):
-        names.update(op_names(text))
     with tempfile.TemporaryDirectory() as directory:
         start = time.perf_counter()
         with jax.profiler.trace(directory, create_perfetto_trace=True):
             for _ in range(calls):
                 jax.block_until_ready(compiled(*args))
         traced = (time.perf_counter() - start) / calls
-        events = _trace_events(directory)
-    totals = exclusive_times(events)
-    if not totals:
-        raise RuntimeError("the trace has no per-instruction events (hlo_op); this backend's profiler does not record them")
-    seconds: collections.Counter = collections.Counter()
-    per_instruction: collections.Counter = collections.Counter()
-    for (module, instruction), microseconds in totals.items():
-        label = label_of(names.get(instruction, ""), scopes)
-        seconds[label] += microseconds / 1e6 / calls
-        per_instruction[f"{module}/{instruction} [{label}]"] += microseconds / 1e6 / calls
+        seconds, _, per_instruction = _attribute(directory, scopes, calls)
     return Breakdown(
         seconds=dict(seconds.most_common()),
         wall_seconds=sorted(walls)[len(walls) // 2],
@@ -179,12 +261,6 @@ def time_by_scope(
         calls=calls,
         instructions=dict(per_instruction.most_common(top)),
     )
-
-
-def _hlo_texts(compiled: Any) -> list[str]:
-    """The optimized HLO text of a compiled program (one per module)."""
-    text = compiled.as_text()
-    return [text] if isinstance(text, str) else list(text)
 
 
 def markdown(breakdown: Breakdown, *, title: str = "part") -> str:
@@ -196,3 +272,117 @@ def markdown(breakdown: Breakdown, *, title: str = "part") -> str:
                  f"untraced {breakdown.wall_seconds * 1e3:.1f} ms) | **{breakdown.attributed_seconds * 1e3:.1f}** | "
                  f"{breakdown.coverage:.0%} of traced wall |")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole training steps: host phases, compiled programs and the model's parts.
+
+#: Prefix of the loop's phase annotations in a trace.
+PHASE_PREFIX = "jaxgrpo/"
+
+
+def phase(name: str) -> jax.profiler.TraceAnnotation:
+    """Marks a host phase of a step (`with phase("sample"): ...`) in any trace taken meanwhile; costs
+    next to nothing when no trace is."""
+    return jax.profiler.TraceAnnotation(PHASE_PREFIX + name)
+
+
+@dataclasses.dataclass
+class StepProfile:
+    """Where traced training steps went, in seconds per step.
+
+    phases: each host phase of the loop (`phase`): wall time, device work inside it included;
+    programs: device time of each compiled program (HLO module), exclusive instruction time summed;
+    parts: the same instructions under the model's scopes (`MODEL_SCOPES`);
+    instructions: the costliest instructions, "program/instruction [part]".
+    """
+
+    steps: tuple[int, int]  # first and last traced step, numbered as metrics.jsonl numbers them
+    wall_seconds: float
+    phases: dict[str, float]
+    programs: dict[str, float]
+    parts: dict[str, float]
+    instructions: dict[str, float]
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps[1] - self.steps[0] + 1
+
+
+def summarize_steps(directory: str, steps: tuple[int, int], wall_seconds: float, *,
+                    scopes: Sequence[tuple[str, str]] = MODEL_SCOPES, top: int = 15) -> StepProfile:
+    """The `StepProfile` of the trace in `directory`, which covers `steps` (first, last) in `wall_seconds`."""
+    count = steps[1] - steps[0] + 1
+    phases: collections.Counter = collections.Counter()
+    for event in _trace_events(directory):
+        name = event.get("name", "")
+        if event.get("ph") == "X" and name.startswith(PHASE_PREFIX):
+            phases[name[len(PHASE_PREFIX):]] += event.get("dur", 0.0) / 1e6 / count
+    parts, programs, instructions = _attribute(directory, scopes, count)
+    return StepProfile(steps=steps, wall_seconds=wall_seconds / count, phases=dict(phases.most_common()),
+                       programs=dict(programs.most_common()), parts=dict(parts.most_common()),
+                       instructions=dict(instructions.most_common(top)))
+
+
+def step_markdown(profile: StepProfile) -> str:
+    """Three tables (host phases, compiled programs, the model's parts) and the costliest instructions."""
+    wall = profile.wall_seconds or 1.0
+    device = sum(profile.programs.values()) or 1.0
+    first, last = profile.steps
+    phases = {**profile.phases, "(outside the phases)": max(0.0, profile.wall_seconds - sum(profile.phases.values()))}
+    programs = {name: s for name, s in profile.programs.items() if s >= 0.01 * device}
+    if len(programs) < len(profile.programs):  # the many small programs of eager host-side work, summed
+        rest = {name: s for name, s in profile.programs.items() if name not in programs}
+        programs[f"({len(rest)} programs under 1% each)"] = sum(rest.values())
+    lines = [f"# Steps {first}-{last}: {profile.wall_seconds:.3f} s per step (traced)", "",
+             "| host phase | s per step | share of the step |", "|---|---|---|"]
+    lines += [f"| {name} | {s:.3f} | {s / wall:.1%} |" for name, s in phases.items()]
+    lines += ["", "| compiled program | device s per step | share of device time |", "|---|---|---|"]
+    lines += [f"| {name} | {s:.3f} | {s / device:.1%} |" for name, s in programs.items()]
+    lines += ["", "| part of the model | device s per step | share of device time |", "|---|---|---|"]
+    lines += [f"| {name} | {s:.3f} | {s / device:.1%} |" for name, s in profile.parts.items()]
+    lines += ["", "| costliest instructions | device s per step |", "|---|---|"]
+    lines += [f"| `{name}` | {s:.4f} |" for name, s in profile.instructions.items()]
+    return "\n".join(lines) + "\n"
+
+
+class StepTracer:
+    """Traces `count` consecutive steps from `first` (numbered as metrics.jsonl numbers them) into
+    `directory/steps_<first>-<last>/`, and writes there `summary.md` and `summary.json` (a `StepProfile`).
+
+    The loop calls `begin(step)` before each step and `end(step)` after it; `end` returns the summary's path
+    after the last traced step. `write` False (the processes other than 0 of a multi-host run) traces without
+    summarizing. `close` stops a trace left open by an exception.
+    """
+
+    def __init__(self, directory: str, first: int, count: int, *, write: bool = True):
+        self.first, self.last = first, first + count - 1
+        self.directory = os.path.join(directory, f"steps_{self.first}-{self.last}")
+        self.write = write
+        self._start: float | None = None
+
+    def begin(self, step: int) -> None:
+        if step == self.first:
+            os.makedirs(self.directory, exist_ok=True)
+            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            self._start = time.perf_counter()
+
+    def end(self, step: int) -> str | None:
+        if step != self.last or self._start is None:
+            return None
+        wall = time.perf_counter() - self._start
+        self.close()
+        if not self.write:
+            return None
+        profile = summarize_steps(self.directory, (self.first, self.last), wall)
+        path = os.path.join(self.directory, "summary.md")
+        with open(path, "w") as f:
+            f.write(step_markdown(profile))
+        with open(os.path.join(self.directory, "summary.json"), "w") as f:
+            json.dump(dataclasses.asdict(profile), f, indent=1)
+        return path
+
+    def close(self) -> None:
+        if self._start is not None:
+            self._start = None
+            jax.profiler.stop_trace()

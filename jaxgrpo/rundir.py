@@ -42,7 +42,7 @@ CONFIG_FILE = "config.json"
 #: What a run (`jaxgrpo-train`, and `jaxgrpo-eval` into its directory) writes there: the only entries
 #: `--overwrite` deletes. `eval_*` are `jaxgrpo-eval`'s completions and summaries of a checkpoint.
 RUN_ENTRIES = frozenset({CONFIG_FILE, CONFIG_FILE + ".tmp", LOCK_FILE, "metrics.jsonl", "eval.jsonl", "checkpoints",
-                         "checkpoints_damaged", "tensorboard", "plots"})
+                         "checkpoints_damaged", "tensorboard", "plots", "profile"})
 
 #: Config keys `--resume` may change: how long to train and what to evaluate, log and keep. Any other
 #: change (group size, seed, learning rate, ...) would silently continue a different experiment.

@@ -133,6 +133,9 @@ CASES = {
     "train: seed out of range": train("seed=-1", needle="seed must be in [0, 2**32)"),
     "train: huge seed": train("seed=99999999999999999999", needle="seed must be in [0, 2**32)"),
     "train: micro-batch not dividing": train("micro_batch_size=3", needle="not divisible by micro_batch_size=3"),
+    "train: --profile past the run": train("--profile", "1", needle="--profile 1 needs a number of steps >= 0 that "
+                                                               "leaves the run's first step (which compiles) untraced"),
+    "train: negative --profile": train("--profile", "-1", needle="--profile -1 needs a number of steps >= 0"),
     # -- kernels and their keyword arguments
     "train: unknown advantage": train("advantage=grpoo", needle="advantage='grpoo' is not a registered advantage"),
     "train: kernel of another kind": train("loss=grpo", needle="loss='grpo' is an advantage kernel"),

@@ -44,11 +44,41 @@ def test_label_of_takes_the_first_matching_scope(op_name, label):
     assert profiling.label_of(op_name) == label
 
 
-def test_op_names_read_the_metadata_of_every_instruction():
-    text = ('%fusion.3 = f32[2]{0} fusion(%p), kind=kLoop, metadata={op_name="jit(f)/mlp/mul" stack_frame_id=3}\n'
-            '  ROOT %dot.1 = f32[2,2]{1,0} dot(%a, %b), metadata={op_name="jit(f)/attention/qkv/dot_general"}\n'
-            '  %param.1 = f32[2]{0} parameter(0)\n')
-    assert profiling.op_names(text) == {"fusion.3": "jit(f)/mlp/mul", "dot.1": "jit(f)/attention/qkv/dot_general"}
+def _message(*fields) -> bytes:
+    """A serialized protobuf message of (field number, int | bytes | str) fields, written by hand."""
+    def varint(n):
+        out = b""
+        while True:
+            out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+
+    out = b""
+    for number, value in fields:
+        if isinstance(value, int):
+            out += varint(number << 3) + varint(value)
+        else:
+            value = value.encode() if isinstance(value, str) else value
+            out += varint(number << 3 | 2) + varint(len(value)) + value
+    return out
+
+
+def test_op_names_are_read_from_the_hlo_the_trace_stored():
+    """An XSpace as the profiler writes it: a metadata plane whose event metadata carries each program's HLO."""
+    instruction = lambda name, op_name: _message((1, name), (2, "fusion"), (7, _message((1, "mul"), (2, op_name))))  # noqa: E731
+    module = _message((1, "jit_step"), (3, _message((1, "main"), (2, instruction("fusion.3", "jit(step)/mlp/mul")),
+                                                    (2, instruction("dot.1", "jit(step)/attention/qkv/dot_general")),
+                                                    (2, _message((1, "param.0"), (2, "parameter"))))))
+    hlo_stat = _message((1, 7), (6, _message((1, module))))  # XStat: metadata id 7 ("Hlo Proto"), bytes
+    event = _message((1, 42), (2, "jit_step"), (5, hlo_stat), (5, _message((1, 8), (4, 1))))  # and an int stat
+    plane = _message((1, 1), (2, "/host:metadata"), (4, _message((1, 42), (2, event))),
+                     (5, _message((1, 7), (2, _message((1, 7), (2, "Hlo Proto"))))),
+                     (5, _message((1, 8), (2, _message((1, 8), (2, "program_id"))))))
+    other_plane = _message((1, 2), (2, "/host:CPU"), (4, _message((1, 1), (2, _message((1, 1), (2, "x"))))))
+    space = _message((1, plane), (1, other_plane), (2, b"\x00" * 300))  # a long field: a two-byte length varint
+    assert profiling.xplane_op_names(space) == {
+        "jit_step": {"fusion.3": "jit(step)/mlp/mul", "dot.1": "jit(step)/attention/qkv/dot_general"}}
 
 
 def test_a_traced_training_step_is_attributed_to_the_decoders_parts():

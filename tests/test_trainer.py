@@ -2,6 +2,8 @@
 tests/test_experiments_reproduce_metrics.py)."""
 
 import dataclasses
+import glob
+import json
 import logging
 import os
 import signal
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.errors import ConfigError
 from jaxgrpo.train.warmup import supervised_warmup
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import packing
@@ -102,9 +105,10 @@ def test_a_run_driven_to_collapse_warns_once_of_each_sign(tmp_path, caplog):
     assert all("\n" not in w and w.startswith("step ") for w in (entropy, truncation))
 
 
-def test_metrics_plots_and_evaluation_are_written(tmp_path):
+def test_metrics_plots_evaluation_and_a_profile_are_written(tmp_path):
     cfg = toy_config(tmp_path, "steps=4", "eval_every=2", "task.num_eval_examples=16", "eval_pass_k=4", "checkpoint_every=2")
-    Trainer(cfg).run(progress=False)
+    trainer = Trainer(cfg)
+    trainer.run(progress=False, profile=2)
     run = tmp_path / "run"
     records = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -124,6 +128,23 @@ def test_metrics_plots_and_evaluation_are_written(tmp_path):
     pngs = os.listdir(run / "plots")
     assert "reward.png" in pngs and "evaluation.png" in pngs
     assert sorted(int(d) for d in os.listdir(run / "checkpoints") if d.isdigit()) == [2, 4]
+
+    # profile=2: steps 2 and 3 (step 1 compiles) traced, with where they went.
+    profile = run / "profile" / "steps_2-3"
+    summary = json.loads((profile / "summary.json").read_text())
+    assert summary["steps"] == [2, 3]
+    # (no "score": this run takes its old log-probs from the sampler and has no reference model)
+    assert {"sample", "reward", "update", "evaluate", "checkpoint"} <= set(summary["phases"])
+    assert sum(summary["phases"].values()) <= summary["wall_seconds"] * 1.01  # the phases do not nest
+    assert {"jit_update", "jit_prefill", "jit_decode_loop"} <= set(summary["programs"])
+    assert {"MLP (gate, up, down)", "MLP (gate, up, down) (backward)", "sampling (temperature, truncation, draw)",
+            "optimizer (AdamW update)"} <= set(summary["parts"])
+    assert sum(summary["parts"].values()) == pytest.approx(sum(summary["programs"].values()))
+    table = (profile / "summary.md").read_text()
+    assert "| update |" in table and "| jit_update |" in table and "| MLP (gate, up, down) |" in table
+    assert glob.glob(str(profile / "**" / "*.xplane.pb"), recursive=True)  # the trace itself, for Perfetto/TensorBoard
+    with pytest.raises(ConfigError, match="profile=1 traces steps 6-6 .* the run ends at step 4"):
+        trainer.run(resume=True, progress=False, profile=1)  # nothing left to trace after the restored step 4
 
 
 def test_micro_batches_give_the_full_batch_update(tmp_path):

@@ -49,7 +49,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo import sampler
+from jaxgrpo import profiling, sampler
+from jaxgrpo.errors import ConfigError
 from jaxgrpo.config import Config, resolve_packing, validate
 from jaxgrpo.models import packing
 from jaxgrpo.models.attention import target_platform as attention_platform
@@ -60,7 +61,7 @@ from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
-from jaxgrpo.train.state import Policy, TrainState
+from jaxgrpo.train.state import Policy
 from jaxgrpo.train.step import TrainBatch
 
 Array = jax.Array
@@ -213,7 +214,7 @@ class Trainer:
         """f32[n, C] for this host's rows: the "reference" or current ("policy") log-probs, or the "values"."""
         params = (state_lib.reference_of(self.cfg, self.state.params, self.ref_params) if which == "reference"
                   else self.state.params)
-        with device_memory.reported(self.cfg, "scoring forward", self.mesh):
+        with profiling.phase("score"), device_memory.reported(self.cfg, "scoring forward", self.mesh):
             outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
             return local_rows(outputs[1 if which == "values" else 0], self.mesh)
 
@@ -247,7 +248,7 @@ class Trainer:
         history = []
         # Compiling the update (its first call) or running it may not fit the device: one line naming what to
         # change. A failure while running surfaces when the metrics are read, inside this block too.
-        with device_memory.reported(cfg, "update", self.mesh):
+        with profiling.phase("update"), device_memory.reported(cfg, "update", self.mesh):
             for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(self.state.step), lengths,
                                                           self.attention_scale):
                 if packed_shape not in self._updates:
@@ -282,7 +283,7 @@ class Trainer:
         return metrics
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
-            on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+            on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:
         """Trains for `cfg.steps` steps into `cfg.run_dir`; returns the records of the steps it ran.
 
         A run directory that already holds a run is refused unless `resume` (continue from its newest
@@ -297,6 +298,10 @@ class Trainer:
 
         `on_step(step, record)` is called after each step's metrics, evaluation
         and checkpoint are written (e.g. for live plots in a notebook).
+
+        `profile` N > 0 traces the N steps after the run's first (which compiles) with `jax.profiler` into
+        RUN_DIR/profile/steps_<first>-<last>/, and writes there where they went (`profiling.StepTracer`:
+        host phases, compiled programs, the model's parts); the path is logged.
         """
         from jaxgrpo.checkpoint import Checkpointer
         from jaxgrpo.config import to_dict
@@ -309,8 +314,11 @@ class Trainer:
                                defaults=to_dict(Config())) as run_directory:
             writer = MetricsWriter(cfg.run_dir)
             checkpointer = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), keep=cfg.keep_checkpoints)
+            tracer = None
             try:
                 start, key = self._start(checkpointer, writer, resume)
+                if profile:
+                    tracer = self._tracer(start, profile, write=writer.enabled)
                 run_directory.write_config(config)  # the run can start: this is now the config of its checkpoints
                 if start == 0 and cfg.warmup_sft_steps:
                     losses = warmup_lib.supervised_warmup(self, cfg.warmup_sft_steps)
@@ -327,6 +335,8 @@ class Trainer:
                 warned = set()  # the kinds of collapse already warned about (each once)
                 bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
                 for step in bar:
+                    if tracer is not None:
+                        tracer.begin(step + 1)
                     record = writer.write(step + 1, self.train_step(step, key))
                     history.append(record)
                     if hasattr(bar, "set_postfix"):
@@ -347,15 +357,35 @@ class Trainer:
                             logger.warning(sign.message)
                         warned.add(sign.kind)
                     if evaluating and (done % cfg.eval_every == 0 or done == cfg.steps):
-                        writer.write(done, evaluate(done), file=EVAL_FILE, prefix="eval/")
+                        with profiling.phase("evaluate"):
+                            writer.write(done, evaluate(done), file=EVAL_FILE, prefix="eval/")
                     if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                        state_lib.save(checkpointer, done, self.state, self.ref_params, self.prompts.position, key)
+                        with profiling.phase("checkpoint"):
+                            state_lib.save(checkpointer, done, self.state, self.ref_params, self.prompts.position, key)
                     if on_step is not None:
                         on_step(done, record)
+                    if tracer is not None and (summary := tracer.end(done)):
+                        logger.warning("profile of steps %d-%d: %s (the trace beside it opens in Perfetto or "
+                                       "TensorBoard's profiler)", tracer.first, tracer.last, summary)
                 return history
             finally:
+                if tracer is not None:
+                    tracer.close()
                 checkpointer.close()
                 writer.close()
+
+    def _tracer(self, start: int, count: int, *, write: bool) -> profiling.StepTracer:
+        """A tracer of the `count` steps after step `start + 1` (the run's first, which compiles)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"profile must be a number of steps >= 0, got {count!r}")
+        if start + 1 + count > self.cfg.steps:
+            raise ConfigError(f"profile={count} traces steps {start + 2}-{start + 1 + count} (the run's first step, "
+                              f"{start + 1}, compiles), but the run ends at step {self.cfg.steps}; raise steps or "
+                              f"profile fewer")
+        directory = os.path.join(self.cfg.run_dir, "profile")
+        if jax.process_count() > 1:
+            directory = os.path.join(directory, f"process_{jax.process_index()}")
+        return profiling.StepTracer(directory, start + 2, count, write=write)
 
     def _start(self, checkpointer, writer, resume: bool) -> tuple[int, Array]:
         """(first step, RNG key): step 0 and the seed's key, or where the newest checkpoint left off under `resume`."""

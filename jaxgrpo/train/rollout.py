@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from jaxgrpo import kernels, sampler
+from jaxgrpo import kernels, profiling, sampler
 from jaxgrpo.config import Config
 from jaxgrpo.train.distributed import across_processes, local_rows, process_block, to_host
 
@@ -166,9 +166,10 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
         block = process_block(need * jax.process_count())
         examples = prompts.take(need * jax.process_count(), block)
         t0 = time.perf_counter()
-        out = generate(examples, g, jax.random.fold_in(key, rounds),
-                       prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
-        out = jax.tree.map(lambda x: local_rows(x, mesh), out)
+        with profiling.phase("sample"):
+            out = generate(examples, g, jax.random.fold_in(key, rounds),
+                           prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
+            out = jax.tree.map(lambda x: local_rows(x, mesh), out)
         tokens = out.completion_tokens
         mask = out.completion_mask.astype(np.float32)
         timings["time_sample"] += time.perf_counter() - t0
@@ -176,8 +177,9 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
         t0 = time.perf_counter()
         row_examples = [e for e in examples for _ in range(g)]
         lengths = mask.sum(-1).astype(np.int32)
-        texts = tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
-        result = score(cfg, reward_fns, texts, row_examples, lengths)
+        with profiling.phase("reward"):
+            texts = tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
+            result = score(cfg, reward_fns, texts, row_examples, lengths)
         shaped = result.rewards
         if cfg.overlong_cache_len:
             shaped = shaped + np.asarray(kernels.overlong_penalty(
