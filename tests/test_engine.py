@@ -2,6 +2,8 @@
 scheduling-independent sampling, behaviour log-probs the trainer recomputes, `extend` equal to a prefill of
 the whole history, block accounting and prefix sharing, and one-line errors that leave other sequences be."""
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ from flax import nnx
 
 from jaxgrpo import sampler
 from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request
+from jaxgrpo.engine.engine import plan_prefix_rows
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler import SamplingParams
 from tests.test_sampler_generate import NEW_TOKENS, PROMPTS, random_model
@@ -179,6 +182,80 @@ def test_samples_of_a_prompt_share_its_full_blocks_and_copy_the_partial_one():
     alone = [_engine(num_slots=1).generate([r])[0] for r in _requests([prompt], samples=4, sampling=SAMPLED)]
     for a, b in zip(shared, alone):
         np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_a_prompt_admitted_later_shares_the_blocks_live_sequences_hold_for_its_leading_tokens():
+    engine = _engine(num_slots=4, block_size=4)
+    prompt = PROMPTS[1]  # 11 tokens: two full blocks and a partial one
+    engine.prefill([Request(id=0, prompt=prompt, max_new_tokens=8)])
+    first = list(engine._sequences[0].blocks)
+    # The same prompt later: its two full blocks are shared, only its last 3 tokens run (into a block of its own).
+    engine.prefill([Request(id=1, prompt=prompt, max_new_tokens=8)])
+    assert engine._sequences[1].blocks[:2] == first[:2] and engine.blocks_in_use == 3 + 1
+    # Another prompt with the same first 4 tokens shares that block (a system prompt's, say).
+    other = prompt[:4] + [60, 61, 62, 63, 64]
+    engine.prefill([Request(id=2, prompt=other, max_new_tokens=8)])
+    assert engine._sequences[2].blocks[:2] == [first[0], engine._sequences[2].blocks[1]] != first[:2]
+    assert engine.blocks_in_use == 4 + 2
+    completions = engine.decode()
+    for c, alone in zip(completions.values(), (prompt, prompt, other)):
+        np.testing.assert_array_equal(c.tokens, _engine(num_slots=1).generate([Request(id=c.request_id, prompt=alone,
+                                                                                       max_new_tokens=8)])[0].tokens)
+    for sequence_id in (0, 1, 2):
+        engine.release(sequence_id)
+    # Freed blocks are forgotten: the prompt runs again in full into fresh blocks (which may be the same ids).
+    assert engine.blocks_in_use == 0
+    engine.prefill([Request(id=3, prompt=prompt, max_new_tokens=8)])
+    assert engine.blocks_in_use == 3
+    assert engine._prompt_blocks and len(engine._prompt_of_block) == len(engine._prompt_blocks) == 2
+
+
+def test_decode_reads_a_prompts_shared_blocks_once_and_samples_what_a_view_per_row_samples(monkeypatch):
+    """Groups of samples admitted as others finish: each chunk puts a prompt's running samples in rows of a
+    shared prefix where they fit (`plan_prefix_rows`); the tokens are those of a dense view per row."""
+    rng = np.random.default_rng(2)
+    prompts = [list(rng.integers(4, 97, size=rng.integers(5, 14))) for _ in range(10)]
+    requests = [Request(id=100 + 4 * b + g, prompt=p, max_new_tokens=int(rng.choice([2, 3, 16])), sampling=TRUNCATED,
+                        stop_tokens=(1, 2)) for b, p in enumerate(prompts) for g in range(4)]
+    chunks = []
+    plan = Engine._chunk_rows
+
+    def recorded(self, running):
+        rows, prefixes, width = plan(self, running)
+        chunks.append(None if prefixes is None else (int((np.asarray(prefixes.lengths) > 0).sum()), width))
+        return rows, prefixes, width
+
+    monkeypatch.setattr(Engine, "_chunk_rows", recorded)
+    shared = _engine(num_slots=8, max_context=32).generate(requests)
+    used = [c for c in chunks if c is not None]
+    assert used and max(n for n, _ in used) == 2  # the two groups admitted first fill the 8 slots
+    monkeypatch.setattr(Engine, "_chunk_rows", lambda self, running: (running, None, 0))
+    dense = _engine(num_slots=8, max_context=32).generate(requests)
+    identical = np.mean([np.array_equal(a.tokens, b.tokens) for a, b in zip(shared, dense)])
+    assert identical >= 0.99, identical
+    for a, b in zip(shared, dense):
+        if np.array_equal(a.tokens, b.tokens):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def _running(shard, first_block, shared):
+    return SimpleNamespace(shard=shard, blocks=[first_block, 99], shared=shared)
+
+
+def test_a_chunk_gives_the_prompts_with_most_samples_their_own_prefix_rows_while_the_rest_fit():
+    a = [_running(0, 1, 8) for _ in range(4)]
+    b = [_running(0, 2, 8) for _ in range(3)]
+    c = [_running(0, 3, 4)]  # the last running sample of its prompt: it reads its prompt in its own view
+    alone = [_running(0, 4, 0), _running(0, 5, 0)]
+    # 8 rows in 2 groups of 4: the 4 samples of `a` take one; `b` would leave its 4 others no room.
+    assert [(len(m), shared) for m, shared in plan_prefix_rows(a + b + c, 4, block_size=4)] == [(4, True), (4, False)]
+    # 16 rows: `a` and `b` each get one; `c` and the rows without a shared prompt fill the next; one is empty.
+    plan = plan_prefix_rows(a + [None] + b + c + alone + [None] * 5, 4, block_size=4)
+    assert [(m, shared) for m, shared in plan] == [(a, True), (b, True), (alone + c, False), ([], False)]
+    # A prompt with more running samples than a group spans groups; every running row is planned once.
+    many = [_running(0, 6, 4) for _ in range(6)]
+    plan = plan_prefix_rows(many + [None, None], 4, block_size=4)
+    assert [(len(m), shared) for m, shared in plan] == [(4, True), (2, True)]
 
 
 def test_kv_memory_follows_the_live_tokens_at_block_granularity():

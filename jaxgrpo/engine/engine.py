@@ -12,7 +12,9 @@ finished while requests wait.
 
 **Prefix sharing.** Requests admitted together with the same prompt (the G samples of a GRPO group) run the
 prompt once: they hold its full blocks together and each gets its own copy of the last, partial block
-(copy-on-write), where its own tokens go.
+(copy-on-write), where its own tokens go. A prompt admitted later shares the blocks live sequences hold for
+its leading tokens and runs only the rest; a decode chunk reads a prompt's shared blocks once for all its
+running samples (the decoder's shared prefix, `plan_prefix_rows`).
 
 **The session API** (multi-turn): `prefill(requests)` admits requests now and samples each one's first token;
 `decode()` runs steps until every live sequence has stopped; `extend(id, tokens)` appends tokens a policy did
@@ -29,44 +31,32 @@ was drawn. `update_weights(model)` swaps the weights in place (no copy) and bump
 does not depend on the slot, the admission order, the slot count or the other rows, so the same requests
 give the same tokens however they are scheduled, wherever the logits agree.
 
-Everything runs through the decoder's cached call (`Decoder.decode_step`) on a dense view of
-each row's blocks (`jaxgrpo.engine.paged`), the XLA reference math on every backend.
+Everything runs through the decoder's cached call (`Decoder.decode_step`) on dense views of the
+blocks (`jaxgrpo.engine.paged`: each shared prefix once, each row's own positions), the XLA reference math
+on every backend.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import logging
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from jaxgrpo.engine import paged
-from jaxgrpo.engine.paged import PagedKVCache
-from jaxgrpo.models import memory_forms
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
+from jaxgrpo.engine.programs import _POOL, STOP_SLOTS, SharedPrefixes, _copy_jit, _decode_jit, _forward_jit
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.sampler import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams, bucket_length, left_pad, sample_tokens
+from jaxgrpo.sampler import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams, bucket_length, left_pad
 from jaxgrpo.sampler import model_context_window
 
 logger = logging.getLogger(__name__)
-
-STOP_SLOTS = 8
-"""Stop tokens a request may have (padded with -1, never a token, so the set never recompiles)."""
-
-_COMPILATIONS: collections.Counter = collections.Counter()
-
-
-def compilation_counts() -> dict[str, int]:
-    """How many times each engine program was traced in this process (`"forward"`, `"decode"`, `"copy"`)."""
-    return dict(_COMPILATIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +120,7 @@ class _Sequence:
     pending: int
     remaining: int  # tokens it may still sample
     shard: int = 0  # the data shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
+    shared: int = 0  # its first positions, in full blocks it holds with the other samples of its prompt
     finish_reason: str | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     sampled: list[bool] = dataclasses.field(default_factory=list)
@@ -162,205 +153,47 @@ class _Sequence:
             versions=np.asarray(self.versions, np.int32), finish_reason=self.finish_reason)
 
 
-# ---------------------------------------------------------------------------------------------
-# The compiled programs: pure functions of the weights, the pool and small per-row arrays.
-
-
-def _draw(base_keys, positions, logits, samplings: tuple[SamplingParams, ...], choice):
-    """Each row's token from `logits` [R, V] under `samplings[choice[r]]`, keyed by (its base key, position)."""
-    keys = jax.vmap(jax.random.fold_in)(base_keys, positions)
-    draws = [sample_tokens(keys, logits, params) for params in samplings]
-    if len(draws) == 1:
-        return draws[0]
-    return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
-
-
-_POOL = P(None, "data")  # [layers, blocks, ...] and [layers, rows, ...]: each data shard its own blocks and rows
-_ROWS = P("data")
-
-
-def _per_shard(fn, mesh, in_specs, out_specs):
-    """`fn` run by each of the mesh's `data` shards on its own rows and blocks (a row's block table holds ids
-    local to its shard), or `fn` itself without a mesh."""
-    if mesh is None:
-        return fn
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={"data"}, check_vma=False)
-
-
-def _read(cache, tables, lengths, *, width, new, mesh):
-    """`paged.dense_view` on each data shard."""
-    view = functools.partial(paged.dense_view, width=width, new=new)
-    return _per_shard(view, mesh, (_POOL, _ROWS, _ROWS), (_POOL, _ROWS))(cache, tables, lengths)
-
-
-def _write(cache, tables, start, view, width, counts, *, mesh):
-    """`paged.write` of a dense view's columns from `width` on, on each data shard."""
-    keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
-    return _per_shard(paged.write, mesh, (_POOL, _ROWS, _ROWS, _POOL, _POOL, _ROWS), _POOL)(
-        cache, tables, start, keys, values, counts)
-
-
-def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
-    """Run each row's `counts[r]` new tokens `tokens` [R, T] (right-padded) after its `lengths[r]` cached
-    positions: (the hidden state after each row's last new token [R, E], the pool with the new keys written)."""
-    rows, new = tokens.shape
-    view, cached = _read(cache, tables, lengths, width=width, new=new, mesh=mesh)
-    steps = jnp.arange(new)[None]
-    kv_mask = jnp.concatenate([cached, steps < counts[:, None]], axis=1)
-    hidden, view = model.decode_step(tokens, lengths[:, None] + steps, cache=view, cache_index=width, kv_mask=kv_mask)
-    cache = _write(cache, tables, lengths, view, width, counts, mesh=mesh)
-    last = hidden[jnp.arange(rows), jnp.maximum(counts - 1, 0)]
-    return last, cache
-
-
-def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, choice, *, width,
-             samplings, mesh):
-    """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
-
-    Sample row i draws from row `sample_rows[i]`'s logits (the G samples of one prompt share its prefill),
-    at that row's next position. Returns (cache, tokens, logprobs, policy_logprobs), the last three [I].
-    """
-    _COMPILATIONS["forward"] += 1
-    logger.info("compiling engine forward: %d rows x %d tokens after %d cached, %d draws",
-                tokens.shape[0], tokens.shape[1], width, sample_rows.shape[0])
-    model = nnx.merge(graphdef, state)
-    last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh)
-    logits = model.logits_from_hidden(last[sample_rows])
-    positions = (lengths + counts)[sample_rows]
-    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-    return (cache, *_draw(base_keys, positions, logits, samplings, choice))
-
-
 def _token_list(tokens) -> list[int]:
     """A prompt (any sequence or array of token ids) as a flat list of Python ints."""
     return [int(t) for t in np.asarray(tokens).reshape(-1)]
 
 
-class _DecodeCarry(NamedTuple):
-    step: jax.Array
-    view: Any  # the chunk's dense KVCache [L, S, kv, width + steps, D], as the memory forms carry it
-    kv_mask: jax.Array  # bool [S, width + steps]
-    lengths: jax.Array  # int32 [S]
-    pending: jax.Array  # int32 [S], each row's next input
-    running: jax.Array  # bool [S]
-    remaining: jax.Array  # int32 [S]
-    finished: jax.Array  # int32, rows that stopped in this chunk
-    tokens: jax.Array  # int32 [S, K]
-    logprobs: jax.Array  # float32 [S, K]
-    policy_logprobs: jax.Array  # float32 [S, K]
-
-
-def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, choice,
-            exit_after, *, width, steps, samplings, mesh):
-    """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
-
-    The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds
-    each running row's pending token at column `width + k` (its position `lengths[r]`), a decode step of the
-    decoder with a run-time cache index like the sampler's, and draws the token at the next position. A row
-    runs from step 0 until it stops, so its new keys fill columns [width, width + k_r), written back to its
-    blocks when the chunk ends. Returns (cache, final carry); row r sampled `tokens[r, :k_r]`, its length grew
-    by k_r.
-    """
-    _COMPILATIONS["decode"] += 1
-    logger.info("compiling engine decode: %d slots, %d cached columns, %d steps a chunk", lengths.shape[0], width, steps)
-    model = nnx.merge(graphdef, state)
-    slots = lengths.shape[0]
-    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-    forms = memory_forms.for_program()
-    packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
-    view, cached = _read(cache, tables, lengths, width=width, new=steps, mesh=mesh)
-
-    def keep_going(c: _DecodeCarry):
-        return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
-
-    def one_step(c: _DecodeCarry) -> _DecodeCarry:
-        column = width + c.step
-        kv_mask = jax.lax.dynamic_update_slice(c.kv_mask, c.running[:, None], (0, column))
-        hidden, view = model.decode_step(c.pending[:, None], c.lengths[:, None],
-                                         cache=forms.from_carry(c.view, model.dtype), cache_index=column,
-                                         kv_mask=kv_mask, packed_weights=packed_weights)
-        live = c.running.astype(jnp.int32)
-        lengths = c.lengths + live
-        logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
-        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths, logits, samplings, choice)
-        stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
-        remaining = c.remaining - live
-        ended = c.running & (stopped | (remaining <= 0))
-
-        def put(buffer, values):
-            return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, values, 0).astype(buffer.dtype)[:, None],
-                                                (0, c.step))
-
-        return _DecodeCarry(c.step + 1, forms.to_carry(view), kv_mask, lengths, jnp.where(c.running, tokens, c.pending),
-                            c.running & ~ended, remaining, c.finished + ended.sum(dtype=jnp.int32), put(c.tokens, tokens),
-                            put(c.logprobs, logprobs), put(c.policy_logprobs, policy_logprobs))
-
-    zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731
-    carry = _DecodeCarry(jnp.int32(0), forms.to_carry(view), jnp.concatenate([cached, zeros(bool)], axis=1), lengths,
-                         pending, running, remaining, jnp.int32(0), zeros(jnp.int32), zeros(jnp.float32),
-                         zeros(jnp.float32))
-    final = jax.lax.while_loop(keep_going, one_step, carry)
-    cache = _write(cache, tables, lengths, forms.from_carry(final.view, model.dtype), width, final.lengths - lengths,
-                   mesh=mesh)
-    return cache, final
-
-
-def _copy(cache, sources, destinations, *, mesh):
-    """Copy block `sources[i]` to `destinations[i]`, ids local to the data shard holding entry i."""
-    _COMPILATIONS["copy"] += 1
-    return _per_shard(paged.copy_blocks, mesh, (_POOL, _ROWS, _ROWS), _POOL)(cache, sources, destinations)
-
-
-_forward_jit = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings", "mesh"), donate_argnames=("cache",))
-_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh"),
-                      donate_argnames=("cache",))
-_copy_jit = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",))
-
-
-def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,
-                   prefill_rows: int, prompt_len: int, draws: int, width: int, steps: int, sampling: SamplingParams,
-                   mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.stages.Traced]:
-    """The engine's programs traced at abstract shapes, for ahead-of-time compilation (`jaxgrpo.compile`).
-
-    `graphdef`, `state`: the decoder split (`state` may be abstract, placed as the run places it). Returns
-    {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,
-    `draws` first tokens; "engine decode": a chunk of `steps` decode steps of `num_slots` slots holding
-    `width` cached positions each}. With a mesh the pool's blocks and the rows split over its `data` axis,
-    as `Engine(mesh=...)` lays them out.
-    """
-    model = nnx.merge(graphdef, state)
-    config, dtype = model.config, model.dtype
-    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
-
-    def abstract(shape, dtype, spec=P()):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
-
-    pool = PagedKVCache(abstract(shape, dtype, _POOL), abstract(shape, dtype, _POOL))
-    max_blocks = blocks_for(max_context, block_size)
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    key = abstract(key.shape, key.dtype)
-
-    def rows(count, *tail, dtype=jnp.int32):
-        return abstract((count, *tail), dtype, _ROWS)
-
-    def replicated(count, dtype=jnp.int32):
-        return abstract((count,), dtype)
-
-    samplings = (sampling,)
-    with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
-        prefill = _forward_jit.trace(
-            graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
-            rows(prefill_rows), replicated(draws), key, replicated(draws), replicated(draws), width=0,
-            samplings=samplings, mesh=mesh)
-        decode = _decode_jit.trace(
-            graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
-            rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
-            rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)
-    return {"engine prefill": prefill, "engine decode": decode}
-
 
 # ---------------------------------------------------------------------------------------------
 # The engine
+
+
+def _prefix_key(sequence: _Sequence, block_size: int) -> tuple[int, tuple[int, ...]] | None:
+    """The blocks a sequence may share with others of its prompt (its `shared` positions), or None."""
+    return (sequence.shard, tuple(sequence.blocks[:sequence.shared // block_size])) if sequence.shared else None
+
+
+def plan_prefix_rows(rows: Sequence[_Sequence | None], share: int, block_size: int) -> list[tuple[list[_Sequence], bool]]:
+    """`len(rows) // share` groups of at most `share` of the running `rows` (None: an empty slot), each with
+    whether its members share a prompt's blocks (read once for them) or each read their own.
+
+    Every running row is in one group. The prompts with the most running samples are given groups first
+    (one group per `share` samples), as long as the rows left over still fit the groups that remain, `share`
+    to a group; the other rows fill those.
+    """
+    capacity = len(rows) // share
+    groups: dict[Any, list[_Sequence]] = {}
+    for sequence in rows:
+        if sequence is not None:
+            groups.setdefault(_prefix_key(sequence, block_size), []).append(sequence)
+    singles = groups.pop(None, [])
+    candidates = sorted(groups.values(), key=len, reverse=True)
+    unshared = len(singles) + sum(map(len, candidates))  # rows without a shared group, before any is given one
+    used, plan, own = 0, [], list(singles)
+    for members in candidates:
+        need = -(-len(members) // share)
+        if len(members) >= 2 and used + need + -(-(unshared - len(members)) // share) <= capacity:
+            plan += [(members[i:i + share], True) for i in range(0, len(members), share)]
+            used, unshared = used + need, unshared - len(members)
+        else:
+            own += members
+    plan += [(own[i:i + share], False) for i in range(0, len(own), share)]
+    return plan + [([], False)] * (capacity - len(plan))
 
 
 class Engine:
@@ -422,6 +255,11 @@ class Engine:
         self.version = 0
         self._slots: list[_Sequence | None] = [None] * self.num_slots
         self._sequences: dict[int, _Sequence] = {}
+        self._share = 1  # rows a decode chunk's shared prefix serves (`_chunk_rows`)
+        # The full blocks of live prompts: (shard, the tokens of a prompt's first k blocks) -> its k-th block,
+        # and back, so a prompt admitted later shares them (`_cached_blocks`) until they are freed.
+        self._prompt_blocks: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._prompt_of_block: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
 
     # -- weights ---------------------------------------------------------------------------------
 
@@ -482,7 +320,9 @@ class Engine:
                 fitting = [d for d in range(self.num_shards) if slots[d] >= 1 and blocks[d] >= need]
                 if not fitting:
                     return None
-                shard = home[tuple(prompt)] = max(fitting, key=lambda d: (slots[d], -d))
+                # Where live sequences hold the most of its blocks (they are shared there), else the most free slots.
+                shard = home[tuple(prompt)] = max(fitting, key=lambda d: (
+                    len(self._cached_blocks(d, prompt)) if self.num_shards > 1 else 0, slots[d], -d))
             slots[shard] -= 1
             blocks[shard] -= need
             placed.append(shard)
@@ -527,6 +367,29 @@ class Engine:
         missing = blocks_for(positions, self.block_size) - len(sequence.blocks)
         if missing > 0:
             sequence.blocks += self.allocators[sequence.shard].allocate(missing)
+
+    def _shareable(self, prompt: Sequence[int]) -> int:
+        """How many of a prompt's leading blocks its samples and later prompts may share: its full blocks, short
+        of the one holding its last token (a prefill must run at least that token to sample after it)."""
+        return (len(prompt) - 1) // self.block_size
+
+    def _cached_blocks(self, shard: int, prompt: Sequence[int]) -> list[int]:
+        """The blocks of shard `shard` that hold the longest run of `prompt`'s leading shareable blocks."""
+        blocks = []
+        for k in range(1, self._shareable(prompt) + 1):
+            block = self._prompt_blocks.get((shard, tuple(prompt[:k * self.block_size])))
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def _remember_blocks(self, shard: int, prompt: Sequence[int], blocks: Sequence[int]) -> None:
+        """Record that `blocks` (of shard `shard`) hold `prompt`'s leading full blocks."""
+        for k, block in enumerate(blocks, 1):
+            key = (shard, tuple(prompt[:k * self.block_size]))
+            if key not in self._prompt_blocks:
+                self._prompt_blocks[key] = block
+                self._prompt_of_block[shard, block] = key
 
     @staticmethod
     def _ids(requests: Iterable[Request | None]) -> np.ndarray:
@@ -573,18 +436,24 @@ class Engine:
         for i, (shard, prompt) in enumerate(zip(shards, prompts)):
             groups.setdefault((shard, tuple(prompt)), []).append(i)
         per_shard = bucket_length(max(collections.Counter(shard for shard, _ in groups).values()), 1)
+        # The prompt's leading full blocks that live sequences hold already are shared, not run again.
+        hits = {group: self._cached_blocks(*group) for group in groups}
         rows: list[_Sequence | None] = [None] * (self.num_shards * per_shard)
         row_of = {}
         for shard, prompt in groups:
             row = row_of[shard, prompt] = shard * per_shard + sum(1 for d, _ in row_of if d == shard)
             first = requests[groups[shard, prompt][0]]
-            blocks = self.allocators[shard].allocate(blocks_for(len(prompt), self.block_size))
+            blocks = self.allocators[shard].share(hits[shard, prompt])
+            blocks += self.allocators[shard].allocate(blocks_for(len(prompt), self.block_size) - len(blocks))
             rows[row] = _Sequence(first, -1, blocks, 0, -1, first.max_new_tokens, shard)
-        tokens = np.zeros((len(rows), bucket_length(max(len(p) for _, p in groups))), np.int32)
+        cached = np.zeros(len(rows), np.int32)  # positions each row finds in the cache
+        tails = {group: group[1][len(hits[group]) * self.block_size:] for group in groups}
+        tokens = np.zeros((len(rows), bucket_length(max(map(len, tails.values())))), np.int32)
         counts = np.zeros(len(rows), np.int32)
-        for (_, prompt), row in row_of.items():
-            tokens[row, :len(prompt)] = prompt
-            counts[row] = len(prompt)
+        for group, row in row_of.items():
+            cached[row] = len(hits[group]) * self.block_size
+            tokens[row, :len(tails[group])] = tails[group]
+            counts[row] = len(tails[group])
         draws = bucket_length(len(requests), 1)
         sample_rows = np.zeros(draws, np.int32)
         owner: list[Request | None] = [None] * draws
@@ -593,8 +462,9 @@ class Engine:
                 sample_rows[i], owner[i] = row_of[group], requests[i]
         samplings, choice = self._sampling_choice(owner)
         self.cache, new_tokens, logprobs, policy_logprobs = _forward_jit(
-            self._graphdef, self._state, self.cache, self._tables(rows), np.zeros(len(rows), np.int32), tokens,
-            counts, sample_rows, self.key, self._ids(owner), choice, width=0, samplings=samplings, mesh=self.mesh)
+            self._graphdef, self._state, self.cache, self._tables(rows), cached, tokens, counts, sample_rows,
+            self.key, self._ids(owner), choice, width=bucket_length(cached.max()) if cached.any() else 0,
+            samplings=samplings, mesh=self.mesh)
         new_tokens, logprobs, policy_logprobs = jax.device_get((new_tokens, logprobs, policy_logprobs))
 
         # Hand the prefilled blocks to the requests: the full ones shared, the partial last one copied.
@@ -602,6 +472,7 @@ class Engine:
         for (shard, prompt), members in groups.items():
             prefilled = rows[row_of[shard, prompt]]
             full = len(prompt) // self.block_size
+            self._remember_blocks(shard, prompt, prefilled.blocks[:full])
             for n, i in enumerate(members):
                 blocks = prefilled.blocks if n == 0 else self.allocators[shard].share(prefilled.blocks[:full])
                 if n > 0 and full < len(prefilled.blocks):
@@ -609,7 +480,8 @@ class Engine:
                     copies[shard].append((prefilled.blocks[full], copy))
                     blocks = blocks + [copy]
                 slot = free[shard].pop(0)
-                sequence = _Sequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens, shard)
+                sequence = _Sequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens, shard,
+                                     shared=self._shareable(prompt) * self.block_size)
                 sequence.record(new_tokens[i], logprobs[i], policy_logprobs[i], self.version,
                                 set(requests[i].stop_tokens))
                 self._slots[slot] = sequence
@@ -691,11 +563,44 @@ class Engine:
         sequence = self._sequences.pop(sequence_id, None)
         if sequence is None:
             raise KeyError(f"no live sequence with id {sequence_id}")
-        self.allocators[sequence.shard].release(sequence.blocks)
+        allocator = self.allocators[sequence.shard]
+        allocator.release(sequence.blocks)
+        for block in sequence.blocks:  # a freed block may be handed out again: its prompt tokens are gone
+            if not allocator.references(block):
+                self._prompt_blocks.pop(self._prompt_of_block.pop((sequence.shard, block), None), None)
         self._slots[sequence.slot] = None
         return sequence.completion()
 
     # -- continuous batching -----------------------------------------------------------------------
+
+    def _chunk_rows(self, running: list[_Sequence | None]) -> tuple[list[_Sequence | None], SharedPrefixes | None, int]:
+        """The decode chunk's rows, its shared prefixes and their width (`_decode`'s `prefixes`, `prefix_width`).
+
+        Where the samples of a prompt still run together, the rows are reordered (within each data shard) so
+        that they sit in consecutive groups of `share` rows reading the prompt's blocks once (`plan_prefix_rows`);
+        otherwise (or when the model slides a window, whose distances need all of a row's positions in one
+        view) the rows stay in slot order with no prefixes."""
+        groups = collections.Counter(_prefix_key(s, self.block_size) for s in running if s is not None)
+        largest = max((n for key, n in groups.items() if key is not None), default=1)
+        if largest < 2 or self.config.sliding_window:
+            return running, None, 0
+        # Groups of `share` rows, a power of two dividing the shard's slots: the largest that fits the largest
+        # group, and never smaller than an earlier chunk's (one compiled decode per share, not one per chunk).
+        share = 1 << (largest.bit_length() - 1)
+        while self.slots_per_shard % share:
+            share //= 2
+        self._share = share = max(self._share, share)
+        order, prefix_rows = [], []
+        for shard in range(self.num_shards):
+            rows = running[shard * self.slots_per_shard:(shard + 1) * self.slots_per_shard]
+            for members, shared in plan_prefix_rows(rows, share, self.block_size):
+                order += members + [None] * (share - len(members))
+                prefix_rows.append(members[0] if shared else None)
+        lengths = np.array([0 if s is None else s.shared for s in prefix_rows], np.int32)
+        if not lengths.any():  # no prompt's samples fit a group of their own
+            return running, None, 0
+        prefixes = SharedPrefixes(self._tables(prefix_rows), lengths, np.repeat(lengths, share))
+        return order, prefixes, bucket_length(lengths.max())
 
     def _decode_chunk(self, exit_after: int, steps: int) -> int:
         """One compiled chunk of decode steps over all slots; returns how many steps ran."""
@@ -703,7 +608,9 @@ class Engine:
         for s in running:
             if s is not None:  # blocks for the positions this chunk may write
                 self._grow(s, s.length + min(steps, s.remaining))
-        width = bucket_length(max(s.length for s in running if s is not None))
+        running, prefixes, prefix_width = self._chunk_rows(running)
+        starts = np.zeros(len(running), np.int32) if prefixes is None else prefixes.starts
+        width = bucket_length(max(s.length - start for s, start in zip(running, starts) if s is not None))
         rows = self.num_slots
         lengths, pending, remaining = (np.zeros(rows, np.int32) for _ in range(3))
         stop = np.full((rows, STOP_SLOTS), -1, np.int32)
@@ -716,8 +623,8 @@ class Engine:
         self.cache, final = _decode_jit(
             self._graphdef, self._state, self.cache, self._tables(running), lengths, pending,
             np.array([s is not None for s in running]), remaining, stop, self.key,
-            self._ids([None if s is None else s.request for s in running]), choice, np.int32(exit_after),
-            width=width, steps=steps, samplings=samplings, mesh=self.mesh)
+            self._ids([None if s is None else s.request for s in running]), choice, np.int32(exit_after), prefixes,
+            width=width, steps=steps, samplings=samplings, mesh=self.mesh, prefix_width=prefix_width)
         ran, new_lengths, tokens, logprobs, policy_logprobs = jax.device_get(
             (final.step, final.lengths, final.tokens, final.logprobs, final.policy_logprobs))
         for row, s in enumerate(running):

@@ -54,22 +54,25 @@ def _locate(tables: jax.Array, positions: jax.Array, valid: jax.Array, block_siz
     return blocks, jnp.where(valid, positions % block_size, 0)
 
 
-def dense_view(cache: PagedKVCache, tables: jax.Array, lengths: jax.Array, width: int, new: int) -> tuple[KVCache, jax.Array]:
+def dense_view(cache: PagedKVCache, tables: jax.Array, lengths: jax.Array, width: int, new: int,
+               starts: jax.Array | None = None) -> tuple[KVCache, jax.Array]:
     """Each row's cached positions as a dense, right-aligned `KVCache`, with `new` empty columns after them.
 
     Args:
       cache: the pool.
       tables: int32 [R, M], each row's block table.
-      lengths: int32 [R], the positions each row holds (at most `width`).
-      width: static, the columns for cached positions.
+      lengths: int32 [R], the positions each row holds.
+      width: static, the columns for cached positions (at least `lengths - starts`).
       new: static, the columns for the tokens about to be written.
+      starts: int32 [R], the first position each row's view holds (default 0: all of them); the positions
+        before it are read elsewhere (a shared prefix).
 
     Returns:
       `(view, cached)`: the `KVCache` [L, R, kv, width + new, D], and bool [R, width], True where a column
       holds a cached position.
     """
     positions = jnp.arange(width)[None] - width + lengths[:, None]
-    cached = positions >= 0
+    cached = positions >= (0 if starts is None else starts[:, None])
     blocks, offsets = _locate(tables, positions, cached, cache.block_size)
 
     def gather(pool):  # [L, N, kv, S, D] -> [L, R, kv, width + new, D]

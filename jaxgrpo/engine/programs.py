@@ -1,0 +1,249 @@
+"""The rollout engine's compiled programs: pure functions of the weights, the paged pool and small per-row arrays.
+
+`Engine` (`jaxgrpo.engine.engine`) schedules; these run on the device, each jitted with the pool donated:
+`_forward_jit` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
+row), `_decode_jit` (a chunk of decode steps over every slot, a `lax.while_loop`), `_copy_jit` (copy-on-write
+of blocks). On a mesh the paged reads and writes run per `data` shard (`jax.shard_map`). `trace_programs`
+traces them at abstract shapes for `jaxgrpo.compile`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxgrpo.engine import paged
+from jaxgrpo.engine.blocks import blocks_for
+from jaxgrpo.engine.paged import PagedKVCache
+from jaxgrpo.models import memory_forms
+from jaxgrpo.sampler import SamplingParams, sample_tokens
+
+logger = logging.getLogger(__name__)
+
+STOP_SLOTS = 8
+"""Stop tokens a request may have (padded with -1, never a token, so the set never recompiles)."""
+
+_COMPILATIONS: collections.Counter = collections.Counter()
+
+
+def compilation_counts() -> dict[str, int]:
+    """How many times each engine program was traced in this process (`"forward"`, `"decode"`, `"copy"`)."""
+    return dict(_COMPILATIONS)
+
+
+def _draw(base_keys, positions, logits, samplings: tuple[SamplingParams, ...], choice):
+    """Each row's token from `logits` [R, V] under `samplings[choice[r]]`, keyed by (its base key, position)."""
+    keys = jax.vmap(jax.random.fold_in)(base_keys, positions)
+    draws = [sample_tokens(keys, logits, params) for params in samplings]
+    if len(draws) == 1:
+        return draws[0]
+    return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
+
+
+_POOL = P(None, "data")  # [layers, blocks, ...] and [layers, rows, ...]: each data shard its own blocks and rows
+_ROWS = P("data")
+
+
+def _per_shard(fn, mesh, in_specs, out_specs):
+    """`fn` run by each of the mesh's `data` shards on its own rows and blocks (a row's block table holds ids
+    local to its shard), or `fn` itself without a mesh."""
+    if mesh is None:
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={"data"}, check_vma=False)
+
+
+def _read(cache, tables, lengths, starts=None, *, width, new, mesh):
+    """`paged.dense_view` on each data shard."""
+    def view(*args):  # (cache, tables, lengths[, starts])
+        return paged.dense_view(*args[:3], width, new, *args[3:])
+
+    arrays = (cache, tables, lengths) if starts is None else (cache, tables, lengths, starts)
+    return _per_shard(view, mesh, (_POOL,) + (_ROWS,) * (len(arrays) - 1), (_POOL, _ROWS))(*arrays)
+
+
+def _write(cache, tables, start, view, width, counts, *, mesh):
+    """`paged.write` of a dense view's columns from `width` on, on each data shard."""
+    keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
+    return _per_shard(paged.write, mesh, (_POOL, _ROWS, _ROWS, _POOL, _POOL, _ROWS), _POOL)(
+        cache, tables, start, keys, values, counts)
+
+
+def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
+    """Run each row's `counts[r]` new tokens `tokens` [R, T] (right-padded) after its `lengths[r]` cached
+    positions: (the hidden state after each row's last new token [R, E], the pool with the new keys written)."""
+    rows, new = tokens.shape
+    view, cached = _read(cache, tables, lengths, width=width, new=new, mesh=mesh)
+    steps = jnp.arange(new)[None]
+    kv_mask = jnp.concatenate([cached, steps < counts[:, None]], axis=1)
+    hidden, view = model.decode_step(tokens, lengths[:, None] + steps, cache=view, cache_index=width, kv_mask=kv_mask)
+    cache = _write(cache, tables, lengths, view, width, counts, mesh=mesh)
+    last = hidden[jnp.arange(rows), jnp.maximum(counts - 1, 0)]
+    return last, cache
+
+
+def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, choice, *, width,
+             samplings, mesh):
+    """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
+
+    Sample row i draws from row `sample_rows[i]`'s logits (the G samples of one prompt share its prefill),
+    at that row's next position. Returns (cache, tokens, logprobs, policy_logprobs), the last three [I].
+    """
+    _COMPILATIONS["forward"] += 1
+    logger.info("compiling engine forward: %d rows x %d tokens after %d cached, %d draws",
+                tokens.shape[0], tokens.shape[1], width, sample_rows.shape[0])
+    model = nnx.merge(graphdef, state)
+    last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh)
+    logits = model.logits_from_hidden(last[sample_rows])
+    positions = (lengths + counts)[sample_rows]
+    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+    return (cache, *_draw(base_keys, positions, logits, samplings, choice))
+
+
+class _DecodeCarry(NamedTuple):
+    step: jax.Array
+    view: Any  # the chunk's dense KVCache [L, S, kv, width + steps, D], as the memory forms carry it
+    kv_mask: jax.Array  # bool [S, width + steps]
+    lengths: jax.Array  # int32 [S]
+    pending: jax.Array  # int32 [S], each row's next input
+    running: jax.Array  # bool [S]
+    remaining: jax.Array  # int32 [S]
+    finished: jax.Array  # int32, rows that stopped in this chunk
+    tokens: jax.Array  # int32 [S, K]
+    logprobs: jax.Array  # float32 [S, K]
+    policy_logprobs: jax.Array  # float32 [S, K]
+
+
+class SharedPrefixes(NamedTuple):
+    """A decode chunk's shared prefixes: rows [i * share, (i + 1) * share) read prefix row i (the decoder's
+    `prefix` contract), its first `lengths[i]` positions through block table `tables[i]`; each row's own
+    view starts at position `starts[r]` (its prefix row's length; 0 in a row with no prefix)."""
+
+    tables: jax.Array  # int32 [R / share, M]
+    lengths: jax.Array  # int32 [R / share]
+    starts: jax.Array  # int32 [R]
+
+
+def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, choice,
+            exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
+    """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
+
+    The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds
+    each running row's pending token at column `width + k` (its position `lengths[r]`), a decode step of the
+    decoder with a run-time cache index like the sampler's, and draws the token at the next position. A row
+    runs from step 0 until it stops, so its new keys fill columns [width, width + k_r), written back to its
+    blocks when the chunk ends. Returns (cache, final carry); row r sampled `tokens[r, :k_r]`, its length grew
+    by k_r.
+
+    With `prefixes` (`SharedPrefixes`), the rows that share a prompt's blocks read them once, as one prefix
+    row of `prefix_width` columns (the decoder's shared prefix: their queries stacked into one product), and
+    their dense views hold only the positions after it.
+    """
+    _COMPILATIONS["decode"] += 1
+    logger.info("compiling engine decode: %d slots, %d cached columns, %d steps a chunk%s", lengths.shape[0], width,
+                steps, "" if prefixes is None else f", {prefixes.lengths.shape[0]} shared prefixes of {prefix_width}")
+    model = nnx.merge(graphdef, state)
+    slots = lengths.shape[0]
+    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+    forms = memory_forms.for_program()
+    packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
+    prefix = prefix_mask = None
+    if prefixes is not None:
+        prefix, prefix_mask = _read(cache, prefixes.tables, prefixes.lengths, width=prefix_width, new=0, mesh=mesh)
+    view, cached = _read(cache, tables, lengths, None if prefixes is None else prefixes.starts, width=width,
+                         new=steps, mesh=mesh)
+
+    def keep_going(c: _DecodeCarry):
+        return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
+
+    def one_step(c: _DecodeCarry) -> _DecodeCarry:
+        column = width + c.step
+        kv_mask = jax.lax.dynamic_update_slice(c.kv_mask, c.running[:, None], (0, column))
+        hidden, view = model.decode_step(c.pending[:, None], c.lengths[:, None],
+                                         cache=forms.from_carry(c.view, model.dtype), cache_index=column,
+                                         kv_mask=kv_mask, prefix=prefix, prefix_mask=prefix_mask,
+                                         packed_weights=packed_weights)
+        live = c.running.astype(jnp.int32)
+        lengths = c.lengths + live
+        logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
+        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths, logits, samplings, choice)
+        stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
+        remaining = c.remaining - live
+        ended = c.running & (stopped | (remaining <= 0))
+
+        def put(buffer, values):
+            return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, values, 0).astype(buffer.dtype)[:, None],
+                                                (0, c.step))
+
+        return _DecodeCarry(c.step + 1, forms.to_carry(view), kv_mask, lengths, jnp.where(c.running, tokens, c.pending),
+                            c.running & ~ended, remaining, c.finished + ended.sum(dtype=jnp.int32), put(c.tokens, tokens),
+                            put(c.logprobs, logprobs), put(c.policy_logprobs, policy_logprobs))
+
+    zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731
+    carry = _DecodeCarry(jnp.int32(0), forms.to_carry(view), jnp.concatenate([cached, zeros(bool)], axis=1), lengths,
+                         pending, running, remaining, jnp.int32(0), zeros(jnp.int32), zeros(jnp.float32),
+                         zeros(jnp.float32))
+    final = jax.lax.while_loop(keep_going, one_step, carry)
+    cache = _write(cache, tables, lengths, forms.from_carry(final.view, model.dtype), width, final.lengths - lengths,
+                   mesh=mesh)
+    return cache, final
+
+
+def _copy(cache, sources, destinations, *, mesh):
+    """Copy block `sources[i]` to `destinations[i]`, ids local to the data shard holding entry i."""
+    _COMPILATIONS["copy"] += 1
+    return _per_shard(paged.copy_blocks, mesh, (_POOL, _ROWS, _ROWS), _POOL)(cache, sources, destinations)
+
+
+_forward_jit = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings", "mesh"), donate_argnames=("cache",))
+_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width"),
+                      donate_argnames=("cache",))
+_copy_jit = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",))
+
+
+def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,
+                   prefill_rows: int, prompt_len: int, draws: int, width: int, steps: int, sampling: SamplingParams,
+                   mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.stages.Traced]:
+    """The engine's programs traced at abstract shapes, for ahead-of-time compilation (`jaxgrpo.compile`).
+
+    `graphdef`, `state`: the decoder split (`state` may be abstract, placed as the run places it). Returns
+    {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,
+    `draws` first tokens; "engine decode": a chunk of `steps` decode steps of `num_slots` slots holding
+    `width` cached positions each}. With a mesh the pool's blocks and the rows split over its `data` axis,
+    as `Engine(mesh=...)` lays them out.
+    """
+    model = nnx.merge(graphdef, state)
+    config, dtype = model.config, model.dtype
+    shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+
+    def abstract(shape, dtype, spec=P()):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
+
+    pool = PagedKVCache(abstract(shape, dtype, _POOL), abstract(shape, dtype, _POOL))
+    max_blocks = blocks_for(max_context, block_size)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = abstract(key.shape, key.dtype)
+
+    def rows(count, *tail, dtype=jnp.int32):
+        return abstract((count, *tail), dtype, _ROWS)
+
+    def replicated(count, dtype=jnp.int32):
+        return abstract((count,), dtype)
+
+    samplings = (sampling,)
+    with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
+        prefill = _forward_jit.trace(
+            graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
+            rows(prefill_rows), replicated(draws), key, replicated(draws), replicated(draws), width=0,
+            samplings=samplings, mesh=mesh)
+        decode = _decode_jit.trace(
+            graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
+            rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
+            rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)
+    return {"engine prefill": prefill, "engine decode": decode}
