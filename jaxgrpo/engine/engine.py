@@ -120,7 +120,7 @@ class _Sequence:
     pending: int
     remaining: int  # tokens it may still sample
     shard: int = 0  # the data shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
-    shared: int = 0  # its first positions, in full blocks it holds with the other samples of its prompt
+    shared: int = 0  # its first positions that others may share: its prompt's full blocks but the last token's
     finish_reason: str | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     sampled: list[bool] = dataclasses.field(default_factory=list)
@@ -156,7 +156,6 @@ class _Sequence:
 def _token_list(tokens) -> list[int]:
     """A prompt (any sequence or array of token ids) as a flat list of Python ints."""
     return [int(t) for t in np.asarray(tokens).reshape(-1)]
-
 
 
 # ---------------------------------------------------------------------------------------------
