@@ -1,5 +1,8 @@
 """The Task interface the trainer uses: registry, loading, prompts, default rewards, batches."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -67,6 +70,26 @@ def test_load_names_a_bad_split_and_a_stray_data_dir(small_arithmetic):
         small_arithmetic.load("validation")
     with pytest.raises(ValueError, match="arithmetic is generated, it reads no data_dir"):
         small_arithmetic.load("train", data_dir="/data")
+
+
+_LOAD_IN_A_PROCESS = """
+import sys
+from jaxgrpo.data import get_task
+
+task = get_task("arithmetic", train_size=2000, test_size=16, tfds_data_dir=sys.argv[1])
+print(len(task.load("train")), task.load("train")[7]["question"])
+"""
+
+
+def test_processes_preparing_one_dataset_at_once_each_get_it(tmp_path):
+    """A study's workers on a fresh machine: the first prepares the records, the others wait and read them (they
+    used to prepare them too, and all but one failed renaming their copy into place)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _LOAD_IN_A_PROCESS, str(tmp_path / "tfds")], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    answers = {out.strip().splitlines()[-1] for out, _ in outputs}  # (the preparing one also says so)
+    assert len(answers) == 1 and answers.pop().startswith("2000 ")
 
 
 def test_messages_pose_the_question_with_the_answer_format():

@@ -21,7 +21,13 @@ New tasks register with `register_task(name, factory)`; `get_task` accepts
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import functools
+import hashlib
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -76,10 +82,33 @@ class ExampleSource(Sequence):
         return {key: value.decode("utf-8") if isinstance(value, bytes) else value for key, value in record.items()}
 
 
-def _data_source(builder: tfds.core.DatasetBuilder, split: str, download_config=None) -> Sequence[dict]:
-    """``split`` of ``builder`` as a random-access data source, preparing the builder on first use."""
+@contextlib.contextmanager
+def _preparing(data_dir: str) -> Iterator[None]:
+    """Holds an exclusive lock (a file in the temporary directory, named for `data_dir`) while a dataset is
+    prepared there, so two processes of this machine never prepare the same one at once."""
+    name = hashlib.sha256(os.path.abspath(os.fspath(data_dir)).encode()).hexdigest()[:16]
+    with open(os.path.join(tempfile.gettempdir(), f"jaxgrpo-tfds-{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _data_source(make_builder: Callable[[], tfds.core.DatasetBuilder], split: str,
+                 download_config=None) -> Sequence[dict]:
+    """``split`` of the builder ``make_builder()`` makes as a random-access data source, preparing it on first use.
+
+    Two processes preparing one dataset at once (the workers of a study on a fresh machine) would both write
+    it and the second would fail to rename its copy into place: preparing holds a lock, and a builder made
+    after the wait reads what the other process prepared.
+    """
+    builder = make_builder()
     if split not in builder.info.splits:
-        builder.download_and_prepare(download_config=download_config)
+        with _preparing(builder.data_dir):
+            builder = make_builder()
+            if split not in builder.info.splits:
+                builder.download_and_prepare(download_config=download_config)
     if split not in builder.info.splits:
         raise ValueError(f"{builder.name} has no split {split!r}; splits are {sorted(builder.info.splits)}")
     return builder.as_data_source(split)
@@ -125,11 +154,12 @@ class Gsm8kTask(_MathPrompting):
           DataError: a line of a file to prepare is not a GSM8K example, or a file is empty.
         """
         config = gsm8k.source_config(data_dir)
-        builder = gsm8k.Gsm8k(data_dir=self.tfds_data_dir, config=config, file_format="array_record")
-        if data_dir is not None and split not in builder.info.splits:
+        make_builder = functools.partial(gsm8k.Gsm8k, data_dir=self.tfds_data_dir, config=config,
+                                         file_format="array_record")
+        if data_dir is not None and split not in make_builder().info.splits:
             gsm8k.check_files(gsm8k.local_files(data_dir))  # before TFDS: one error naming the file and line
         download_config = tfds.download.DownloadConfig(manual_dir=data_dir)
-        return ExampleSource(_data_source(builder, split, download_config), num_examples)
+        return ExampleSource(_data_source(make_builder, split, download_config), num_examples)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +205,9 @@ class ArithmeticTask(_MathPrompting):
                 f"arithmetic is generated, it reads no data_dir (got {data_dir!r}); pass data_dir=None, "
                 "and set tfds_data_dir on the task to choose where the prepared records are written"
             )
-        builder = arithmetic.Arithmetic(data_dir=self.tfds_data_dir, config=self.config, file_format="array_record")
-        return ExampleSource(_data_source(builder, split), num_examples)
+        make_builder = functools.partial(arithmetic.Arithmetic, data_dir=self.tfds_data_dir, config=self.config,
+                                         file_format="array_record")
+        return ExampleSource(_data_source(make_builder, split), num_examples)
 
 
 def _arithmetic_task(config: str | None = None, **kwargs: Any) -> ArithmeticTask:
