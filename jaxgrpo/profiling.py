@@ -207,10 +207,11 @@ def exclusive_times(events: Sequence[dict]) -> collections.Counter:
     return totals
 
 
-def _attribute(directory: str, scopes: Sequence[tuple[str, str]], count: int) -> tuple[collections.Counter, ...]:
+def _attribute(directory: str, events: Sequence[dict], scopes: Sequence[tuple[str, str]],
+               count: int) -> tuple[collections.Counter, ...]:
     """(seconds per label, per program, per instruction), each over `count` calls or steps, of the trace in
-    `directory`: every instruction's exclusive time under the label of its op_name (`label_of`)."""
-    totals = exclusive_times(_trace_events(directory))
+    `directory` (its `events`): every instruction's exclusive time under the label of its op_name (`label_of`)."""
+    totals = exclusive_times(events)
     if not totals:
         raise RuntimeError("the trace has no per-instruction events (hlo_op); this backend's profiler does not record them")
     names = _trace_op_names(directory)
@@ -249,11 +250,11 @@ def time_by_scope(
         walls.append(time.perf_counter() - start)
     with tempfile.TemporaryDirectory() as directory:
         start = time.perf_counter()
-        with jax.profiler.trace(directory, create_perfetto_trace=True):
+        with jax.profiler.trace(directory):
             for _ in range(calls):
                 jax.block_until_ready(compiled(*args))
         traced = (time.perf_counter() - start) / calls
-        seconds, _, per_instruction = _attribute(directory, scopes, calls)
+        seconds, _, per_instruction = _attribute(directory, _trace_events(directory), scopes, calls)
     return Breakdown(
         seconds=dict(seconds.most_common()),
         wall_seconds=sorted(walls)[len(walls) // 2],
@@ -313,12 +314,13 @@ def summarize_steps(directory: str, steps: tuple[int, int], wall_seconds: float,
                     scopes: Sequence[tuple[str, str]] = MODEL_SCOPES, top: int = 15) -> StepProfile:
     """The `StepProfile` of the trace in `directory`, which covers `steps` (first, last) in `wall_seconds`."""
     count = steps[1] - steps[0] + 1
+    events = _trace_events(directory)
     phases: collections.Counter = collections.Counter()
-    for event in _trace_events(directory):
+    for event in events:
         name = event.get("name", "")
         if event.get("ph") == "X" and name.startswith(PHASE_PREFIX):
             phases[name[len(PHASE_PREFIX):]] += event.get("dur", 0.0) / 1e6 / count
-    parts, programs, instructions = _attribute(directory, scopes, count)
+    parts, programs, instructions = _attribute(directory, events, scopes, count)
     return StepProfile(steps=steps, wall_seconds=wall_seconds / count, phases=dict(phases.most_common()),
                        programs=dict(programs.most_common()), parts=dict(parts.most_common()),
                        instructions=dict(instructions.most_common(top)))
@@ -364,7 +366,7 @@ class StepTracer:
     def begin(self, step: int) -> None:
         if step == self.first:
             os.makedirs(self.directory, exist_ok=True)
-            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            jax.profiler.start_trace(self.directory)  # its trace.json.gz opens in Perfetto as it is
             self._start = time.perf_counter()
 
     def end(self, step: int) -> str | None:

@@ -108,7 +108,7 @@ def test_a_run_driven_to_collapse_warns_once_of_each_sign(tmp_path, caplog):
 def test_metrics_plots_evaluation_and_a_profile_are_written(tmp_path):
     cfg = toy_config(tmp_path, "steps=4", "eval_every=2", "task.num_eval_examples=16", "eval_pass_k=4", "checkpoint_every=2")
     trainer = Trainer(cfg)
-    trainer.run(progress=False, profile=2)
+    trainer.run(progress=False, profile=1)
     run = tmp_path / "run"
     records = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -129,10 +129,10 @@ def test_metrics_plots_evaluation_and_a_profile_are_written(tmp_path):
     assert "reward.png" in pngs and "evaluation.png" in pngs
     assert sorted(int(d) for d in os.listdir(run / "checkpoints") if d.isdigit()) == [2, 4]
 
-    # profile=2: steps 2 and 3 (step 1 compiles) traced, with where they went.
-    profile = run / "profile" / "steps_2-3"
+    # profile=1: step 2 (step 1 compiles; step 2 also evaluates and saves) traced, with where it went.
+    profile = run / "profile" / "steps_2-2"
     summary = json.loads((profile / "summary.json").read_text())
-    assert summary["steps"] == [2, 3]
+    assert summary["steps"] == [2, 2]
     # (no "score": this run takes its old log-probs from the sampler and has no reference model)
     assert {"sample", "reward", "update", "evaluate", "checkpoint"} <= set(summary["phases"])
     assert sum(summary["phases"].values()) <= summary["wall_seconds"] * 1.01  # the phases do not nest
