@@ -95,9 +95,10 @@ def _preparing(data_dir: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _data_source(make_builder: Callable[[], tfds.core.DatasetBuilder], split: str,
-                 download_config=None) -> Sequence[dict]:
-    """``split`` of the builder ``make_builder()`` makes as a random-access data source, preparing it on first use.
+def _data_source(make_builder: Callable[[], tfds.core.DatasetBuilder], split: str, download_config=None,
+                 before_preparing: Callable[[], None] | None = None) -> Sequence[dict]:
+    """``split`` of the builder ``make_builder()`` makes as a random-access data source, preparing it on first use
+    (after ``before_preparing()``, a check of what preparing reads).
 
     Two processes preparing one dataset at once (the workers of a study on a fresh machine) would both write
     it and the second would fail to rename its copy into place: preparing holds a lock, and a builder made
@@ -108,6 +109,8 @@ def _data_source(make_builder: Callable[[], tfds.core.DatasetBuilder], split: st
         with _preparing(builder.data_dir):
             builder = make_builder()
             if split not in builder.info.splits:
+                if before_preparing is not None:
+                    before_preparing()
                 builder.download_and_prepare(download_config=download_config)
     if split not in builder.info.splits:
         raise ValueError(f"{builder.name} has no split {split!r}; splits are {sorted(builder.info.splits)}")
@@ -156,10 +159,10 @@ class Gsm8kTask(_MathPrompting):
         config = gsm8k.source_config(data_dir)
         make_builder = functools.partial(gsm8k.Gsm8k, data_dir=self.tfds_data_dir, config=config,
                                          file_format="array_record")
-        if data_dir is not None and split not in make_builder().info.splits:
-            gsm8k.check_files(gsm8k.local_files(data_dir))  # before TFDS: one error naming the file and line
+        # Before TFDS reads the files: one error naming the file and line.
+        check = None if data_dir is None else lambda: gsm8k.check_files(gsm8k.local_files(data_dir))
         download_config = tfds.download.DownloadConfig(manual_dir=data_dir)
-        return ExampleSource(_data_source(make_builder, split, download_config), num_examples)
+        return ExampleSource(_data_source(make_builder, split, download_config, check), num_examples)
 
 
 @dataclasses.dataclass(frozen=True)
