@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.extend.core import jaxprs_in_params
 
 from jaxgrpo.models import Decoder, DecoderConfig, cpu_forms, memory_forms
 from jaxgrpo.models.decoder import KVCache
@@ -200,3 +201,31 @@ def test_bfloat16_weights_read_through_their_bits_have_the_plain_derivatives(rem
         assert got.dtype == jnp.bfloat16
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
     assert all(np.abs(np.asarray(g, np.float32)).max() > 0 for g in jax.tree.leaves(grads))
+
+
+
+def _has_while(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            return True
+        for sub in jaxprs_in_params(eqn.params):
+            if _has_while(sub):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("capacity, loops", [(16, False), (64, True)])
+def test_a_decode_step_loops_over_cache_chunks_only_when_several(capacity, loops):
+    """With a run-time cache index, a cache that one chunk of the memory forms covers is read in one block (no
+    loop with a run-time trip count of 0 or 1: on a GPU each costs a host round trip per layer and step); a
+    larger one is read chunk by chunk up to the live length (the CPU forms' 32-slot chunks)."""
+    model = _random_model(LLAMA)
+    kv_mask = jnp.ones((2, capacity), bool)
+
+    def step(model, cache, index):
+        return model(jnp.zeros((2, 1), jnp.int32), jnp.full((2, 1), 3), cache=cache, cache_index=index,
+                     kv_mask=kv_mask)
+
+    assert (memory_forms.for_program().cache_chunk(capacity) < capacity) == loops  # the premise, on this CPU
+    jaxpr = jax.make_jaxpr(step)(model, model.init_cache(2, capacity), jnp.int32(3))
+    assert _has_while(jaxpr.jaxpr) == loops
