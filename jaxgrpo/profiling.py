@@ -181,6 +181,26 @@ def _trace_op_names(directory: str) -> dict[str, dict[str, str]]:
         return xplane_op_names(f.read())
 
 
+def device_busy_seconds(directory: str) -> float | None:
+    """Seconds some accelerator kernel ran in the trace in `directory`: the union of the intervals of the events
+    on each "/device:GPU:i" or "/device:TPU:i" process (its streams or cores), summed over devices; None when
+    the trace has no such process (a CPU run). Over the traced wall time it is the device's busy share."""
+    events = _trace_events(directory)
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and str(e.get("args", {}).get("name", "")).startswith(("/device:GPU", "/device:TPU"))}
+    if not devices:
+        return None
+    busy = 0.0
+    for pid in devices:
+        intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events
+                           if e.get("pid") == pid and e.get("ph") == "X")
+        end = -float("inf")
+        for start, stop in intervals:
+            busy += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+    return busy / 1e6
+
+
 def exclusive_times(events: Sequence[dict]) -> collections.Counter:
     """(module, instruction) -> summed exclusive microseconds of the trace's HLO-instruction events.
 

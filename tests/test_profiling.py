@@ -31,6 +31,27 @@ def test_exclusive_times_subtract_nested_events_once():
                       ("m", "d"): 5, ("m", "e"): 70}
 
 
+def test_device_busy_seconds_is_the_union_of_a_devices_kernels(tmp_path):
+    """Overlapping kernels on two streams of one GPU count once; the host's events and a CPU-only trace do not."""
+    import gzip
+    import json
+
+    def write(name, events):
+        directory = tmp_path / name / "plugins" / "profile" / "run"
+        directory.mkdir(parents=True)
+        with gzip.open(directory / "host.trace.json.gz", "wt") as f:
+            json.dump({"traceEvents": events}, f)
+        return str(tmp_path / name)
+
+    meta = lambda pid, name: {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}  # noqa: E731
+    kernel = lambda pid, tid, ts, dur: {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": "k"}  # noqa: E731
+    gpu = write("gpu", [meta(1, "/device:GPU:0"), meta(2, "/host:CPU"),
+                        kernel(1, 1, 0, 10), kernel(1, 2, 5, 10), kernel(1, 1, 30, 5), kernel(2, 1, 0, 1000)])
+    assert profiling.device_busy_seconds(gpu) == pytest.approx(20e-6)  # [0, 15) and [30, 35)
+    cpu = write("cpu", [meta(1, "/device:CUSTOM:Megascale Trace"), meta(2, "/host:CPU"), kernel(2, 1, 0, 1000)])
+    assert profiling.device_busy_seconds(cpu) is None
+
+
 @pytest.mark.parametrize("op_name, label", [
     ("jit(step)/layers/while/body/attention/qkv/dot_general", "attention q/k/v projections (+ RoPE, q/k norm)"),
     ("jit(step)/layers/while/body/attention/core/bkqd,bksd->bkqs/dot_general", "attention scores, softmax and values (cache reads)"),
