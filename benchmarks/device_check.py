@@ -2,7 +2,8 @@
 
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
-        [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,train,torch]
+        [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
+        [--decode-variants plain,graphs,engine] [--trace-dir DIR] [--packing both|on|off] [--remat on|off|both]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
 by default) in bfloat16, from a checkout with only the core install and the platform's jax; nothing is
@@ -18,10 +19,15 @@ it measured):
   new tokens, no stop token: tokens/s and ms per decode step (the slope between a short and the full run,
   so prefill is out of it) beside the HBM floor (the weights plus the live KV cache read once a step, the
   prompt's cache once per group as the sampler shares it, over the measured bandwidth);
+* `decode_loop`: the same through the decode loop's variants side by side (`--decode-variants`): "plain", as
+  jaxgrpo compiles it; "graphs", the decode loops compiled with XLA command buffers for WHILE and CONDITIONAL
+  (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk);
+  with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.train_step`: sample, score, update) on a task whose reward is
-  the parity of each completion's token sum (so every group has signal), packing on and off: seconds per
-  step and per update, update tokens/s and MFU (6 N x the update's tokens, prompt + completion slots of
-  every row as `jaxgrpo-compile` counts them, over the matmul peak measured here), with the compile
+  the parity of each completion's token sum (so every group has signal), packing on and off (`--packing`),
+  layers rematerialized or not (`--remat`): seconds per step and per update, update tokens/s and MFU (6 N x
+  the update's tokens, prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
+  matmul peak measured here), with the compile
   report's roofline estimate of the same update (`compile.count_products` at the measured peak and
   bandwidth) and the measured/estimate factor;
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
@@ -37,6 +43,7 @@ samples, 256-token prompts, 512 new tokens).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -49,7 +56,7 @@ import traceback
 
 import numpy as np
 
-SECTIONS = ("env", "matmul", "attention", "sampler", "train", "torch")
+SECTIONS = ("env", "matmul", "attention", "sampler", "decode_loop", "train", "torch")
 
 #: A Qwen3-shaped model small enough for a CPU to run every section in seconds (`--small`).
 SMALL_HF_CONFIG = {
@@ -274,22 +281,61 @@ def attention_layouts(shapes: Shapes, config) -> dict:
     return results
 
 
-def sampler_section(model, shapes: Shapes, bandwidth: float) -> dict:
-    """Tokens/s and ms per decode step of `sampler.generate`, beside the HBM floor per step."""
+def _prompts(model, shapes: Shapes) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return rng.integers(1, model.config.vocab_size, (shapes.prompts, shapes.prompt_len)).tolist()
+
+
+def through_sampler(model, shapes: Shapes):
+    """`generate(new_tokens, seed)` -> completion tokens made, through `sampler.generate`."""
     import jax
 
     from jaxgrpo import sampler
 
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(1, model.config.vocab_size, (shapes.prompts, shapes.prompt_len)).tolist()
+    prompts = _prompts(model, shapes)
+
+    def generate(new_tokens: int, seed: int) -> int:
+        out = sampler.generate(model, prompts, num_samples=shapes.samples, max_new_tokens=new_tokens,
+                               key=jax.random.key(seed), temperature=1.0)
+        return int(jax.block_until_ready(out.completion_mask).sum())
+
+    return generate
+
+
+def through_engine(model, shapes: Shapes):
+    """`generate(new_tokens, seed)` -> completion tokens made, through the rollout engine (one slot per row,
+    the whole completion in one decode chunk), as the trainer's `sampling.engine` samples."""
+    import jax
+
+    from jaxgrpo import engine as engine_lib
+    from jaxgrpo import sampler
+
+    prompts = _prompts(model, shapes)
+    engine = engine_lib.Engine(model, num_slots=shapes.rows,
+                               max_context=sampler.bucket_length(shapes.prompt_len) + shapes.new_tokens,
+                               decode_chunk=shapes.new_tokens)
+    params = sampler.SamplingParams(temperature=1.0)
+
+    def generate(new_tokens: int, seed: int) -> int:
+        out = engine_lib.generate_groups(engine, prompts, num_samples=shapes.samples, max_new_tokens=new_tokens,
+                                         sampling=params, key=jax.random.key(seed))
+        return int(out.completion_mask.sum())
+
+    return generate
+
+
+def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> dict:
+    """Tokens/s and ms per decode step of `generate` (`through_sampler`'s by default), beside the HBM floor
+    per step."""
+    import jax
+
+    generate = generate or through_sampler(model, shapes)
 
     def run(new_tokens: int, seed: int) -> float:
         start = time.perf_counter()
-        out = sampler.generate(model, prompts, num_samples=shapes.samples, max_new_tokens=new_tokens,
-                               key=jax.random.key(seed), temperature=1.0)
-        jax.block_until_ready(out.completion_tokens)
+        made = generate(new_tokens, seed)
         elapsed = time.perf_counter() - start
-        assert int(out.completion_mask.sum()) == shapes.rows * new_tokens, "a row stopped early"
+        assert made == shapes.rows * new_tokens, f"rows stopped early: {made} of {shapes.rows * new_tokens} tokens"
         return elapsed
 
     short = max(shapes.new_tokens // 8, 2)
@@ -309,19 +355,87 @@ def sampler_section(model, shapes: Shapes, bandwidth: float) -> dict:
             "hbm_floor_ms_per_step": 1e3 * floor, "floor_ratio": per_step / floor}
 
 
+#: The decode loop's variants the `decode_loop` section times side by side: "plain" (the programs as jaxgrpo
+#: compiles them) and "graphs" (the decode loops compiled with `GRAPH_OPTIONS`: XLA command buffers with WHILE and
+#: CONDITIONAL nodes, the whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads the options).
+DECODE_VARIANTS = ("plain", "graphs")
+GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
+
+
+@contextlib.contextmanager
+def decode_variant(name: str):
+    """Within it, `sampler.generate` and the engine decode as the variant `name` of `DECODE_VARIANTS` says
+    (fresh jitted programs: nothing compiled for another variant is reused)."""
+    import jax
+
+    from jaxgrpo import sampler
+    from jaxgrpo.engine import engine as engine_module
+    from jaxgrpo.engine import programs
+
+    options = GRAPH_OPTIONS if name == "graphs" else {}
+    saved = (sampler.prefill_program, sampler.decode_program, engine_module._forward_jit, engine_module._decode_jit)
+    sampler.prefill_program = jax.jit(sampler.prefill, static_argnames=("graphdef", "layout"))
+    sampler.decode_program = jax.jit(sampler.decode_loop, static_argnames=("graphdef", "layout"),
+                                     donate_argnames=("carry",), compiler_options=options)
+    engine_module._forward_jit = jax.jit(programs._forward, static_argnames=("graphdef", "width", "samplings", "mesh"),
+                                         donate_argnames=("cache",))
+    engine_module._decode_jit = jax.jit(programs._decode, static_argnames=("graphdef", "width", "steps", "samplings",
+                                                                           "mesh", "prefix_width"),
+                                        donate_argnames=("cache",), compiler_options=options)
+    try:
+        yield
+    finally:
+        (sampler.prefill_program, sampler.decode_program, engine_module._forward_jit,
+         engine_module._decode_jit) = saved
+
+
+def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,
+                   variants=DECODE_VARIANTS + ("engine",)) -> dict:
+    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS`, and "engine": the rollout engine), and a
+    jax.profiler trace of one short plain `generate`: the device's busy share of its wall time, and its
+    kernels per decode step."""
+    import jax
+
+    from jaxgrpo import profiling
+
+    result = {}
+    for name in variants:
+        with decode_variant("plain" if name == "engine" else name):
+            try:
+                generate = through_engine(model, shapes) if name == "engine" else None
+                result[name] = sampler_section(model, shapes, bandwidth, generate)
+            except Exception as error:  # noqa: BLE001 — recorded; the other variants still run
+                traceback.print_exc()
+                result[name] = {"error": _one_line(error)}
+        print(f"  decode loop {name}: {result[name]}", flush=True)
+    if trace_dir:
+        generate = through_sampler(model, shapes)
+        short = max(shapes.new_tokens // 8, 2)
+        generate(short, 0)  # compiled (or compiles) outside the trace
+        with jax.profiler.trace(trace_dir):
+            start = time.perf_counter()
+            generate(short, 1)
+            wall = time.perf_counter() - start
+        busy = profiling.device_busy_seconds(trace_dir)
+        result["profile"] = {"new_tokens": short, "wall_seconds": wall, "device_busy_seconds": busy,
+                             "device_busy_share": None if busy is None else busy / wall, "trace_dir": trace_dir}
+        print(f"  decode loop profile: {result['profile']}", flush=True)
+    return result
+
+
 def nnx_state(model):
     from flax import nnx
 
     return nnx.state(model, nnx.Param)
 
 
-def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str):
+def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool = True):
     from jaxgrpo.config import Config
 
     c = Config()
     c.model = model_name
     c.dtype = "bfloat16"
-    c.remat = True
+    c.remat = remat
     c.packing = packing
     c.attention = attention
     c.task.name = "device_check"
@@ -357,7 +471,8 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
             "num_params": abstract.num_params, "loops_counted_once": products.loops_counted_once}
 
 
-def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float) -> dict:
+def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
+                  remat: bool = True) -> dict:
     """Seconds of the GRPO step (`Trainer.train_step`: sample, score, update; the first step compiles, the
     ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
     median), with MFU and the compile report's estimate of the same update."""
@@ -367,7 +482,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     from jaxgrpo.train.distributed import gather_rows
     from jaxgrpo.train.rollout import row_stats
 
-    cfg = train_config(model_name, shapes, packing, attention)
+    cfg = train_config(model_name, shapes, packing, attention, remat)
     trainer = Trainer(cfg)
     steps = []
     for step in range(shapes.steps):
@@ -391,7 +506,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     step = statistics.median(r["step_seconds"] for r in (steps[1:] or steps))
     model_flops = 6.0 * estimate["num_params"] * estimate["tokens"]
     completion_tokens = shapes.rows * shapes.new_tokens
-    return {"packing": packing, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
+    return {"packing": packing, "remat": remat, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
             "steps": steps, "step_seconds": step, "update_seconds_all": updates, "update_seconds": update,
             "update_tokens": estimate["tokens"], "update_tokens_per_second": estimate["tokens"] / update,
             "completion_tokens_per_second": completion_tokens / update,
@@ -522,6 +637,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--attention", default="auto", help="the trainer's attention implementation")
     parser.add_argument("--compare-xla", action="store_true",
                         help="also train packed with the XLA attention (on an accelerator), for a before/after")
+    parser.add_argument("--packing", choices=("both", "on", "off"), default="both",
+                        help="which packings the train section runs")
+    parser.add_argument("--remat", choices=("on", "off", "both"), default="on",
+                        help="rematerialize the layers in the train section (off: more memory, less compute)")
+    parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS + ("engine",)),
+                        help=f"comma-separated, of {', '.join(DECODE_VARIANTS + ('engine',))}")
+    parser.add_argument("--trace-dir", default=None,
+                        help="the decode_loop section writes a jax.profiler trace of one short generate here")
     for field in dataclasses.fields(Shapes):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--anchor", default=None, help=argparse.SUPPRESS)  # the torch anchor's child process
@@ -534,6 +657,11 @@ def main(argv=None) -> dict:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
+    unknown = sorted(set(variants) - set(DECODE_VARIANTS + ("engine",)))
+    if unknown:
+        parser.error(f"unknown decode variant(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(DECODE_VARIANTS + ('engine',))}")
 
     from jaxgrpo.models import architectures
 
@@ -602,14 +730,15 @@ def main(argv=None) -> dict:
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
 
-    def train(packing: bool, attention_name: str) -> None:
-        key = f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
+    def train(packing: bool, attention_name: str, remat: bool = True) -> None:
+        key = (f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
+               + ("" if remat else "_remat_off"))
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
-                                                                bandwidth)
+                                                                bandwidth, remat)
         except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
             traceback.print_exc()
-            result["train"][key] = {"error": _one_line(error)}
+            result.setdefault("train", {})[key] = {"error": _one_line(error)}
         save()
 
     trained_attention = args.attention
@@ -617,19 +746,24 @@ def main(argv=None) -> dict:
     if args.attention == "auto" and "error" in result.get("attention", {}).get(f"{default}/packed", {}):
         trained_attention = "xla"  # the default kernel failed here: train with the reference, and say so
         result["attention_fallback"] = f"{default} failed in the attention section; the train runs used xla"
+    if "sampler" in sections or "decode_loop" in sections:
+        from jaxgrpo.train.state import MODEL_BUILDERS
+
+        model, _ = MODEL_BUILDERS[model_name](dtype=jax.numpy.bfloat16, remat=False)
+        if "sampler" in sections:
+            section("sampler", sampler_section, model, shapes, bandwidth)
+        if "decode_loop" in sections:
+            section("decode_loop", decode_section, model, shapes, bandwidth, args.trace_dir, variants)
+        del model
     if "train" in sections:
-        train(True, trained_attention)
-        train(False, trained_attention)
+        both = {"both": (True, False), "on": (True,), "off": (False,)}
+        for remat in both[args.remat]:
+            for packing in both[args.packing]:
+                train(packing, trained_attention, remat)
     if anchor is not None:
         result["torch"] = anchor
         result.setdefault("section_seconds", {})["torch"] = anchor_seconds
         save()
-    if "sampler" in sections:
-        from jaxgrpo.train.state import MODEL_BUILDERS
-
-        model, _ = MODEL_BUILDERS[model_name](dtype=jax.numpy.bfloat16, remat=False)
-        section("sampler", sampler_section, model, shapes, bandwidth)
-        del model
     if "train" in sections and args.compare_xla and jax.default_backend() != "cpu" and trained_attention != "xla":
         train(True, "xla")  # the dense attention the packed layout used before: a before/after in one run
     anchor = result.get("torch", {}).get("update", {})
@@ -637,7 +771,7 @@ def main(argv=None) -> dict:
         if "seconds" in anchor and "update_seconds" in run:
             run["speedup_over_torch"] = anchor["seconds"] / run["update_seconds"]
     save()
-    print(json.dumps({k: v for k, v in result.items() if k in ("matmul", "sampler", "train", "torch")}, indent=1,
+    print(json.dumps({k: v for k, v in result.items() if k in ("matmul", "sampler", "decode_loop", "train", "torch")}, indent=1,
                      default=str)[:6000], flush=True)
     return result
 

@@ -15,7 +15,8 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check") / "device_check.json"
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
-    proc = subprocess.run([sys.executable, SCRIPT, "--small", "--out", str(out)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, SCRIPT, "--small", "--out", str(out), "--remat", "both",
+                           "--trace-dir", str(out.parent / "trace")], capture_output=True, text=True,
                           timeout=900, env={**os.environ, "XLA_FLAGS": flags})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -24,7 +25,7 @@ def result(tmp_path_factory):
 def test_every_section_is_measured(result):
     assert result["small"] and result["env"]["platform"] == "cpu" and result["env"]["jax"]
     assert result["env"]["device_count"] == 1
-    for section in ("matmul", "attention", "sampler", "train", "torch"):
+    for section in ("matmul", "attention", "sampler", "decode_loop", "train", "torch"):
         assert section in result and "error" not in result[section], (section, result.get(section))
     assert result["matmul"]["peak_flops"] > 0 and result["matmul"]["bandwidth"] > 0
 
@@ -52,6 +53,18 @@ def test_sampler_and_train_figures_are_consistent(result):
         assert run["update_tokens"] == shapes["prompts"] * shapes["samples"] * (shapes["prompt_len"] + shapes["new_tokens"])
         assert len(run["steps"]) == shapes["steps"]
         assert all(step["frac_signal_rows"] > 0 for step in run["steps"])  # the parity reward varies in a group
+
+
+def test_the_decode_loop_is_timed_plain_with_graphs_and_through_the_engine(result):
+    decode = result["decode_loop"]
+    for name in ("plain", "graphs", "engine"):  # a CPU accepts the GPU's graph options and ignores them
+        assert "error" not in decode[name], (name, decode[name])
+        assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
+    profile = decode["profile"]
+    assert profile["wall_seconds"] > 0 and profile["device_busy_seconds"] is None  # no accelerator in the trace
+    unrematerialized = result["train"]["packing_off_remat_off"]
+    assert unrematerialized["remat"] is False and unrematerialized["update_seconds"] > 0
+    assert "error" not in unrematerialized
 
 
 def test_the_torch_anchor_ran_in_its_own_processes(result):
