@@ -181,7 +181,11 @@ def test_the_tpu_page_states_the_measured_factors_and_that_no_tpu_ran():
     with open(os.path.join(ROOT, "docs", "tpu.md"), encoding="utf-8") as f:
         text = f.read()
     assert "estimated MFU (roofline bound)" in text and "no tpu run has been measured yet" in text.lower()
-    assert "1.96 s" in text and "3.0x" in text and "5.85 s" in text and "4.9x" in text
+    rows = calibration.load([os.path.join(ROOT, "benchmarks", "results")])
+    for packing in (False, True):  # the runs nearest a TPU's update, unpacked and packed, and their factors
+        row = calibration.nearest(rows, "TPU", "update", packing=packing)
+        assert row is not None and row.platform == "gpu"
+        assert f"{row.measured_seconds:.2f} s" in text and f"{row.factor:.1f}x" in text, row
 
 
 def test_the_compile_cli_reads_device_check_results_and_writes_the_new_fields(tmp_path, capsys):
