@@ -635,15 +635,19 @@ class Engine:
             s.length = int(new_lengths[row])
         return int(ran)
 
+    def reseed(self, key: jax.Array) -> None:
+        """Draw with `key` from now on, as if the engine were created with it (no sequence may be live)."""
+        if self._sequences:
+            raise ValueError("a new key changes every draw: release the live sequences first")
+        self.key, self._keyed = key, True
+
     def generate(self, requests: Sequence[Request], *, key: jax.Array | None = None) -> list[Completion]:
         """Every request's completion, in the order given, through the slots with continuous batching.
 
         `key`: the PRNG key of these requests' draws from now on (as if the engine were created with it)."""
         requests = list(requests)
         if key is not None:
-            if self._sequences:
-                raise ValueError("generate(key=...) changes the key of every draw: release the live sequences first")
-            self.key, self._keyed = key, True
+            self.reseed(key)
         prompts = {r.id: self._check_request(r) for r in requests}  # each prompt's tokens, read once
         if len(prompts) != len(requests):
             raise ValueError("request ids must be unique; two requests share an id")

@@ -1,0 +1,45 @@
+"""Multi-turn games with feedback."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from jaxgrpo.envs import Message, Step
+
+
+class GuessNumber:
+    """Guess a secret integer in [low, high] (an example's "secret", "low", "high"); after each guess the
+    environment says "higher", "lower" or "correct". Reward 1 for a correct guess within `max_guesses`, else 0; a
+    turn without a number counts as a guess and is told so."""
+
+    failure_reward = 0.0
+
+    def __init__(self, max_guesses: int = 6):
+        self.max_guesses = int(max_guesses)
+        self.secret = self.low = self.high = None
+        self.guesses = 0
+
+    def reset(self, example: Mapping[str, Any]) -> list[Message]:
+        self.secret, self.low, self.high = int(example["secret"]), int(example["low"]), int(example["high"])
+        if not self.low <= self.secret <= self.high:
+            raise ValueError(f"the secret {self.secret} is outside [{self.low}, {self.high}]")
+        self.guesses = 0
+        return [{"role": "user", "content": f"I am thinking of an integer from {self.low} to {self.high}. Guess it: "
+                                            f"answer with one number; I will say higher or lower. You have "
+                                            f"{self.max_guesses} guesses."}]
+
+    def step(self, action: str) -> Step:
+        self.guesses += 1
+        numbers = re.findall(r"-?\d+", action)
+        left = self.max_guesses - self.guesses
+        if numbers and int(numbers[-1]) == self.secret:
+            return Step(None, 1.0, True, {"guesses": self.guesses, "solved": True})
+        if left <= 0:
+            return Step(None, 0.0, True, {"guesses": self.guesses, "solved": False})
+        if not numbers:
+            feedback = "That is not a number."
+        else:
+            feedback = "Higher." if int(numbers[-1]) < self.secret else "Lower."
+        return Step([{"role": "user", "content": f"{feedback} {left} guesses left."}], 0.0, False,
+                    {"guesses": self.guesses})
