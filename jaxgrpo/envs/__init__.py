@@ -16,7 +16,8 @@ environment's `failure_reward` is what a trajectory gets when its environment ra
 ends there, with an error observation, and the rollout counts it).
 
 Built in: "calculator" (`jaxgrpo.envs.tools.ToolEnvironment` with the calculator tool: the final answer is
-checked against the example's) and "guess_number" (`jaxgrpo.envs.games.GuessNumber`: a number game with
+checked against the example's), "tools" (the calculator and the sandboxed Python tool, `jaxgrpo.envs.sandbox`)
+and "guess_number" (`jaxgrpo.envs.games.GuessNumber`: a number game with
 higher/lower feedback).
 """
 
@@ -73,9 +74,10 @@ def make_environment(name: str, **kwargs) -> Environment:
     return _ENVIRONMENTS[name](**kwargs)
 
 
-from jaxgrpo.envs import games, tools  # noqa: E402 (the built-ins register themselves)
+from jaxgrpo.envs import games, sandbox, tools  # noqa: E402 (the built-ins register themselves)
 
 register_environment("calculator", tools.calculator_environment)
+register_environment("tools", lambda **kwargs: tools.ToolEnvironment([tools.CALCULATOR, sandbox.PYTHON], **kwargs))
 register_environment("guess_number", games.GuessNumber)
 
 __all__ = ["Environment", "Message", "Step", "environment_names", "make_environment", "register_environment"]
