@@ -129,6 +129,26 @@ class LoraConfig(_Fields):
 
 
 @dataclasses.dataclass
+class EnvironmentConfig(_Fields):
+    """Multi-turn episodes of a registered environment (`jaxgrpo.envs`) instead of one completion per sample:
+    each step's G episodes of a prompt run through the rollout engine in token space
+    (`jaxgrpo.engine.multi_turn`), the policy's turns of `sampling.max_new_tokens` tokens each; the loss sees
+    only the policy's tokens, the reward is the episode's (the sum of its turns'). The task provides the
+    examples the environment's `reset` reads; its rewards are not used."""
+
+    #: A registered environment (`jaxgrpo.envs.environment_names()`).
+    name: str = "calculator"
+    #: Keyword arguments of the environment's factory.
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    #: Policy turns per episode.
+    max_turns: int = 4
+    #: Positions an episode may use: its opening, every turn and every observation.
+    max_context: int = 1024
+    #: Seconds an environment's step may take before its episode ends with the environment's failure reward.
+    step_timeout: float = 10.0
+
+
+@dataclasses.dataclass
 class MeshConfig(_Fields):
     """Device mesh shape; -1 takes every remaining device."""
 
@@ -218,6 +238,9 @@ class Config(_Fields):
     #: LoRA / QLoRA on the decoder's projections (`LoraConfig`), or None to train every parameter. The KL
     #: reference is then the base model with the adapters switched off.
     lora: LoraConfig | None = None
+    #: Multi-turn episodes of an environment (`EnvironmentConfig`), or None for one completion per sample scored
+    #: by the task's rewards.
+    environment: EnvironmentConfig | None = None
     #: Recompute each layer's activations in the backward pass instead of storing them. On by default:
     #: besides the memory, it is faster on CPU, where XLA would otherwise store [layers, tokens, hidden]
     #: activations and write transposed copies of them in the backward pass (benchmarks/profile_step.py).
@@ -267,6 +290,8 @@ def resolve_packing(cfg: Config, platform: str) -> Config:
     """`cfg` with `packing` set: as given, or (None) the measured default of `platform` ("cpu", "gpu", "tpu")."""
     if cfg.packing is not None:
         return cfg
+    if cfg.environment is not None:  # episodes' observations sit inside their completions: no packed layout
+        return dataclasses.replace(cfg, packing=False)
     return dataclasses.replace(cfg, packing=PACKING_BY_PLATFORM.get(platform, True))
 
 
@@ -465,6 +490,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         raise ConfigError(f"steps must be >= 0, got {cfg.steps}")
     if cfg.lora is not None:
         _check_lora(cfg.lora)
+    if cfg.environment is not None:
+        _check_environment(cfg)
     _check_kernels(cfg)
 
 
@@ -556,6 +583,31 @@ def _check_ranges(cfg: Config) -> None:
         (list(mesh.values()).count(-1) <= 1, "at most one mesh axis may be -1 (take the remaining devices), got "
          + ", ".join(f"{axis}={size}" for axis, size in mesh.items())),
     ]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(message)
+
+
+def _check_environment(cfg: Config) -> None:
+    """An environment run's section, and what single-turn machinery it cannot combine with."""
+    from jaxgrpo import envs
+
+    e = cfg.environment
+    if e.name not in envs.environment_names():
+        raise ConfigError(f"environment.name={e.name!r} is not a registered environment; registered: "
+                          f"{', '.join(envs.environment_names())} (or register one with jaxgrpo.envs.register_environment)")
+    rules = [(e.max_turns >= 1, f"environment.max_turns must be >= 1, got {e.max_turns}"),
+             (e.step_timeout > 0, f"environment.step_timeout must be > 0 seconds, got {e.step_timeout}"),
+             (e.max_context >= cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens,
+              f"environment.max_context={e.max_context} cannot hold a prompt of sampling.max_prompt_len="
+              f"{cfg.sampling.max_prompt_len} and one turn of sampling.max_new_tokens={cfg.sampling.max_new_tokens}; "
+              f"raise it"),
+             (not cfg.packing, "packing lays out a prompt and one completion per row, but an episode's observations "
+                               "sit inside its completion; set packing=false (or leave it None) with an environment"),
+             (not cfg.dynamic_sampling, "dynamic_sampling does not resample environment episodes yet; set "
+                                        "dynamic_sampling=false with an environment"),
+             (not cfg.overlong_cache_len, "overlong_cache_len penalizes one completion's length; set it to 0 with an "
+                                          "environment (the episode's token budget is environment.max_context)")]
     for ok, message in rules:
         if not ok:
             raise ConfigError(message)

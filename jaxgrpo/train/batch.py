@@ -16,7 +16,7 @@ from jaxgrpo import kernels
 from jaxgrpo.config import Config
 from jaxgrpo.train import inputs as inputs_lib, stages
 from jaxgrpo.train.distributed import gather_rows, process_block
-from jaxgrpo.train.rollout import Rollout, RowStats, row_stats
+from jaxgrpo.train.rollout import Rollout, RowStats, completion_valid, row_stats
 from jaxgrpo.train.step import TrainBatch
 
 #: Task-provided per-row ids: the field, and the key of the task's examples that holds it.
@@ -70,7 +70,7 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forwa
     if stats is None:
         stats = gather_rows(row_stats(rollout))
     tokens = np.concatenate([rollout.prompt_tokens, rollout.completion_tokens], axis=1).astype(np.int32)
-    attention = np.concatenate([rollout.prompt_mask, rollout.completion_mask > 0], axis=1)
+    attention = np.concatenate([rollout.prompt_mask, completion_valid(rollout)], axis=1)
     positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
     valid = rollout.trains
     if cfg.loss_mask:

@@ -95,3 +95,24 @@ def evaluate(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examp
         metrics["pass@1"] = float(np.mean(pass_at_k(samples, num_correct, 1)))
         metrics[f"pass@{k}"] = float(np.mean(pass_at_k(samples, num_correct, k)))
     return metrics
+
+
+def evaluate_episodes(cfg: Config, run_episodes: Callable, examples: list[dict], step: int) -> dict:
+    """Held-out episodes of `cfg.environment`: one greedy episode per example (its success: a positive reward)
+    and, with `eval_pass_k` > 1, pass@1 / pass@k of k sampled ones. `run_episodes(examples, num_samples, key,
+    greedy=...)` is `Trainer.run_episodes`; the key is the one `question_flags` uses."""
+    if not examples:
+        return {}
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
+    greedy, stats = run_episodes(list(examples), 1, key, greedy=True)
+    rewards = np.array([t.reward for t in greedy], np.float32)
+    metrics = {"greedy_accuracy": float((rewards > 0).mean()), "greedy_reward": float(rewards.mean()),
+               "greedy_turns": float(stats.get("turns", 0)) / len(greedy)}
+    k = cfg.eval_pass_k
+    if k > 1:
+        sampled, _ = run_episodes(list(examples), k, key)
+        num_correct = np.array([t.reward > 0 for t in sampled]).reshape(len(examples), k).sum(-1)
+        samples = np.full(len(examples), k)
+        metrics["pass@1"] = float(np.mean(pass_at_k(samples, num_correct, 1)))
+        metrics[f"pass@{k}"] = float(np.mean(pass_at_k(samples, num_correct, k)))
+    return metrics

@@ -97,6 +97,9 @@ class Trainer:
         if cfg.sampling.engine and jax.process_count() > 1:
             raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
                               "multi-process run")
+        if cfg.environment is not None and jax.process_count() > 1:
+            raise ConfigError("environment episodes run through the rollout engine, in one process for now; run "
+                              "them in one process")
         # What the config names (task, rewards, model, context budget, mesh), then the data: before the model.
         task, reward_fns, _ = preflight.check(
             cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
@@ -143,6 +146,7 @@ class Trainer:
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine, with `sampling.engine`
+        self._episode_engine = None  # the engine environment episodes run through (`cfg.environment`)
 
     @property
     def cfg(self) -> Config:
@@ -205,8 +209,40 @@ class Trainer:
                 prompt_ids=prompt_ids, pad_id=self.pad_id)
         return jax.tree.map(jnp.asarray, out)
 
+    def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False):
+        """`num_samples` episodes of `cfg.environment` per example through the rollout engine in token space
+        (`engine.multi_turn.rollout`): (trajectories example-major, stats). The engine is made on first use,
+        one slot per episode of a step, and given the policy's current weights (in place) whenever they changed."""
+        from jaxgrpo import engine as engine_lib
+        from jaxgrpo import envs
+        from jaxgrpo.engine import multi_turn
+
+        s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy.decoder
+        if self._episode_engine is None:
+            window = sampler.model_context_window(decoder)
+            self._episode_engine = engine_lib.Engine(
+                decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size, key=key,
+                max_context=e.max_context if window is None else min(e.max_context, window),
+                decode_chunk=s.max_new_tokens, mesh=self.mesh if self.mesh.size > 1 else None)
+            self._turns = multi_turn.ChatTurns(self.tokenizer)
+            self._episode_params = self.state.params
+        elif self._episode_params is not self.state.params:
+            self._episode_engine.update_weights(decoder)
+            self._episode_params = self.state.params
+        sampling = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                          greedy=greedy)
+        with device_memory.reported(self.cfg, "sampler", self.mesh):
+            return multi_turn.rollout(self._episode_engine, self._turns, lambda: envs.make_environment(e.name, **e.kwargs),
+                                      examples, group_size=num_samples, max_turns=e.max_turns,
+                                      turn_tokens=s.max_new_tokens, sampling=sampling, key=key,
+                                      step_timeout=e.step_timeout)
+
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
-        """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`)."""
+        """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`, or
+        `rollout.collect_episodes` with an environment)."""
+        if self.cfg.environment is not None:
+            return rollout_lib.collect_episodes(self.cfg, key, self.prompts, self.run_episodes, self.tokenizer,
+                                                self.pad_id)
         return rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer, self.reward_fns,
                                    self.mesh)
 
@@ -325,8 +361,11 @@ class Trainer:
                     if writer.enabled:  # process 0 speaks for a multi-host run
                         print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
                 evaluating = bool(self.eval_examples and cfg.eval_every)
-                evaluate = functools.partial(evaluation.evaluate, cfg, self.generate, self.tokenizer, self.reward_fns,
-                                             self.eval_examples)
+                if cfg.environment is not None:
+                    evaluate = functools.partial(evaluation.evaluate_episodes, cfg, self.run_episodes, self.eval_examples)
+                else:
+                    evaluate = functools.partial(evaluation.evaluate, cfg, self.generate, self.tokenizer,
+                                                 self.reward_fns, self.eval_examples)
                 if start == 0 and evaluating:
                     writer.write(0, evaluate(0), file=EVAL_FILE, prefix="eval/")
                 history = []

@@ -35,6 +35,9 @@ class Rollout(NamedTuple):
     group_ids: np.ndarray  # i32[N]
     texts: list  # N completion strings
     examples: list  # N examples (one per row)
+    #: bool[N, C] the real tokens after the prompt, the policy's or not (an episode's observations, attended to
+    #: but not trained on); None: those of `completion_mask`.
+    completion_valid: np.ndarray | None = None
 
     @property
     def trains(self) -> np.ndarray:
@@ -218,6 +221,7 @@ def select_groups(r: Rollout, groups: np.ndarray) -> Rollout:
         *(x[rows] for x in r[:6]), r.rewards[rows], {k: v[rows] for k, v in r.per_reward.items()},
         r.correct[rows], r.valid[rows], r.kept[rows], r.group_ids[rows],
         [r.texts[i] for i in rows], [r.examples[i] for i in rows],
+        None if r.completion_valid is None else r.completion_valid[rows],
     )
 
 
@@ -251,4 +255,54 @@ def concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> R
         group_ids.astype(np.int32),
         sum((p.texts for p in parts), [])[:n],
         sum((p.examples for p in parts), [])[:n],
+        None if all(p.completion_valid is None for p in parts) else cat([right_pad(completion_valid(p), cwidth)
+                                                                         for p in parts]),
     )
+
+
+def completion_valid(r: Rollout) -> np.ndarray:
+    """bool[N, C]: the real tokens after each row's prompt (`Rollout.completion_valid`)."""
+    return r.completion_mask > 0 if r.completion_valid is None else r.completion_valid
+
+
+def collect_episodes(cfg: Config, key: jax.Array, prompts: PromptStream, run_episodes: Callable, tokenizer,
+                     pad_id: int = 0) -> tuple[Rollout, dict]:
+    """The step's `prompts_per_step` groups of environment episodes (one process).
+
+    `run_episodes(examples, group_size, key)` -> (trajectories example-major, stats): `multi_turn.rollout`'s.
+    The rows hold each episode's opening as the prompt and everything after it as the completion, its
+    observations valid (attended to) but out of the loss mask; the reward is the episode's, correct when it
+    is positive."""
+    g = cfg.group_size
+    examples = prompts.take(cfg.prompts_per_step)
+    t0 = time.perf_counter()
+    with profiling.phase("sample"):
+        trajectories, stats = run_episodes(examples, g, key)
+    timings = {"time_sample": time.perf_counter() - t0, "time_reward": 0.0, "sampling_rounds": 1,
+               "sampled_tokens": int(stats.get("policy_tokens", 0))}
+    timings.update({f"episode_{k}": float(v) / max(len(trajectories), 1) for k, v in stats.items()
+                    if k not in ("episodes", "policy_tokens")})
+    return episodes_rollout(trajectories, examples, g, tokenizer, pad_id), timings
+
+
+def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, pad_id: int = 0) -> Rollout:
+    """A `Rollout` of `multi_turn.Trajectory`s (example-major, `group_size` per example)."""
+    n = len(trajectories)
+    width = sampler.bucket_length(max(len(t.prompt) for t in trajectories))
+    cwidth = sampler.bucket_length(max(max(len(t.tokens) for t in trajectories), 1))
+    prompt_tokens, prompt_mask = sampler.left_pad([t.prompt.tolist() for t in trajectories], width, pad_id)
+    tokens = np.full((n, cwidth), pad_id, np.int32)
+    loss, valid_tokens = np.zeros((2, n, cwidth), bool)
+    logp = np.zeros((n, cwidth), np.float32)
+    for row, t in enumerate(trajectories):
+        k = len(t.tokens)
+        tokens[row, :k], loss[row, :k], valid_tokens[row, :k], logp[row, :k] = t.tokens, t.loss_mask, True, t.policy_logprobs
+    rewards = np.array([t.reward for t in trajectories], np.float32)
+    texts = tokenizer.batch_decode([t.tokens.tolist() for t in trajectories], skip_special_tokens=True)
+    return Rollout(
+        # The untruncated policy log-probs, as the single-turn path keeps them: what the trainer recomputes.
+        prompt_tokens, prompt_mask.astype(bool), tokens, loss.astype(np.float32), logp,
+        np.array([t.finish == "done" for t in trajectories]), rewards, {"environment": rewards},
+        (rewards > 0).astype(np.float32), np.ones(n, bool), np.ones(n, bool),
+        np.array([t.example for t in trajectories], np.int32), texts,
+        [examples[t.example] for t in trajectories], valid_tokens)
