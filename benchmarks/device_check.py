@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants plain,graphs,engine] [--trace-dir DIR] [--packing both|on|off] [--remat on|off|both]
+        [--decode-variants plain,graphs,engine] [--trace-dir DIR] [--train-runs packing_on,packing_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
 by default) in bfloat16, from a checkout with only the core install and the platform's jax; nothing is
@@ -24,8 +24,8 @@ it measured):
   (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk);
   with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.train_step`: sample, score, update) on a task whose reward is
-  the parity of each completion's token sum (so every group has signal), packing on and off (`--packing`),
-  layers rematerialized or not (`--remat`): seconds per step and per update, update tokens/s and MFU (6 N x
+  the parity of each completion's token sum (so every group has signal), packing on and off, the layers
+  rematerialized or not (`--train-runs`): seconds per step and per update, update tokens/s and MFU (6 N x
   the update's tokens, prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
   matmul peak measured here), with the compile
   report's roofline estimate of the same update (`compile.count_products` at the measured peak and
@@ -637,10 +637,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--attention", default="auto", help="the trainer's attention implementation")
     parser.add_argument("--compare-xla", action="store_true",
                         help="also train packed with the XLA attention (on an accelerator), for a before/after")
-    parser.add_argument("--packing", choices=("both", "on", "off"), default="both",
-                        help="which packings the train section runs")
-    parser.add_argument("--remat", choices=("on", "off", "both"), default="on",
-                        help="rematerialize the layers in the train section (off: more memory, less compute)")
+    parser.add_argument("--train-runs", default="packing_on,packing_off",
+                        help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
+                             "layers' activations instead of recomputing them (more memory, less compute)")
     parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS + ("engine",)),
                         help=f"comma-separated, of {', '.join(DECODE_VARIANTS + ('engine',))}")
     parser.add_argument("--trace-dir", default=None,
@@ -657,6 +656,11 @@ def main(argv=None) -> dict:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    train_runs = []
+    for run in (r.strip() for r in args.train_runs.split(",") if r.strip()):
+        if run not in ("packing_on", "packing_off", "packing_on_remat_off", "packing_off_remat_off"):
+            parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with _remat_off")
+        train_runs.append((run.startswith("packing_on"), not run.endswith("_remat_off")))
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
     unknown = sorted(set(variants) - set(DECODE_VARIANTS + ("engine",)))
     if unknown:
@@ -756,10 +760,8 @@ def main(argv=None) -> dict:
             section("decode_loop", decode_section, model, shapes, bandwidth, args.trace_dir, variants)
         del model
     if "train" in sections:
-        both = {"both": (True, False), "on": (True,), "off": (False,)}
-        for remat in both[args.remat]:
-            for packing in both[args.packing]:
-                train(packing, trained_attention, remat)
+        for packing, remat in train_runs:
+            train(packing, trained_attention, remat)
     if anchor is not None:
         result["torch"] = anchor
         result.setdefault("section_seconds", {})["torch"] = anchor_seconds

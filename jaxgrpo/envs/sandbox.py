@@ -9,8 +9,8 @@ read) whose working directory is a private temporary directory, removed afterwar
   timeout after which its whole process group is killed (a sleep that never ends);
 * **a policy on what it may do**, an audit hook (`sys.addaudithook`, PEP 578) installed before the code runs,
   which a hook cannot remove: no process creation (fork, exec, spawn, subprocess, os.system: fork bombs),
-  no sockets (no network), no ctypes (no way around the hook), no signals to other processes, no raising
-  its limits, and no file
+  no sockets (no network), no ctypes and no walking the garbage collector's objects (no way around the hook), no
+  signals to other processes, no raising its limits, and no file
   written, created, removed or renamed outside its directory.
 
 Its stdout and stderr come back truncated to `Limits.output_chars`. `Result.violation` names what stopped it
@@ -62,12 +62,12 @@ resource.setrlimit(resource.RLIMIT_AS, (_memory, _memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (_file, _file))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 _root = os.path.realpath(os.getcwd())
-_blocked = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
+_blocked = frozenset({"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
             "pty.spawn", "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "ctypes.dlopen",
             "ctypes.dlsym", "ctypes.cdata", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit",
-            "resource.prlimit"}
-_paths = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
-          "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
+            "resource.prlimit", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames"})
+_paths = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
+          "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"})
 _write = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 def _inside(path):
@@ -79,7 +79,7 @@ def _inside(path):
         return False
     return real == _root or real.startswith(_root + os.sep)
 
-_modules = {"_posixsubprocess", "_ctypes", "ctypes"}  # process creation and native calls without their events
+_modules = frozenset({"_posixsubprocess", "_ctypes", "ctypes"})  # process creation, native calls without events
 
 def _hook(event, args):
     if event == "import" and args and str(args[0]).split(".")[0] in _modules:

@@ -145,8 +145,8 @@ class Trainer:
         self.prompts = PromptStream(self.train_examples, cfg.seed)
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
-        self._engine, self._engine_params = None, None  # the rollout engine, with `sampling.engine`
-        self._episode_engine = None  # the engine environment episodes run through (`cfg.environment`)
+        self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
+        self._turns = None  # an environment's turns in token space (`run_episodes`)
 
     @property
     def cfg(self) -> Config:
@@ -184,58 +184,58 @@ class Trainer:
                 stop_tokens=self.stop_tokens, pad_id=self.pad_id,
             ))
 
-    def _generate_with_engine(self, examples, num_samples, key, *, greedy, prompt_ids):
-        """`generate` through the rollout engine: one slot per sample of a step, created on first use and given
-        the policy's current weights (in place, no copy: a new policy version) whenever they changed."""
+    def engine(self):
+        """The rollout engine the trainer samples through (`sampling.engine`, or `environment` episodes), made on
+        first use with one slot per sample of a step, holding the policy's current weights: swapped in place (no
+        copy; a new policy version) whenever they changed."""
         from jaxgrpo import engine as engine_lib
 
-        s, decoder = self.cfg.sampling, self.policy.decoder
+        s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy.decoder
         if self._engine is None:
-            slots = self.cfg.prompts_per_step * self.cfg.group_size
-            context = sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens  # the sampler's prompt bucket
+            # An episode's positions, or the sampler's prompt bucket and the completion budget.
+            context = e.max_context if e is not None else sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens
             window = sampler.model_context_window(decoder)
             self._engine = engine_lib.Engine(
-                decoder, num_slots=slots, max_context=context if window is None else min(context, window), key=key,
-                decode_chunk=s.max_new_tokens, mesh=self.mesh if self.mesh.size > 1 else None)
+                decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size,
+                max_context=context if window is None else min(context, window), decode_chunk=s.max_new_tokens,
+                mesh=self.mesh if self.mesh.size > 1 else None)
         elif self._engine_params is not self.state.params:
             self._engine.update_weights(decoder)
         self._engine_params = self.state.params
-        sampling = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-                                          greedy=greedy)
+        return self._engine
+
+    def _sampling(self, greedy: bool):
+        s = self.cfg.sampling
+        return sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                      greedy=greedy)
+
+    def _generate_with_engine(self, examples, num_samples, key, *, greedy, prompt_ids):
+        """`generate` through the rollout engine (`engine`)."""
+        from jaxgrpo import engine as engine_lib
+
+        engine = self.engine()
         with device_memory.reported(self.cfg, "sampler", self.mesh):
             out = engine_lib.generate_groups(
-                self._engine, [self.prompt_ids(e) for e in examples], num_samples=num_samples, key=key,
-                max_new_tokens=s.max_new_tokens, sampling=sampling, stop_tokens=self.stop_tokens,
-                prompt_ids=prompt_ids, pad_id=self.pad_id)
+                engine, [self.prompt_ids(e) for e in examples], num_samples=num_samples, key=key,
+                max_new_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
+                stop_tokens=self.stop_tokens, prompt_ids=prompt_ids, pad_id=self.pad_id)
         return jax.tree.map(jnp.asarray, out)
 
     def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False):
-        """`num_samples` episodes of `cfg.environment` per example through the rollout engine in token space
-        (`engine.multi_turn.rollout`): (trajectories example-major, stats). The engine is made on first use,
-        one slot per episode of a step, and given the policy's current weights (in place) whenever they changed."""
-        from jaxgrpo import engine as engine_lib
+        """`num_samples` episodes of `cfg.environment` per example through the rollout engine (`engine`) in token
+        space (`engine.multi_turn.rollout`): (trajectories example-major, stats)."""
         from jaxgrpo import envs
         from jaxgrpo.engine import multi_turn
 
-        s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy.decoder
-        if self._episode_engine is None:
-            window = sampler.model_context_window(decoder)
-            self._episode_engine = engine_lib.Engine(
-                decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size, key=key,
-                max_context=e.max_context if window is None else min(e.max_context, window),
-                decode_chunk=s.max_new_tokens, mesh=self.mesh if self.mesh.size > 1 else None)
+        e = self.cfg.environment
+        engine = self.engine()
+        if self._turns is None:
             self._turns = multi_turn.ChatTurns(self.tokenizer)
-            self._episode_params = self.state.params
-        elif self._episode_params is not self.state.params:
-            self._episode_engine.update_weights(decoder)
-            self._episode_params = self.state.params
-        sampling = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-                                          greedy=greedy)
         with device_memory.reported(self.cfg, "sampler", self.mesh):
-            return multi_turn.rollout(self._episode_engine, self._turns, lambda: envs.make_environment(e.name, **e.kwargs),
-                                      examples, group_size=num_samples, max_turns=e.max_turns,
-                                      turn_tokens=s.max_new_tokens, sampling=sampling, key=key,
-                                      step_timeout=e.step_timeout)
+            return multi_turn.rollout(engine, self._turns, lambda: envs.make_environment(e.name, **e.kwargs), examples,
+                                      group_size=num_samples, max_turns=e.max_turns,
+                                      turn_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
+                                      key=key, step_timeout=e.step_timeout)
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
         """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`, or
