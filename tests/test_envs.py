@@ -72,3 +72,20 @@ def test_guess_number_gives_feedback_and_ends_on_the_secret_or_the_budget():
     assert env.step("4") == Step(None, 0.0, True, {"guesses": 3, "solved": False})
     with pytest.raises(ValueError, match="outside"):
         env.reset({"secret": 20, "low": 1, "high": 10})
+
+
+def test_the_guess_number_task_gives_seeded_secrets_the_environment_reads():
+    from jaxgrpo.data import get_task
+    from jaxgrpo.data.games import guess_correct
+
+    task = get_task("guess_number", max_number=10)
+    train, test = task.load("train", num_examples=50), task.load("test", num_examples=50)
+    assert train == task.load("train", num_examples=50) and train != test
+    assert all(1 <= e["secret"] <= 10 and (e["low"], e["high"]) == (1, 10) for e in train + test)
+    env = GuessNumber()
+    env.reset(train[0])
+    assert env.step(str(train[0]["secret"])).reward == 1.0
+    assert guess_correct(["It is 3", "no", f"maybe {train[0]['secret']}"], [{"secret": 4}, {"secret": 4}, train[0]]).tolist() \
+        == [0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="no configs"):
+        get_task("guess_number/hard")

@@ -226,7 +226,16 @@ def _gsm8k_task(config: str | None = None, **kwargs: Any) -> Gsm8kTask:
     return Gsm8kTask(**kwargs)
 
 
-_TASKS: dict[str, Callable[..., Task]] = {"arithmetic": _arithmetic_task, "gsm8k": _gsm8k_task}
+def _guess_number_task(config: str | None = None, **kwargs: Any) -> Task:
+    from jaxgrpo.data.games import GuessNumberTask
+
+    if config is not None:
+        raise ValueError(f"guess_number has no configs, got 'guess_number/{config}'; use 'guess_number'")
+    return GuessNumberTask(**kwargs)
+
+
+_TASKS: dict[str, Callable[..., Task]] = {"arithmetic": _arithmetic_task, "gsm8k": _gsm8k_task,
+                                          "guess_number": _guess_number_task}
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:

@@ -128,7 +128,8 @@ def check(cfg: Config, *, task=None, reward_fns=None, model_config=None, num_dev
     """
     task = task_of(cfg) if task is None else task
     reward_fns = reward_fns_of(cfg, task) if reward_fns is None else reward_fns
-    check_correctness_reward(cfg, reward_fns)
+    if cfg.environment is None:  # an environment's episodes are rewarded by it, correct when positive
+        check_correctness_reward(cfg, reward_fns)
     model_config = model_config_of(cfg) if model_config is None else model_config
     if model_config is not None:
         check_budget(cfg, model_config)

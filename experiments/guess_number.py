@@ -1,0 +1,39 @@
+"""A multi-turn game: SmolLM2-135M-Instruct guesses a number from 1 to 20 with higher/lower feedback, GRPO.
+
+Each sample is an episode of "guess_number" (`jaxgrpo.envs.games.GuessNumber`): the user message states the
+game, each policy turn is a guess, the environment answers "Higher."/"Lower." with the guesses left, and the
+episode's reward is 1 when a guess hits the secret within 6 guesses. Episodes run through the rollout engine in
+token space (`jaxgrpo.engine.multi_turn`); the loss sees only the policy's tokens. Evaluation: one greedy
+episode per held-out secret (`greedy_accuracy`, `greedy_turns`) and pass@4.
+
+    jaxgrpo-train experiments/guess_number.py
+
+Its success rate before and after training is not measured yet (docs/engine.md).
+"""
+
+from jaxgrpo.config import Config, EnvironmentConfig
+
+
+def config() -> Config:
+    c = Config()
+    c.model = "smollm2-135m-instruct"
+    c.task.name = "guess_number"
+    c.task.kwargs = {"max_number": 20}
+    c.task.num_eval_examples = 64
+    c.environment = EnvironmentConfig(name="guess_number", kwargs={"max_guesses": 6}, max_turns=6, max_context=768)
+    c.advantage = "grpo"
+    c.loss = "ppo_clip"
+    c.aggregation = "seq_mean_token_mean"
+    c.prompts_per_step, c.group_size = 8, 8
+    c.micro_batch_size = 16
+    c.sampling.temperature = 1.0
+    c.sampling.max_new_tokens = 16  # a guess per turn
+    c.sampling.max_prompt_len = 128
+    c.optimizer.lr = 2e-5
+    c.optimizer.decay_steps, c.optimizer.final_lr_fraction = 30, 0.1
+    c.steps = 30
+    c.eval_every = 30
+    c.eval_pass_k = 4
+    c.checkpoint_every = 10
+    c.run_dir = "runs/guess_number"
+    return c
