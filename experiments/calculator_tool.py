@@ -13,28 +13,21 @@ episode per held-out question (`greedy_accuracy`, `greedy_turns`).
 Held-out accuracy with and without the tool, before and after training, is not measured yet (docs/engine.md).
 """
 
-from jaxgrpo.config import Config, EnvironmentConfig
+import os
+
+from jaxgrpo.config import Config, EnvironmentConfig, load_experiment
+
+QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quickstart.py")
 
 
 def config() -> Config:
-    c = Config()
-    c.model = "smollm2-135m-instruct"
+    c = load_experiment(QUICKSTART)  # its GRPO recipe: advantage, loss, aggregation, batch, learning-rate schedule
     c.task.name = "arithmetic"  # "What is 123 * 456?"; the environment renders the question, not the task
     c.task.kwargs = {"digits": 3, "operands": 2, "operators": "*"}
     c.task.num_eval_examples = 100
     c.environment = EnvironmentConfig(name="calculator", max_turns=3, max_context=640, step_timeout=5.0)
-    c.advantage = "grpo"
-    c.loss = "ppo_clip"
-    c.aggregation = "seq_mean_token_mean"
-    c.prompts_per_step, c.group_size = 8, 8
-    c.micro_batch_size = 16
-    c.sampling.temperature = 1.0
     c.sampling.max_new_tokens = 64  # a tool call of two 3-digit numbers, or an answer, per turn
     c.sampling.max_prompt_len = 256  # the system message with the tool's description and the question
-    c.optimizer.lr = 2e-5
-    c.optimizer.decay_steps, c.optimizer.final_lr_fraction = 30, 0.1
-    c.steps = 30
-    c.eval_every = 30
-    c.checkpoint_every = 10
+    c.eval_pass_k = 1  # greedy episodes only: pass@k would run k more episodes per question
     c.run_dir = "runs/calculator_tool"
     return c

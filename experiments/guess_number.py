@@ -11,29 +11,21 @@ episode per held-out secret (`greedy_accuracy`, `greedy_turns`) and pass@4.
 Its success rate before and after training is not measured yet (docs/engine.md).
 """
 
-from jaxgrpo.config import Config, EnvironmentConfig
+import os
+
+from jaxgrpo.config import Config, EnvironmentConfig, load_experiment
+
+QUICKSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quickstart.py")
 
 
 def config() -> Config:
-    c = Config()
-    c.model = "smollm2-135m-instruct"
+    c = load_experiment(QUICKSTART)  # its GRPO recipe: advantage, loss, aggregation, batch, learning-rate schedule
     c.task.name = "guess_number"
     c.task.kwargs = {"max_number": 20}
     c.task.num_eval_examples = 64
     c.environment = EnvironmentConfig(name="guess_number", kwargs={"max_guesses": 6}, max_turns=6, max_context=768)
-    c.advantage = "grpo"
-    c.loss = "ppo_clip"
-    c.aggregation = "seq_mean_token_mean"
-    c.prompts_per_step, c.group_size = 8, 8
-    c.micro_batch_size = 16
-    c.sampling.temperature = 1.0
     c.sampling.max_new_tokens = 16  # a guess per turn
     c.sampling.max_prompt_len = 128
-    c.optimizer.lr = 2e-5
-    c.optimizer.decay_steps, c.optimizer.final_lr_fraction = 30, 0.1
-    c.steps = 30
-    c.eval_every = 30
     c.eval_pass_k = 4
-    c.checkpoint_every = 10
     c.run_dir = "runs/guess_number"
     return c
