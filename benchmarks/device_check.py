@@ -20,8 +20,8 @@ it measured):
   so prefill is out of it) beside the HBM floor (the weights plus the live KV cache read once a step, the
   prompt's cache once per group as the sampler shares it, over the measured bandwidth);
 * `decode_loop`: the same through the decode loop's variants side by side (`--decode-variants`): "plain", as
-  jaxgrpo compiles it; "graphs", the decode loops compiled with XLA command buffers for WHILE and CONDITIONAL
-  (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk);
+  jaxgrpo compiles it; "graphs", the sampler's decode loop compiled with XLA command buffers for WHILE and
+  CONDITIONAL (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk);
   with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.train_step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
@@ -356,37 +356,29 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
 
 
 #: The decode loop's variants the `decode_loop` section times side by side: "plain" (the programs as jaxgrpo
-#: compiles them) and "graphs" (the decode loops compiled with `GRAPH_OPTIONS`: XLA command buffers with WHILE and
-#: CONDITIONAL nodes, the whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads the options).
+#: compiles them) and "graphs" (the sampler's decode loop compiled with `GRAPH_OPTIONS`: XLA command buffers with
+#: WHILE and CONDITIONAL nodes, the whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads the options).
 DECODE_VARIANTS = ("plain", "graphs")
 GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
 
 
 @contextlib.contextmanager
 def decode_variant(name: str):
-    """Within it, `sampler.generate` and the engine decode as the variant `name` of `DECODE_VARIANTS` says
-    (fresh jitted programs: nothing compiled for another variant is reused)."""
+    """Within it, `sampler.generate` decodes as the variant `name` of `DECODE_VARIANTS` says: "plain" with the
+    library's own programs, "graphs" with its decode loop jitted again with `GRAPH_OPTIONS` (its prefill is the
+    library's: the options concern loops)."""
     import jax
 
     from jaxgrpo import sampler
-    from jaxgrpo.engine import engine as engine_module
-    from jaxgrpo.engine import programs
 
-    options = GRAPH_OPTIONS if name == "graphs" else {}
-    saved = (sampler.prefill_program, sampler.decode_program, engine_module._forward_jit, engine_module._decode_jit)
-    sampler.prefill_program = jax.jit(sampler.prefill, static_argnames=("graphdef", "layout"))
-    sampler.decode_program = jax.jit(sampler.decode_loop, static_argnames=("graphdef", "layout"),
-                                     donate_argnames=("carry",), compiler_options=options)
-    engine_module._forward_jit = jax.jit(programs._forward, static_argnames=("graphdef", "width", "samplings", "mesh"),
-                                         donate_argnames=("cache",))
-    engine_module._decode_jit = jax.jit(programs._decode, static_argnames=("graphdef", "width", "steps", "samplings",
-                                                                           "mesh", "prefix_width"),
-                                        donate_argnames=("cache",), compiler_options=options)
+    saved = sampler.decode_program
+    if name == "graphs":
+        sampler.decode_program = jax.jit(sampler.decode_loop, static_argnames=("graphdef", "layout"),
+                                         donate_argnames=("carry",), compiler_options=GRAPH_OPTIONS)
     try:
         yield
     finally:
-        (sampler.prefill_program, sampler.decode_program, engine_module._forward_jit,
-         engine_module._decode_jit) = saved
+        sampler.decode_program = saved
 
 
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
+from jaxgrpo.envs.games import last_integer
+
 
 def guess_correct(completions: list[str], examples) -> np.ndarray:
-    """1 where a completion's last number is the example's secret (a single guess, without feedback)."""
-    out = []
-    for text, example in zip(completions, examples):
-        numbers = re.findall(r"-?\d+", text)
-        out.append(float(bool(numbers) and int(numbers[-1]) == int(example["secret"])))
-    return np.asarray(out, np.float32)
+    """1 where a completion's last number is the example's secret (a single guess, without feedback), read as
+    the game reads a guess (`envs.games.last_integer`)."""
+    return np.asarray([float(last_integer(text) == int(example["secret"]))
+                       for text, example in zip(completions, examples)], np.float32)
 
 
 @dataclasses.dataclass

@@ -148,8 +148,9 @@ def rollout(engine: Engine, turns: ChatTurns, make_env: Callable[[], Environment
     stats: collections.Counter = collections.Counter()
     trajectories: list[Trajectory] = []
     per_wave = max(1, engine.num_slots // group_size)
-    for start in range(0, len(examples), per_wave):
-        wave = list(enumerate(examples))[start:start + per_wave]
+    indexed = list(enumerate(examples))
+    for start in range(0, len(indexed), per_wave):
+        wave = indexed[start:start + per_wave]
         trajectories += _wave(engine, turns, make_env, wave, group_size, max_turns, turn_tokens, sampling,
                               step_timeout, first_id, stats)
     stats["episodes"] = len(trajectories)
@@ -203,13 +204,10 @@ def _wave(engine, turns, make_env, wave, group_size, max_turns, turn_tokens, sam
             engine.extend(request_id, observation, turn_tokens)
             token_turns += [turn] * len(observation)  # an observation belongs to the turn it answers
             stats["observation_tokens"] += len(observation)
-    for request_id in [i for i in episodes if i not in finished]:  # defensive: every episode ends above
-        finished[request_id] = (engine.release(request_id), "turns")
+    # Every episode ended above: by its last turn it was done, failed, out of room or out of turns.
     out = []
     for request_id, (index, sample, env, prompt, token_turns, rewards, info) in episodes.items():
         completion, finish = finished[request_id]
-        n = len(completion.tokens)
-        token_turns = (token_turns + [token_turns[-1] if token_turns else 0] * n)[:n]
         stats["policy_tokens"] += int(completion.sampled.sum())
         stats["turns"] += len(rewards)
         out.append(Trajectory(example=index, sample=sample, prompt=np.asarray(prompt, np.int32),

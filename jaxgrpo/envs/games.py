@@ -8,6 +8,12 @@ from typing import Any, Mapping
 from jaxgrpo.envs import Message, Step
 
 
+def last_integer(text: str) -> int | None:
+    """The last integer written in `text` (a guess), or None."""
+    numbers = re.findall(r"-?\d+", text)
+    return int(numbers[-1]) if numbers else None
+
+
 class GuessNumber:
     """Guess a secret integer in [low, high] (an example's "secret", "low", "high"); after each guess the
     environment says "higher", "lower" or "correct". Reward 1 for a correct guess within `max_guesses`, else 0; a
@@ -31,15 +37,15 @@ class GuessNumber:
 
     def step(self, action: str) -> Step:
         self.guesses += 1
-        numbers = re.findall(r"-?\d+", action)
+        guess = last_integer(action)
         left = self.max_guesses - self.guesses
-        if numbers and int(numbers[-1]) == self.secret:
+        if guess == self.secret:
             return Step(None, 1.0, True, {"guesses": self.guesses, "solved": True})
         if left <= 0:
             return Step(None, 0.0, True, {"guesses": self.guesses, "solved": False})
-        if not numbers:
+        if guess is None:
             feedback = "That is not a number."
         else:
-            feedback = "Higher." if int(numbers[-1]) < self.secret else "Lower."
+            feedback = "Higher." if guess < self.secret else "Lower."
         return Step([{"role": "user", "content": f"{feedback} {left} guesses left."}], 0.0, False,
                     {"guesses": self.guesses})

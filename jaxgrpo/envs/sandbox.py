@@ -3,15 +3,15 @@
 `run_python(code)` runs `code` in a fresh interpreter (`python -I`: no user site, no environment variables
 read) whose working directory is a private temporary directory, removed afterwards, with
 
-* **resource limits** (`setrlimit` in the child before the code starts, which may not raise them): CPU seconds (a loop that never ends is killed
-  with SIGXCPU), address space (a 10 GB allocation fails with MemoryError), the size of any file it writes
+* **resource limits** (`setrlimit` in the child before the code starts, which may not raise them): CPU
+  seconds (a loop that never ends is killed with SIGXCPU), address space (a 10 GB allocation fails with MemoryError), the size of any file it writes
   (its output goes to a file in its directory, so unbounded printing stops there too), and a wall-clock
   timeout after which its whole process group is killed (a sleep that never ends);
 * **a policy on what it may do**, an audit hook (`sys.addaudithook`, PEP 578) installed before the code runs,
   which a hook cannot remove: no process creation (fork, exec, spawn, subprocess, os.system: fork bombs),
   no sockets (no network), no ctypes and no walking the garbage collector's objects (no way around the hook), no
-  signals to other processes, no raising its limits, and no file
-  written, created, removed or renamed outside its directory.
+  signals to other processes, no raising its limits, and no file written, created, removed or renamed outside
+  its directory.
 
 Its stdout and stderr come back truncated to `Limits.output_chars`. `Result.violation` names what stopped it
 ("cpu", "memory", "timeout", "forbidden: <event>", "exit <code>") or is None; `PYTHON` is the `Tool` a
