@@ -146,6 +146,8 @@ class EnvironmentConfig(_Fields):
     max_context: int = 1024
     #: Seconds an environment's step may take before its episode ends with the environment's failure reward.
     step_timeout: float = 10.0
+    #: gamma of the step returns a turn's credit reads (`step_returns`: sum_k gamma^k r_{t+k}; 0.95 as verl-agent).
+    discount: float = 0.95
 
 
 @dataclasses.dataclass
@@ -598,6 +600,7 @@ def _check_environment(cfg: Config) -> None:
                           f"{', '.join(envs.environment_names())} (or register one with jaxgrpo.envs.register_environment)")
     rules = [(e.max_turns >= 1, f"environment.max_turns must be >= 1, got {e.max_turns}"),
              (e.step_timeout > 0, f"environment.step_timeout must be > 0 seconds, got {e.step_timeout}"),
+             (0 <= e.discount <= 1, f"environment.discount must be in [0, 1], got {e.discount}"),
              (e.max_context >= cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens,
               f"environment.max_context={e.max_context} cannot hold a prompt of sampling.max_prompt_len="
               f"{cfg.sampling.max_prompt_len} and one turn of sampling.max_new_tokens={cfg.sampling.max_new_tokens}; "

@@ -216,18 +216,20 @@ def test_kernel_arguments_the_trainer_cannot_supply_are_named():
     # Registered kernels declare why they cannot run in the loop; the refusal quotes the declaration.
     assert ("loss='critique_grpo' cannot run in jaxgrpo's loop: it needs critique-guided refinements (the "
             "prefix_mask of an off-policy refined prefix)") in _rejected("loss=critique_grpo")
-    assert "advantage='gigpo' cannot run in jaxgrpo's loop: it needs a multi-turn environment" in _rejected(
+    # GiGPO reads an environment run's steps: without an environment, the config alone is refused.
+    assert ("advantage 'gigpo' needs step_returns (discounted return from each turn (cfg.environment.discount)), "
+            "which cfg.environment (its episodes' turn rewards) provides and this run does not") in _rejected(
         "advantage=gigpo")
     assert "needs budget; set token_credit_kwargs" not in _rejected("advantage=gigpo")
     # A user's kernel that declares nothing is refused by the field nothing in the loop provides.
     from jaxgrpo.kernels import registry
 
-    registry.register_advantage("test/needs_step_returns")(lambda rewards, group_ids, *, num_groups, step_returns: rewards)
+    registry.register_advantage("test/needs_hits")(lambda rewards, group_ids, *, num_groups, hits: rewards)
     try:
-        assert ("advantage 'test/needs_step_returns' needs step_returns (discounted return of each step), which only "
-                "a multi-turn environment provides") in _rejected("advantage=test/needs_step_returns")
+        assert ("advantage 'test/needs_hits' needs hits (relevance of each ranked item), which only a ranking task "
+                "(Rank-GRPO) provides") in _rejected("advantage=test/needs_hits")
     finally:
-        del registry._REGISTRY["advantage"]["test/needs_step_returns"]
+        del registry._REGISTRY["advantage"]["test/needs_hits"]
     # hapo_clip reads the policy's entropy, which the update computes: nothing is missing.
     validate(apply_overrides(Config(), ["loss=hapo_clip"]))
     # hapo's `lengths` comes from the batch: nothing is missing.

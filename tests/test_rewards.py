@@ -142,3 +142,34 @@ def test_length_rewards_ask_for_token_counts(reward_fn):
 def test_overlong_penalty_names_an_impossible_cache_window():
     with pytest.raises(ValueError, match="cache_length <= max_length"):
         overlong_penalty(["x"], [{}], completion_lengths=np.array([1]), max_length=8, cache_length=16)
+
+
+def test_majority_vote_reward_rewards_agreement_with_each_questions_majority_without_reading_labels():
+    from jaxgrpo.rewards import majority_answers, majority_vote_reward
+
+    completions = ["The answer is 3.", "So 3.0. The answer is 3.0.", "The answer is 5.", "I do not know.",
+                   "The answer is 7.", "The answer is 8."]
+    examples = [{"question": "q1", "answer": "999"}] * 4 + [{"question": "q2", "answer": "999"}] * 2
+    # q1: 3 and 3.0 vote together against 5, the unstated answer gets 0; q2: a tie goes to the earliest answer.
+    np.testing.assert_array_equal(majority_vote_reward(completions, examples), [1, 1, 0, 0, 1, 0])
+    assert majority_answers([None, "1/2", "0.5", "2"]) == "1/2" and majority_answers([None, None]) is None
+    assert majority_vote_reward(["none", "nothing"], [{"question": "q"}] * 2).tolist() == [0, 0]
+
+
+def test_the_ttrl_experiment_trains_on_the_vote_and_measures_the_labels():
+    import os
+
+    from jaxgrpo.config import load_experiment, validate
+    from jaxgrpo.data.tasks import ArithmeticTask
+    from jaxgrpo.train import rollout
+
+    cfg = load_experiment(os.path.join(os.path.dirname(__file__), "..", "experiments", "ttrl.py"))
+    validate(cfg)
+    reward_fns = rollout.resolve_rewards(cfg, ArithmeticTask())
+    texts = ["The answer is 4.", "The answer is 4.", "The answer is 5."]
+    examples = [{"question": "What is 1 + 1 + 3?", "answer": "5"}] * 3
+    result = rollout.score(cfg, reward_fns, texts, examples, np.full(3, 6, np.int32))
+    np.testing.assert_array_equal(result.per_reward["majority_vote_reward"], [1, 1, 0])
+    np.testing.assert_array_equal(result.per_reward["correctness_reward"], [0, 0, 1])  # measured, weight 0
+    weights = dict((name, w) for name, w in cfg.rewards.items())
+    np.testing.assert_allclose(result.rewards, [1 + weights["format_reward"]] * 2 + [weights["format_reward"]])

@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgrpo.config import apply_overrides, load_experiment, validate
+from jaxgrpo import kernels
+from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
 from jaxgrpo.envs import Step, environment_names, register_environment
+from jaxgrpo.envs.games import GuessNumber
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import Decoder, DecoderConfig, registry
 from jaxgrpo.models.tokenizer import load_tokenizer
-from jaxgrpo.train import Trainer, register_model_builder
+from jaxgrpo.train import Trainer, inputs, register_model_builder, stages
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "experiments", "toy_sum.py")
 
@@ -96,3 +98,83 @@ def test_bad_environment_settings_are_one_line_errors(overrides, message):
     apply_overrides(cfg, overrides)
     with pytest.raises(ConfigError, match=message):
         validate(cfg)
+
+
+def test_steps_number_turns_and_anchor_states_and_discount_returns():
+    steps = inputs.Steps.of_episodes([[0.0, 1.0], [0.0, 0.0, 1.0], [2.0]], [["a", "b"], ["a", "c", "b"], ["a"]],
+                                     np.array([[0, 0, 1, 1, -1], [0, 1, 1, 2, 2], [0, -1, -1, -1, -1]]), discount=0.5)
+    assert steps.rows.tolist() == [0, 0, 1, 1, 1, 2] and steps.turns.tolist() == [0, 1, 0, 1, 2, 0]
+    np.testing.assert_allclose(steps.step_returns, [0.5, 1.0, 0.25, 0.5, 1.0, 2.0])
+    assert steps.anchor_ids.tolist() == [0, 1, 0, 2, 1, 0]  # equal states, equal ids
+    tokens = steps.to_tokens(np.arange(1.0, 7.0))
+    np.testing.assert_array_equal(tokens, [[1, 1, 2, 2, 0], [3, 4, 4, 5, 5], [6, 0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="2 turn rewards but 1 anchor states"):
+        inputs.Steps.of_episodes([[0.0, 1.0]], [["a"]], np.zeros((1, 2)), discount=0.5)
+
+
+def test_gigpo_gives_each_turns_tokens_its_hand_computed_advantage():
+    """One group of three episodes: turn rewards [0, 1], [0, 0, 0], [0, 1]; states (s0, s1), (s0, s1, s2), (s0, s3);
+    discount 0.5. Episode level, its statistics over the group's turns as verl-agent's (mean (2 + 2) / 7 = 4/7):
+    3/7, -4/7, 3/7. Step level, by state: s0 returns (0.5, 0, 0.5) -> (1/6, -1/3, 1/6); s1 returns (1, 0) ->
+    (1/2, -1/2); s2 and s3 hold one turn each -> 0."""
+    steps = inputs.Steps.of_episodes([[0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0]],
+                                     [["s0", "s1"], ["s0", "s1", "s2"], ["s0", "s3"]],
+                                     np.array([[0, 0, 1, -1], [0, 1, 2, 2], [0, 1, 1, 1]]), discount=0.5)
+    rewards = np.array([1.0, 0.0, 1.0], np.float32)
+    batch = inputs.BatchInputs(rewards=rewards, reward_columns=rewards[:, None], reward_weights=np.ones(1, np.float32),
+                               correct=rewards, group_ids=np.zeros(3, np.int32), num_groups=1, valid=np.ones(3, bool),
+                               lengths=np.full(3, 4.0, np.float32), seq_logp=np.zeros(3, np.float32), mask=None,
+                               sampler_logp=None, trainer_logp=None, values=None, task_ids={}, steps=steps)
+    cfg = Config()
+    cfg.advantage, cfg.advantage_kwargs = "gigpo", {}
+    got = stages.token_advantages(cfg, batch, num_tokens=4)
+    a, b = 3 / 7, -4 / 7
+    want = [[a + 1 / 6, a + 1 / 6, a + 1 / 2, 0], [b - 1 / 3, b - 1 / 2, b, b], [a + 1 / 6, a, a, a]]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_the_guess_number_game_states_what_its_feedback_revealed():
+    game = GuessNumber(max_guesses=4)
+    game.reset({"secret": 7, "low": 1, "high": 20})
+    assert game.state() == (1, 20, 4)
+    game.step("5"), game.step("12")
+    assert game.state() == (6, 11, 2)
+    game.step("no idea")
+    assert game.state() == (6, 11, 1)
+
+
+@pytest.mark.parametrize("kernel", [k for k in kernels.list_kernels("advantage") if stages.reads_steps(k.fn, {})],
+                         ids=lambda k: k.name)
+def test_a_step_level_advantage_trains_each_turn_with_its_credit(trainer, kernel, monkeypatch):
+    """Every advantage kernel reading an episode's steps (GiGPO) runs in the loop on environment episodes. In
+    TwoTurns the reward r comes at the second turn and every episode of a group passes the same states, so with
+    GiGPO's defaults the first turn's tokens get (1 + discount)(r - mean r) and the second's 2 (r - mean r)."""
+    cfg = trainer.cfg
+    monkeypatch.setattr(cfg, "advantage", kernel.name)
+    monkeypatch.setattr(cfg, "advantage_kwargs", {})
+    stages.check_config(cfg)
+    stages.check_fields(cfg, trainer.train_examples)
+    rollout, _ = trainer.rollout(jax.random.key(11))
+    batch = trainer.train_batch(rollout)
+    assert rollout.steps is not None and len(rollout.steps.rows) == 2 * len(rollout.rewards)
+    if kernel.name == "gigpo":
+        centred = rollout.rewards - np.repeat(rollout.rewards.reshape(-1, 4).mean(-1), 4)
+        advantages = np.asarray(batch.advantages).reshape(len(centred), -1)
+        mask = np.asarray(batch.completion_mask).reshape(len(centred), -1) > 0
+        token_turns = rollout.steps.token_turns
+        for turn, scale in ((0, 1 + cfg.environment.discount), (1, 2.0)):
+            on = mask & (token_turns == turn)
+            expected = np.broadcast_to((scale * centred)[:, None], on.shape)
+            np.testing.assert_allclose(advantages[on], expected[on], atol=1e-5)
+    metrics = trainer.update(batch)
+    assert np.isfinite(metrics["loss"])
+
+
+def test_the_gigpo_experiment_validates_with_its_fields():
+    cfg = load_experiment(os.path.join(os.path.dirname(TOY), "guess_number_gigpo.py"))
+    validate(cfg)
+    examples = [{"secret": 3, "low": 1, "high": 20, "question": "", "answer": "3"}]
+    stages.check_fields(cfg, examples)
+    cfg.environment = None  # without episodes there are no turns to credit
+    with pytest.raises(ConfigError, match="needs step_returns .*which cfg.environment"):
+        stages.check_fields(cfg, examples)

@@ -17,7 +17,8 @@ An episode ends when the environment says so, after `max_turns` policy turns, wh
 no room for the next observation and turn, or when the environment raises or overruns `step_timeout` seconds
 (then it ends with the environment's `failure_reward`, and `stats` counts it). Each `Trajectory` carries the
 tokens after its prompt with a loss mask (True on the policy's tokens only), the behaviour and policy log-probs,
-the policy version of each sampled token, the turn each token belongs to, and the rewards per turn.
+the policy version of each sampled token, the turn each token belongs to, the rewards per turn, and the state
+each turn acted from (the environment's `state()`, or the episode's observations so far: GiGPO's anchors).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class Trajectory:
     """One episode: `prompt` (the opening's tokens), then `tokens` [N] after it and per token `loss_mask` (the
     policy sampled it), `logprobs` (behaviour), `policy_logprobs`, `versions` (-1 where not sampled) and `turns`
     (the policy turn it belongs to or answers, from 0); `turn_rewards` per policy turn, `reward` their sum;
-    `finish` is "done", "turns", "context" or "error"; `info` the environment's per turn."""
+    `anchors` the state each policy turn acted from (hashable); `finish` is "done", "turns", "context" or
+    "error"; `info` the environment's per turn."""
 
     example: int
     sample: int
@@ -105,10 +107,23 @@ class Trajectory:
     turn_rewards: list[float]
     finish: str
     info: list[dict]
+    anchors: list = dataclasses.field(default_factory=list)
 
     @property
     def reward(self) -> float:
         return float(sum(self.turn_rewards))
+
+
+def _anchor(env: Environment, observations: list[Message]):
+    """The state `env`'s next turn acts from: its `state()`, else the episode's observations so far."""
+    state = getattr(env, "state", None)
+    anchor = state() if callable(state) else tuple(m.get("content", "") for m in observations)
+    try:
+        hash(anchor)
+    except TypeError:
+        raise TypeError(f"{type(env).__name__}.state() returned an unhashable {type(anchor).__name__}; return a "
+                        "tuple, string or number") from None
+    return anchor
 
 
 def _step_environment(env: Environment, action: str, timeout: float | None) -> tuple[Step | None, str | None]:
@@ -160,14 +175,17 @@ def rollout(engine: Engine, turns: ChatTurns, make_env: Callable[[], Environment
 def _wave(engine, turns, make_env, wave, group_size, max_turns, turn_tokens, sampling, step_timeout, first_id,
           stats) -> list[Trajectory]:
     """The episodes of `wave` ((index, example) pairs), all admitted at once."""
-    episodes = {}  # request id -> [example index, sample, env, prompt, turn of each token after it, rewards, info]
+    # request id -> [example index, sample, env, prompt, turn of each token after it, rewards, info, anchors,
+    # observations so far]
+    episodes = {}
     requests = []
     for index, example in wave:
         for sample in range(group_size):
             env = make_env()
-            prompt = turns.opening(env.reset(example))
+            opening = env.reset(example)
+            prompt = turns.opening(opening)
             request_id = first_id + index * group_size + sample
-            episodes[request_id] = [index, sample, env, prompt, [], [], []]
+            episodes[request_id] = [index, sample, env, prompt, [], [], [], [_anchor(env, opening)], list(opening)]
             requests.append(Request(id=request_id, prompt=prompt, max_new_tokens=turn_tokens, sampling=sampling,
                                     stop_tokens=(turns.stop_token,)))
     engine.prefill(requests)
@@ -177,7 +195,7 @@ def _wave(engine, turns, make_env, wave, group_size, max_turns, turn_tokens, sam
         for request_id, completion in live.items():
             if request_id not in episodes or request_id in finished:
                 continue
-            index, sample, env, prompt, token_turns, rewards, info = episodes[request_id]
+            index, sample, env, prompt, token_turns, rewards, info, anchors, seen = episodes[request_id]
             new = completion.tokens[len(token_turns):]
             token_turns += [turn] * len(new)
             step, failure = _step_environment(env, turns.text(new), step_timeout)
@@ -203,15 +221,18 @@ def _wave(engine, turns, make_env, wave, group_size, max_turns, turn_tokens, sam
                 continue
             engine.extend(request_id, observation, turn_tokens)
             token_turns += [turn] * len(observation)  # an observation belongs to the turn it answers
+            seen += step.observation
+            anchors.append(_anchor(env, seen))
             stats["observation_tokens"] += len(observation)
     # Every episode ended above: by its last turn it was done, failed, out of room or out of turns.
     out = []
-    for request_id, (index, sample, env, prompt, token_turns, rewards, info) in episodes.items():
+    for request_id, (index, sample, env, prompt, token_turns, rewards, info, anchors, _) in episodes.items():
         completion, finish = finished[request_id]
         stats["policy_tokens"] += int(completion.sampled.sum())
         stats["turns"] += len(rewards)
         out.append(Trajectory(example=index, sample=sample, prompt=np.asarray(prompt, np.int32),
                               tokens=completion.tokens, loss_mask=completion.sampled, logprobs=completion.logprobs,
                               policy_logprobs=completion.policy_logprobs, versions=completion.versions,
-                              turns=np.asarray(token_turns, np.int32), turn_rewards=rewards, finish=finish, info=info))
+                              turns=np.asarray(token_turns, np.int32), turn_rewards=rewards, finish=finish, info=info,
+                              anchors=anchors))
     return out

@@ -13,7 +13,9 @@ whether the episode is done, and free-form `info`.
 
 `jaxgrpo.engine.multi_turn.rollout` runs groups of episodes through the rollout engine in token space. An
 environment's `failure_reward` is what a trajectory gets when its environment raises or times out (the episode
-ends there, with an error observation, and the rollout counts it).
+ends there, with an error observation, and the rollout counts it). An environment may define `state()`: the
+state its next turn acts from, hashable (step-level credit such as GiGPO groups the turns of a prompt's episodes
+that act from the same state); without it, a turn's state is the observations of its episode so far.
 
 Built in: "calculator" (`jaxgrpo.envs.tools.ToolEnvironment` with the calculator tool: the final answer is
 checked against the example's), "tools" (the calculator and the sandboxed Python tool, `jaxgrpo.envs.sandbox`)

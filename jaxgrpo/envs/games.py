@@ -17,13 +17,14 @@ def last_integer(text: str) -> int | None:
 class GuessNumber:
     """Guess a secret integer in [low, high] (an example's "secret", "low", "high"); after each guess the
     environment says "higher", "lower" or "correct". Reward 1 for a correct guess within `max_guesses`, else 0; a
-    turn without a number counts as a guess and is told so."""
+    turn without a number counts as a guess and is told so. Its `state()` is what the feedback so far has
+    revealed: the interval the secret must be in, and the guesses left."""
 
     failure_reward = 0.0
 
     def __init__(self, max_guesses: int = 6):
         self.max_guesses = int(max_guesses)
-        self.secret = self.low = self.high = None
+        self.secret = self.low = self.high = self.known = None
         self.guesses = 0
 
     def reset(self, example: Mapping[str, Any]) -> list[Message]:
@@ -31,6 +32,7 @@ class GuessNumber:
         if not self.low <= self.secret <= self.high:
             raise ValueError(f"the secret {self.secret} is outside [{self.low}, {self.high}]")
         self.guesses = 0
+        self.known = (self.low, self.high)
         return [{"role": "user", "content": f"I am thinking of an integer from {self.low} to {self.high}. Guess it: "
                                             f"answer with one number; I will say higher or lower. You have "
                                             f"{self.max_guesses} guesses."}]
@@ -45,7 +47,13 @@ class GuessNumber:
             return Step(None, 0.0, True, {"guesses": self.guesses, "solved": False})
         if guess is None:
             feedback = "That is not a number."
+        elif guess < self.secret:
+            feedback, self.known = "Higher.", (max(self.known[0], guess + 1), self.known[1])
         else:
-            feedback = "Higher." if guess < self.secret else "Lower."
+            feedback, self.known = "Lower.", (self.known[0], min(self.known[1], guess - 1))
         return Step([{"role": "user", "content": f"{feedback} {left} guesses left."}], 0.0, False,
                     {"guesses": self.guesses})
+
+    def state(self) -> tuple[int, int, int]:
+        """(lowest, highest) value the secret can still have after the feedback so far, and the guesses left."""
+        return (*self.known, self.max_guesses - self.guesses)

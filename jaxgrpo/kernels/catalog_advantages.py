@@ -511,11 +511,10 @@ def _normalize_in_segments(x, seg_ids, num_segments, valid, normalization, eps):
 
 
 @register_advantage("gigpo", paper="Group-in-Group Policy Optimization for LLM Agent Training (2025)",
-          loop="needs a multi-turn environment (the step returns and anchor states of its episodes)",
-          ranges={"num_anchors": (">= 1", "the range of anchor ids"),
-                  "step_weight": ("any", "omega, the weight of the step-level advantage"),
-                  "normalization": ("one of mean_norm, std", "the scale F of both levels: 1 or the std"),
-                  "eps": STD_EPS}, group_relative=True)
+                    ranges={"step_weight": ("any", "omega, the weight of the step-level advantage"),
+                            "normalization": ("one of mean_norm, std", "the scale F of both levels: 1 or the std"),
+                            "eps": STD_EPS},
+                    group_relative=True)
 def gigpo(
     rewards,
     group_ids,

@@ -37,7 +37,7 @@ def batch_inputs(cfg: Config, rollout: Rollout, stats: RowStats, reward_weights:
         num_groups=cfg.prompts_per_step, valid=stats.trains, lengths=stats.lengths.astype(np.float32),
         seq_logp=stats.seq_logp, mask=whole.get("mask"), sampler_logp=whole.get("sampler_logp"),
         trainer_logp=whole.get("trainer_logp"), values=whole.get("values"),
-        task_ids={**{name: whole[name] for name in local}, **(rows or {})},
+        task_ids={**{name: whole[name] for name in local}, **(rows or {})}, steps=rollout.steps,
     )
 
 

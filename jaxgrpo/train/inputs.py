@@ -22,10 +22,15 @@ import numpy as np
 from jaxgrpo.config import Config
 
 ROW, GROUP, TOKEN, STATIC, LOSS = "row [N]", "group [num_groups]", "token [N, T]", "static int", "loss (in the update)"
+STEP = "step [S] (one row per policy turn of an episode)"
 
 
 def _always(cfg: Config, examples) -> bool:
     return True
+
+
+def _environment(cfg: Config, examples) -> bool:
+    return cfg.environment is not None
 
 
 def _task_key(key: str) -> Callable[[Config, Any], bool]:
@@ -63,8 +68,12 @@ FIELDS: dict[str, Field] = {
                         _task_key("strata_id")),
     "bundle_ids": Field(ROW, "bundle of each row's prompt", "the task: examples with a 'bundle_id' key",
                         _task_key("bundle_id")),
-    "anchor_ids": Field(ROW, "anchor state of each row", "a multi-turn environment (anchor states of its steps)", None),
-    "step_returns": Field(ROW, "discounted return of each step", "a multi-turn environment", None),
+    # Steps: an environment run's policy turns (an advantage kernel reading one runs on the step rows).
+    "anchor_ids": Field(STEP, "the environment state each turn acts from", "cfg.environment (its episodes' states)",
+                        _environment),
+    "num_anchors": Field(STATIC, "the range of anchor_ids", "cfg.environment (its episodes' states)", _environment),
+    "step_returns": Field(STEP, "discounted return from each turn (cfg.environment.discount)",
+                          "cfg.environment (its episodes' turn rewards)", _environment),
     "consistency": Field(ROW, "reasoning-answer consistency", "a consistency judge (GRPO-CARE's reference model)", None),
     "wins": Field("[N, N]", "pairwise preference outcomes", "a pairwise preference judge (Pref-GRPO's reward model)",
                   None),
@@ -152,6 +161,50 @@ def loop_support(kernel: Callable) -> str | None:
     return None
 
 
+#: The fields of an environment run's steps: an advantage kernel reading one runs on the step rows.
+STEP_FIELDS = ("anchor_ids", "num_anchors", "step_returns")
+
+
+class Steps(NamedTuple):
+    """The policy turns of a batch of environment episodes, one step row each (S of them), and the way back
+    from step rows to the episodes' tokens."""
+
+    rows: np.ndarray  # i32[S] the batch row (episode) of each step
+    turns: np.ndarray  # i32[S] its turn in the episode, from 0
+    step_returns: np.ndarray  # f32[S] discounted return from the turn: sum_k discount^k r_{turn + k}
+    anchor_ids: np.ndarray  # i32[S] the state the turn acts from, numbered over the batch
+    token_turns: np.ndarray  # i32[N, T] the turn of each completion token (-1 past the episode's end)
+
+    @classmethod
+    def of_episodes(cls, turn_rewards, anchors, token_turns: np.ndarray, discount: float) -> "Steps":
+        """Steps of episodes given per row: `turn_rewards[n]` and `anchors[n]` (hashable states), one per turn."""
+        rows, turns, returns, states = [], [], [], []
+        for row, (rewards, row_anchors) in enumerate(zip(turn_rewards, anchors, strict=True)):
+            if len(rewards) != len(row_anchors):
+                raise ValueError(f"episode {row} has {len(rewards)} turn rewards but {len(row_anchors)} anchor states")
+            backwards, future = [], 0.0
+            for reward in reversed(rewards):
+                future = float(reward) + discount * future
+                backwards.append(future)
+            returns += backwards[::-1]
+            rows += [row] * len(rewards)
+            turns += range(len(rewards))
+            states += row_anchors
+        numbering: dict = {}
+        anchor_ids = [numbering.setdefault(state, len(numbering)) for state in states]
+        return cls(np.asarray(rows, np.int32), np.asarray(turns, np.int32), np.asarray(returns, np.float32),
+                   np.asarray(anchor_ids, np.int32), np.asarray(token_turns, np.int32))
+
+    def to_tokens(self, values: np.ndarray) -> np.ndarray:
+        """f32[N, T]: each completion token gets the value of its episode's step (its turn); 0 past the end."""
+        num_steps, width = len(self.rows), int(self.turns.max(initial=-1)) + 1
+        step_of = np.full((self.token_turns.shape[0], max(width, 1)), num_steps)  # num_steps: the 0 appended
+        step_of[self.rows, self.turns] = np.arange(num_steps)
+        turn = np.clip(self.token_turns, 0, max(width, 1) - 1)
+        step = np.where(self.token_turns >= 0, np.take_along_axis(step_of, turn, axis=1), num_steps)
+        return np.append(np.asarray(values, np.float32), np.float32(0))[step]
+
+
 class BatchInputs(NamedTuple):
     """The host-side fields of one step's whole batch (numpy; the same on every host).
 
@@ -173,6 +226,22 @@ class BatchInputs(NamedTuple):
     trainer_logp: np.ndarray | None
     values: np.ndarray | None
     task_ids: dict
+    steps: Steps | None = None  # an environment run's policy turns
+
+    def of_steps(self) -> "BatchInputs":
+        """The batch as step rows (`steps`): each turn takes its episode's row fields (its reward is the
+        episode's), and the step fields; token fields are absent."""
+        if self.steps is None:
+            raise ValueError("the step fields (anchor_ids, step_returns) exist only in an environment run; set "
+                             "cfg.environment")
+        rows = self.steps.rows
+        return BatchInputs(
+            rewards=self.rewards[rows], reward_columns=self.reward_columns[rows], reward_weights=self.reward_weights,
+            correct=self.correct[rows], group_ids=self.group_ids[rows], num_groups=self.num_groups,
+            valid=self.valid[rows], lengths=self.lengths[rows], seq_logp=self.seq_logp[rows], mask=None,
+            sampler_logp=None, trainer_logp=None, values=None,
+            task_ids={**{k: v[rows] for k, v in self.task_ids.items()}, "anchor_ids": self.steps.anchor_ids,
+                      "num_anchors": int(self.steps.anchor_ids.max(initial=0)) + 1, "step_returns": self.steps.step_returns})
 
     def get(self, name: str):
         """Field `name` of the batch (derived fields computed here)."""
@@ -206,5 +275,5 @@ def call(kernel: Callable, inputs: BatchInputs, kwargs: dict, **given):
         arguments[name] = value
     if "reward_weights" in arguments and "rewards" in arguments:
         arguments["rewards"] = inputs.reward_columns
-    arguments = {k: v if k == "num_groups" else jax.numpy.asarray(v) for k, v in arguments.items()}
+    arguments = {k: v if FIELDS[k].shape == STATIC else jax.numpy.asarray(v) for k, v in arguments.items()}
     return kernel(**arguments, **kwargs)

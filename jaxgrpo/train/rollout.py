@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxgrpo import kernels, profiling, sampler
 from jaxgrpo.config import Config
+from jaxgrpo.train import inputs as inputs_lib
 from jaxgrpo.train.distributed import across_processes, local_rows, process_block, to_host
 
 
@@ -38,6 +39,8 @@ class Rollout(NamedTuple):
     #: bool[N, C] the real tokens after the prompt, the policy's or not (an episode's observations, attended to
     #: but not trained on); None: those of `completion_mask`.
     completion_valid: np.ndarray | None = None
+    #: An environment run's policy turns (step-level credit reads them); None otherwise.
+    steps: inputs_lib.Steps | None = None
 
     @property
     def trains(self) -> np.ndarray:
@@ -282,11 +285,13 @@ def collect_episodes(cfg: Config, key: jax.Array, prompts: PromptStream, run_epi
                "sampled_tokens": int(stats.get("policy_tokens", 0))}
     timings.update({f"episode_{k}": float(v) / max(len(trajectories), 1) for k, v in stats.items()
                     if k not in ("episodes", "policy_tokens")})
-    return episodes_rollout(trajectories, examples, g, tokenizer, pad_id), timings
+    return episodes_rollout(trajectories, examples, g, tokenizer, pad_id, cfg.environment.discount), timings
 
 
-def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, pad_id: int = 0) -> Rollout:
-    """A `Rollout` of `multi_turn.Trajectory`s (example-major, `group_size` per example)."""
+def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, pad_id: int = 0,
+                     discount: float = 1.0) -> Rollout:
+    """A `Rollout` of `multi_turn.Trajectory`s (example-major, `group_size` per example), with their `Steps`
+    (returns discounted by `discount` per turn)."""
     n = len(trajectories)
     width = sampler.bucket_length(max(len(t.prompt) for t in trajectories))
     cwidth = sampler.bucket_length(max(max(len(t.tokens) for t in trajectories), 1))
@@ -294,9 +299,11 @@ def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, p
     tokens = np.full((n, cwidth), pad_id, np.int32)
     loss, valid_tokens = np.zeros((2, n, cwidth), bool)
     logp = np.zeros((n, cwidth), np.float32)
+    token_turns = np.full((n, cwidth), -1, np.int32)
     for row, t in enumerate(trajectories):
         k = len(t.tokens)
         tokens[row, :k], loss[row, :k], valid_tokens[row, :k], logp[row, :k] = t.tokens, t.loss_mask, True, t.policy_logprobs
+        token_turns[row, :k] = t.turns
     rewards = np.array([t.reward for t in trajectories], np.float32)
     texts = tokenizer.batch_decode([t.tokens.tolist() for t in trajectories], skip_special_tokens=True)
     return Rollout(
@@ -305,4 +312,6 @@ def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, p
         np.array([t.finish == "done" for t in trajectories]), rewards, {"environment": rewards},
         (rewards > 0).astype(np.float32), np.ones(n, bool), np.ones(n, bool),
         np.array([t.example for t in trajectories], np.int32), texts,
-        [examples[t.example] for t in trajectories], valid_tokens)
+        [examples[t.example] for t in trajectories], valid_tokens,
+        inputs_lib.Steps.of_episodes([t.turn_rewards for t in trajectories], [t.anchors for t in trajectories],
+                                     token_turns, discount))

@@ -6,7 +6,7 @@
 | stage (config field) | kernel kinds | what its output does |
 |---|---|---|
 | `reward_shaping` | reward | f32[N] replaces the rewards the advantage stage reads |
-| `advantage` | advantage, token_advantage | f32[N] (broadcast over tokens) or f32[N, T]: the advantages |
+| `advantage` | advantage, token_advantage | f32[N] (broadcast over tokens) or f32[N, T]: the advantages; a kernel reading an environment run's step fields (`anchor_ids`, `step_returns`: GiGPO) gets one row per policy turn and each turn's tokens its value |
 | `token_credit` | credit | f32[N, T]: new advantages if the kernel reads `advantages`, else weights multiplying them |
 | `row_weights` | selection | f32[N] or f32[num_groups] (per group): weights multiplying each row's advantages |
 | `loss` | loss | the per-token policy loss; fields beyond (logp, old_logp, advantages, mask) by name |
@@ -127,7 +127,9 @@ def check_config(cfg: Config) -> None:
             continue
         missing = [p.name for p in inspect.signature(kernel).parameters.values()
                    if p.name in allowed and p.default is p.empty and p.name not in kwargs]
-        never = [n for n in inputs_lib.fields_read(kernel, kwargs)[0] if inputs_lib.FIELDS[n].available is None]
+        # Fields nothing provides, and an environment run's step fields without one: known from the config alone.
+        never = [n for n in inputs_lib.fields_read(kernel, kwargs)[0] if inputs_lib.FIELDS[n].available is None
+                 or (n in inputs_lib.STEP_FIELDS and cfg.environment is None)]
         if never:
             raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} needs "
                              f"{inputs_lib.unavailable(never[0], cfg, ())}; pick another kernel")
@@ -165,6 +167,10 @@ def check_fields(cfg: Config, examples) -> None:
             if inside:
                 raise ConfigError(f"loss {cfg.loss!r} reads {inside[0]}, which the update does not pass a loss "
                                  f"(it passes {', '.join(LOSS_FIELDS)}); pick another loss")
+        steps = [n for n in required if n in inputs_lib.STEP_FIELDS]
+        if steps and stage.field != "advantage":
+            raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} reads {steps[0]}, a field of an episode's "
+                             "turns that only the advantage stage passes; pick another kernel")
         for name in required:
             if stage.field in HOST_STAGES and inputs_lib.FIELDS[name].shape == inputs_lib.LOSS:
                 if not (stage.field == "token_credit" and name == "advantages"):
@@ -187,6 +193,12 @@ def token_fields_read(cfg: Config) -> set[str]:
     return names
 
 
+def reads_steps(kernel, kwargs: dict) -> bool:
+    """Whether `kernel` reads a field of an environment run's steps (then it runs on the step rows)."""
+    required, optional = inputs_lib.fields_read(kernel, kwargs)
+    return any(name in inputs_lib.STEP_FIELDS for name in required + optional)
+
+
 def _first(output):
     return np.asarray(output[0] if isinstance(output, tuple) else output)
 
@@ -198,8 +210,11 @@ def token_advantages(cfg: Config, batch: inputs_lib.BatchInputs, num_tokens: int
         shaped = _first(inputs_lib.call(kernel, batch, cfg.reward_shaping_kwargs)).astype(np.float32)
         batch = batch._replace(rewards=np.where(batch.valid, shaped, batch.rewards).astype(np.float32))
     kernel = kernel_of(cfg, STAGES[1])
-    values = _first(inputs_lib.call(kernel, batch, cfg.advantage_kwargs)).astype(np.float32)
-    advantages = values if values.ndim == 2 else np.broadcast_to(values[:, None], (len(values), num_tokens))
+    if reads_steps(kernel, cfg.advantage_kwargs):  # one advantage per policy turn, for the turn's tokens
+        advantages = batch.steps.to_tokens(_first(inputs_lib.call(kernel, batch.of_steps(), cfg.advantage_kwargs)))
+    else:
+        values = _first(inputs_lib.call(kernel, batch, cfg.advantage_kwargs)).astype(np.float32)
+        advantages = values if values.ndim == 2 else np.broadcast_to(values[:, None], (len(values), num_tokens))
     kernel = kernel_of(cfg, STAGES[2])
     if kernel is not None:
         credit = _first(inputs_lib.call(kernel, batch, cfg.token_credit_kwargs, advantages=advantages))
