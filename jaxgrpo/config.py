@@ -151,6 +151,21 @@ class EnvironmentConfig(_Fields):
 
 
 @dataclasses.dataclass
+class GuidanceConfig(_Fields):
+    """Scaf-GRPO's scaffolding (`jaxgrpo.train.guidance`): for a prompt whose samples all failed, its hints (the
+    task's `hints(example)` or the examples' "hints", most abstract first) are tried tier by tier, `attempts`
+    samples each, and the first correct hinted sample replaces one of the group's (its prompt holds the hint)."""
+
+    #: Steps of independent learning before any hint (Scaf-GRPO guides once learning alone has plateaued).
+    after_step: int = 0
+    #: Hinted samples per failed prompt and tier (with replace="one"; "group" samples a whole group).
+    attempts: int = 1
+    #: "one": the first correct hinted sample replaces one of the group's (Scaf-GRPO); "group": the first hinted
+    #: group of G with a correct sample replaces the whole group (GHPO's prompt refinement).
+    replace: str = "one"
+
+
+@dataclasses.dataclass
 class MeshConfig(_Fields):
     """Device mesh shape; -1 takes every remaining device."""
 
@@ -243,6 +258,8 @@ class Config(_Fields):
     #: Multi-turn episodes of an environment (`EnvironmentConfig`), or None for one completion per sample scored
     #: by the task's rewards.
     environment: EnvironmentConfig | None = None
+    #: In-prompt hints for prompts whose samples all failed (`GuidanceConfig`, Scaf-GRPO), or None.
+    guidance: GuidanceConfig | None = None
     #: Recompute each layer's activations in the backward pass instead of storing them. On by default:
     #: besides the memory, it is faster on CPU, where XLA would otherwise store [layers, tokens, hidden]
     #: activations and write transposed copies of them in the backward pass (benchmarks/profile_step.py).
@@ -292,7 +309,9 @@ def resolve_packing(cfg: Config, platform: str) -> Config:
     """`cfg` with `packing` set: as given, or (None) the measured default of `platform` ("cpu", "gpu", "tpu")."""
     if cfg.packing is not None:
         return cfg
-    if cfg.environment is not None:  # episodes' observations sit inside their completions: no packed layout
+    if cfg.environment is not None or (cfg.guidance is not None and cfg.guidance.replace == "one"):
+        # Episodes' observations sit inside their completions, a hinted sample's prompt is not its group's: a
+        # packed row holds one prompt for its group.
         return dataclasses.replace(cfg, packing=False)
     return dataclasses.replace(cfg, packing=PACKING_BY_PLATFORM.get(platform, True))
 
@@ -494,6 +513,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         _check_lora(cfg.lora)
     if cfg.environment is not None:
         _check_environment(cfg)
+    if cfg.guidance is not None:
+        _check_guidance(cfg)
     _check_kernels(cfg)
 
 
@@ -611,6 +632,23 @@ def _check_environment(cfg: Config) -> None:
                                         "dynamic_sampling=false with an environment"),
              (not cfg.overlong_cache_len, "overlong_cache_len penalizes one completion's length; set it to 0 with an "
                                           "environment (the episode's token budget is environment.max_context)")]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(message)
+
+
+def _check_guidance(cfg: Config) -> None:
+    """Hints for failed groups: their counts, and what they cannot combine with."""
+    h = cfg.guidance
+    rules = [(h.after_step >= 0, f"guidance.after_step must be >= 0, got {h.after_step}"),
+             (h.attempts >= 1, f"guidance.attempts must be >= 1 (hinted samples per tier), got {h.attempts}"),
+             (h.replace in ("one", "group"), f"guidance.replace must be 'one' (Scaf-GRPO) or 'group' (GHPO), got "
+                                             f"{h.replace!r}"),
+             (cfg.environment is None, "guidance hints single-turn prompts; an environment's episodes open with the "
+                                       "environment's messages: drop one of guidance and environment"),
+             (not cfg.packing or h.replace == "group",
+              "a hinted sample's prompt differs from its group's, but packing lays out one prompt per group; set "
+              "packing=false (or leave it None) with guidance.replace='one'")]
     for ok, message in rules:
         if not ok:
             raise ConfigError(message)

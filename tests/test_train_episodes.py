@@ -178,3 +178,32 @@ def test_the_gigpo_experiment_validates_with_its_fields():
     cfg.environment = None  # without episodes there are no turns to credit
     with pytest.raises(ConfigError, match="needs step_returns .*which cfg.environment"):
         stages.check_fields(cfg, examples)
+
+
+NO_TOOL_ROLE = ("{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+                "{{ raise_exception('Only system, user and assistant roles are supported') }}{% endif %}"
+                "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_chat_template_that_cannot_render_the_tools_messages_is_refused_before_compiling(tmp_path, monkeypatch):
+    from jaxgrpo.train import state as state_lib
+
+    tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
+    tokenizer.chat_template = NO_TOOL_ROLE
+
+    def build(dtype=jnp.float32, remat=True):
+        config = DecoderConfig(family="llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                               num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True)
+        return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
+
+    if "no-tool-role" not in state_lib.MODEL_BUILDERS:
+        register_model_builder("no-tool-role", build)
+    monkeypatch.setattr(state_lib, "init_state", lambda *a: pytest.fail("the trainer went on past the check"))
+    cfg = load_experiment(TOY)
+    apply_overrides(cfg, [f"run_dir={tmp_path / 'run'}", "model=no-tool-role", "environment.name=calculator",
+                          "environment.max_context=256", "sampling.max_prompt_len=64", "task.num_eval_examples=0"])
+    with pytest.raises(ConfigError, match=r"environment 'calculator' with model 'no-tool-role': the chat "
+                                          r"template cannot render a 'tool' message \(TemplateError: Only system, user "
+                                          r"and assistant roles are supported\); pick a model"):
+        Trainer(cfg)

@@ -114,6 +114,33 @@ def evaluate_expression(numbers: list[int], operators: list[str]) -> int:
     return sum(sign * term for sign, term in zip(signs, terms))
 
 
+def hints(expression: str) -> list[str]:
+    """Scaf-GRPO's tiers of hints for ``expression`` ("4 + 7 * 9"), most abstract first: the concept (the order of
+    operations), the plan (which operation comes first) and, with three operations or more, the steps before the
+    last one with their results. No tier states the answer."""
+    words = expression.split()
+    numbers, operators = [int(w) for w in words[0::2]], words[1::2]
+    steps, terms, signs = [], [numbers[0]], ["+"]  # products first, then sums and differences from the left
+    for operator, number in zip(operators, numbers[1:]):
+        if operator == "*":
+            steps.append(f"{terms[-1]} * {number} = {terms[-1] * number}")
+            terms[-1] *= number
+        else:
+            terms.append(number)
+            signs.append(operator)
+    total = terms[0]
+    for sign, term in zip(signs[1:], terms[1:]):
+        steps.append(f"{total} {sign} {term} = {total + term if sign == '+' else total - term}")
+        total = total + term if sign == "+" else total - term
+    order = ", multiplications before additions and subtractions" if "*" in operators else ""
+    tiers = [f"Compute one operation at a time, from left to right{order}.",
+             f"Start with {steps[0].split(' = ')[0]}" + (", then use its result in the next operation." if len(steps) > 1
+                                                          else "; it is the only operation.")]
+    if len(steps) > 1:
+        tiers.append(" ".join(s + "." for s in steps[:-1]) + " Now do the last operation.")
+    return tiers
+
+
 def _split_of(expression: str, seed: int, test_share: int = DEFAULT_TEST_SHARE) -> str:
     digest = hashlib.blake2b(f"{seed}:{expression}".encode(), digest_size=8).digest()
     return "test" if int.from_bytes(digest, "little") % test_share == 0 else "train"

@@ -194,6 +194,10 @@ class ArithmeticTask(_MathPrompting):
     def name(self) -> str:
         return f"arithmetic/{self.config.name}"
 
+    def hints(self, example: dict) -> list[str]:
+        """Tiers of hints for an example, most abstract first (`arithmetic.hints`; `Config.guidance` reads them)."""
+        return arithmetic.hints(example["expression"])
+
     def load(self, split: str, *, data_dir: str | None = None, num_examples: int | None = None) -> Sequence[dict]:
         """The ``split`` generated from this task's seed and difficulty.
 

@@ -79,6 +79,19 @@ class ChatTurns:
                              "observations cannot be encoded alone")
         return self.encode((self._after_stop if stopped else self._closing) + full[len(self._rendered):])
 
+    def check(self, env: Environment, example: Any) -> None:
+        """Renders `env`'s opening for `example` and an observation in each role it answers with (its
+        `observation_roles`, ("user",) when it declares none): a ValueError of one line when the template cannot."""
+        roles = tuple(getattr(env, "observation_roles", ("user",)))
+        for what, render in [("its opening", lambda: self.opening(env.reset(example)))] + [
+                (f"a {role!r} message", lambda role=role: self.observation([{"role": role, "content": "1"}]))
+                for role in roles]:
+            try:
+                render()
+            except Exception as error:  # noqa: BLE001 — a template's own exception (jinja's, or raise_exception)
+                raise ValueError(f"the chat template cannot render {what} ({type(error).__name__}: "
+                                 f"{' '.join(str(error).split())})") from None
+
     def text(self, tokens: Sequence[int]) -> str:
         """A policy turn's text for the environment (its stop token dropped)."""
         tokens = list(tokens)

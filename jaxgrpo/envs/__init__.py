@@ -15,7 +15,9 @@ whether the episode is done, and free-form `info`.
 environment's `failure_reward` is what a trajectory gets when its environment raises or times out (the episode
 ends there, with an error observation, and the rollout counts it). An environment may define `state()`: the
 state its next turn acts from, hashable (step-level credit such as GiGPO groups the turns of a prompt's episodes
-that act from the same state); without it, a turn's state is the observations of its episode so far.
+that act from the same state); without it, a turn's state is the observations of its episode so far. Its
+`observation_roles` (("user",) when absent) are the roles its observations take: a run checks that the model's
+chat template renders them before anything is compiled.
 
 Built in: "calculator" (`jaxgrpo.envs.tools.ToolEnvironment` with the calculator tool: the final answer is
 checked against the example's), "tools" (the calculator and the sandboxed Python tool, `jaxgrpo.envs.sandbox`)

@@ -137,6 +137,7 @@ class ToolEnvironment:
     """
 
     failure_reward = 0.0
+    observation_roles = ("tool",)  # tool results come back in "tool" messages
 
     def __init__(self, tools: list[Tool], check: Callable[[str, Any], bool] = numeric_answer_matches, *,
                  system: str = "You are a helpful assistant that can use tools.", max_calls: int = 4,

@@ -56,7 +56,7 @@ from jaxgrpo.models import packing
 from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
-from jaxgrpo.train import evaluation, health, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
+from jaxgrpo.train import evaluation, guidance, health, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
@@ -106,6 +106,8 @@ class Trainer:
             num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
         train_examples = preflight.load_split(cfg, task, cfg.task.train_split)
         stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
+        if cfg.guidance is not None:
+            guidance.check(task, train_examples, jax.process_count())
         eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
                          if cfg.task.num_eval_examples else [])
         self._cfg = cfg
@@ -117,6 +119,8 @@ class Trainer:
             raise ConfigError(f"model {cfg.model!r} has no tokenizer; the trainer needs one to render prompts: give "
                               "a model directory with its tokenizer files")
         self.tokenizer = tokenizer
+        # An environment's turns in token space (`run_episodes`): the template renders its messages, checked here.
+        self._turns = None if cfg.environment is None else self._environment_turns(train_examples)
         self.task = task
         self.reward_fns = reward_fns
         self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
@@ -146,7 +150,6 @@ class Trainer:
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
-        self._turns = None  # an environment's turns in token space (`run_episodes`)
 
     @property
     def cfg(self) -> Config:
@@ -229,13 +232,26 @@ class Trainer:
 
         e = self.cfg.environment
         engine = self.engine()
-        if self._turns is None:
-            self._turns = multi_turn.ChatTurns(self.tokenizer)
         with device_memory.reported(self.cfg, "sampler", self.mesh):
             return multi_turn.rollout(engine, self._turns, lambda: envs.make_environment(e.name, **e.kwargs), examples,
                                       group_size=num_samples, max_turns=e.max_turns,
                                       turn_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
                                       key=key, step_timeout=e.step_timeout)
+
+    def _environment_turns(self, examples):
+        """`multi_turn.ChatTurns` of the tokenizer, checked on the environment's opening of the first example and
+        on its observations' roles: a `ConfigError` naming the environment and the model otherwise."""
+        from jaxgrpo import envs
+        from jaxgrpo.engine import multi_turn
+
+        e = self.cfg.environment
+        try:
+            turns = multi_turn.ChatTurns(self.tokenizer)
+            turns.check(envs.make_environment(e.name, **e.kwargs), examples[0])
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"environment {e.name!r} with model {self.cfg.model!r}: {error}; pick a model whose chat "
+                              "template renders it, or an environment answering in roles it has") from None
+        return turns
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:
         """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`, or
@@ -244,7 +260,20 @@ class Trainer:
             return rollout_lib.collect_episodes(self.cfg, key, self.prompts, self.run_episodes, self.tokenizer,
                                                 self.pad_id)
         return rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer, self.reward_fns,
-                                   self.mesh)
+                                   self.mesh, self._guide())
+
+    def _guide(self):
+        """`guidance.scaffold` on this trainer's sampler, rewards and task (None without guidance, or before
+        `guidance.after_step`)."""
+        g = self.cfg.guidance
+        if g is None or int(self.state.step) < g.after_step:
+            return None
+        return functools.partial(
+            guidance.scaffold, self.cfg,
+            generate=lambda examples, n, key, ids: self.generate(examples, n, key, prompt_ids=ids),
+            score=lambda out, examples: rollout_lib.scored(self.cfg, out, examples, self.tokenizer, self.reward_fns,
+                                                           np.zeros(len(examples), np.int32)),
+            hints=guidance.task_hints(self.task), prompt_length=lambda example: len(self.prompt_ids(example)))
 
     def score(self, tokens, attention, positions, completion_len: int, which: str) -> np.ndarray:
         """f32[n, C] for this host's rows: the "reference" or current ("policy") log-probs, or the "values"."""

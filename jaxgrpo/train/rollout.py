@@ -151,14 +151,37 @@ def decode(tokenizer, out) -> list[str]:
     return tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
 
 
+def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, group_ids: np.ndarray) -> Rollout:
+    """The `Rollout` of a sampled `sampler.Generation` (numpy rows) of `examples` (one per row): decoded, rewarded
+    (with DAPO's overlong penalty when configured), every row kept."""
+    mask = out.completion_mask.astype(np.float32)
+    lengths = mask.sum(-1).astype(np.int32)
+    texts = tokenizer.batch_decode([t[: n] for t, n in zip(out.completion_tokens, lengths)], skip_special_tokens=True)
+    result = score(cfg, reward_fns, texts, examples, lengths)
+    shaped = result.rewards
+    if cfg.overlong_cache_len:
+        shaped = shaped + np.asarray(kernels.overlong_penalty(
+            lengths, max_len=cfg.sampling.max_new_tokens, cache_len=cfg.overlong_cache_len)) * result.valid
+    correct = result.per_reward[cfg.correctness_reward].astype(np.float32)
+    return Rollout(
+        # The untruncated policy log-probs: what the trainer computes for the same tokens.
+        out.prompt_tokens, out.prompt_mask.astype(bool), out.completion_tokens, mask,
+        out.policy_logprobs.astype(np.float32), out.finish_reason == sampler.FINISH_STOP,
+        shaped.astype(np.float32), result.per_reward, correct, result.valid, np.ones(len(correct), bool),
+        group_ids, texts, examples,
+    )
+
+
 def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callable, tokenizer, reward_fns: list,
-            mesh) -> tuple[Rollout, dict]:
+            mesh, guide: Callable | None = None) -> tuple[Rollout, dict]:
     """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
 
     `generate(examples, num_samples, key, prompt_ids=..., process_local=True)` samples a `sampler.Generation`.
     Returns this host's rows (group ids are global) and the step's timings. Under dynamic sampling,
     zero-signal groups are resampled: each round reads `need * processes` new prompts, `need` the most
-    groups any host still lacks, so every host runs the same rounds with the same shapes.
+    groups any host still lacks, so every host runs the same rounds with the same shapes. `guide(rollout, key)`
+    -> (rollout, counts) rewrites each round's scored groups before that (`guidance.scaffold`); its counts are
+    summed into the timings.
     """
     g = cfg.group_size
     local_groups = cfg.prompts_per_step // jax.process_count()
@@ -176,32 +199,20 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
             out = generate(examples, g, jax.random.fold_in(key, rounds),
                            prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
             out = jax.tree.map(lambda x: local_rows(x, mesh), out)
-        tokens = out.completion_tokens
-        mask = out.completion_mask.astype(np.float32)
         timings["time_sample"] += time.perf_counter() - t0
-        sampled_tokens += int(mask.sum())
+        sampled_tokens += int(out.completion_mask.sum())
         t0 = time.perf_counter()
-        row_examples = [e for e in examples for _ in range(g)]
-        lengths = mask.sum(-1).astype(np.int32)
         with profiling.phase("reward"):
-            texts = tokenizer.batch_decode([t[: n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
-            result = score(cfg, reward_fns, texts, row_examples, lengths)
-        shaped = result.rewards
-        if cfg.overlong_cache_len:
-            shaped = shaped + np.asarray(kernels.overlong_penalty(
-                lengths, max_len=cfg.sampling.max_new_tokens, cache_len=cfg.overlong_cache_len)) * result.valid
+            rollout = scored(cfg, out, [e for e in examples for _ in range(g)], tokenizer, reward_fns,
+                             np.repeat(np.arange(need), g).astype(np.int32))
         timings["time_reward"] += time.perf_counter() - t0
-        correct = result.per_reward[cfg.correctness_reward].astype(np.float32)
-        group_ids = np.repeat(np.arange(need), g).astype(np.int32)
-        rollout = Rollout(
-            # The untruncated policy log-probs: what the trainer computes for the same tokens.
-            out.prompt_tokens, out.prompt_mask.astype(bool), tokens, mask,
-            out.policy_logprobs.astype(np.float32), out.finish_reason == sampler.FINISH_STOP,
-            shaped.astype(np.float32), result.per_reward, correct, result.valid, np.ones(len(correct), bool),
-            group_ids, texts, row_examples,
-        )
+        if guide is not None:
+            rollout, guided = guide(rollout, jax.random.fold_in(key, 1_000 + rounds))
+            for name, value in guided.items():
+                timings[name] = timings.get(name, 0) + value
+        group_ids, correct = rollout.group_ids, rollout.correct
         if cfg.dynamic_sampling:
-            keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=result.valid))
+            keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=rollout.valid))
             keep_groups = np.unique(group_ids[keep])
             rollout = rollout._replace(kept=np.isin(group_ids, keep_groups))
             kept.append(select_groups(rollout, keep_groups))
