@@ -207,3 +207,105 @@ def test_a_chat_template_that_cannot_render_the_tools_messages_is_refused_before
                                           r"template cannot render a 'tool' message \(TemplateError: Only system, user "
                                           r"and assistant roles are supported\); pick a model"):
         Trainer(cfg)
+
+
+_EPISODES_RESUME_SCRIPT = """
+import os, signal, sys
+import jax.numpy as jnp
+from flax import nnx
+from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.envs import Step, register_environment
+from jaxgrpo.models import Decoder, DecoderConfig, registry
+from jaxgrpo.models.tokenizer import load_tokenizer
+from jaxgrpo.train import Trainer, register_model_builder
+
+run_dir, kill, resume = sys.argv[1], sys.argv[2] == "kill", sys.argv[3] == "resume"
+tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
+
+
+def build(dtype=jnp.float32, remat=True):
+    config = DecoderConfig(family="llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                           num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True)
+    return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
+
+
+calls = []
+
+
+class ParityTurns:
+    # Three turns, each rewarded 1 when the turn's text has an even length; its state: the turns so far.
+    failure_reward = 0.0
+
+    def reset(self, example):
+        self.turn = 0
+        return [{{"role": "user", "content": example["question"]}}]
+
+    def step(self, action):
+        calls.append(kill and armed[0])
+        if sum(calls) == 2:  # the second environment step of step 2: its episodes in flight
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.turn += 1
+        reward = float(len(action) % 2 == 0)
+        if self.turn == 3:
+            return Step(None, reward, True)
+        return Step([{{"role": "user", "content": "Again."}}], reward, False)
+
+    def state(self):
+        return self.turn
+
+
+armed = [False]
+register_model_builder("tiny-smollm2-vocab", build)
+register_environment("parity_turns", ParityTurns)
+cfg = load_experiment({experiment!r})
+apply_overrides(cfg, ["model=tiny-smollm2-vocab", "advantage=gigpo", "advantage_kwargs={{}}", "steps=2",
+                      "checkpoint_every=1", "eval_every=0", "task.num_eval_examples=0", "prompts_per_step=2",
+                      "group_size=4", "environment.name=parity_turns", "environment.max_turns=3",
+                      "environment.max_context=256", "sampling.max_new_tokens=4", "sampling.max_prompt_len=64",
+                      "warmup_sft_steps=0", "optimizer.lr=1e-3", "run_dir=" + run_dir])
+Trainer(cfg).run(resume=resume, progress=False, on_step=lambda s, r: armed.__setitem__(0, s == 1))
+"""
+
+
+def test_a_sigkill_in_the_middle_of_a_multi_turn_step_then_resume_gives_the_uninterrupted_run(tmp_path):
+    """GiGPO on three-turn episodes: 2 steps straight == killed inside step 2 (an environment answering a turn while
+    the step's episodes are in flight), then --resume: the same records and parameters (the engine's draws depend on
+    the step's key and request ids, the environments are made anew per episode)."""
+    import signal
+    import subprocess
+    import sys
+
+    import orbax.checkpoint as ocp
+
+    from jaxgrpo.metrics import read_jsonl
+
+    script = tmp_path / "run.py"
+    script.write_text(_EPISODES_RESUME_SCRIPT.format(
+        experiment=TOY))
+
+    def run(run_dir, kill, mode):
+        return subprocess.run([sys.executable, str(script), str(run_dir), kill, mode], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.dirname(TOY)), timeout=900)
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    proc = run(straight, "no", "fresh")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run(killed, "kill", "fresh")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert len(read_jsonl(killed / "metrics.jsonl")) == 1
+    proc = run(killed, "no", "resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def comparable(path):
+        return [{k: v for k, v in r.items() if not k.startswith("time_") and "per_s" not in k}
+                for r in read_jsonl(path)]
+
+    assert comparable(straight / "metrics.jsonl") == comparable(killed / "metrics.jsonl")
+    records = read_jsonl(straight / "metrics.jsonl")
+    assert all(r["episode_turns"] == 3 and r["grad_norm"] > 0 for r in records)  # killed mid-episode; it trained
+
+    def params(run_dir):
+        restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", "2", "state"))
+        return jax.tree.map(np.asarray, restored["train"]["params"])
+
+    jax.tree.map(np.testing.assert_array_equal, params(straight), params(killed))
