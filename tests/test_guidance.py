@@ -52,6 +52,23 @@ def _rollout(out, examples, correct) -> Rollout:
                    examples)
 
 
+def _scripted(width: int):
+    """(calls, generate, score): a stand-in sampler whose hinted prompts are `width` tokens of 9, and a scorer for
+    which only a prompt hinted "y" is answered right, on every second attempt."""
+    calls = []
+
+    def generate(hinted, n, key, ids):
+        calls.append(([e["question"] for e in hinted], n, ids.tolist()))
+        return Out(len(hinted) * n, width, 9)
+
+    def score(out, originals):
+        questions, n, _ = calls[-1]
+        return _rollout(out, originals, [float(questions[i // n].endswith("Hint: y") and i % n == 1)
+                                         for i in range(len(originals))])
+
+    return calls, generate, score
+
+
 def test_scaffold_replaces_the_first_sample_of_each_all_wrong_group_with_the_least_hinted_success():
     """Three groups of two: group 0 all wrong (its second tier works), group 1 right once (untouched), group 2 all
     wrong with one tier that never works. Attempts 2: the second attempt is the correct one."""
@@ -60,17 +77,7 @@ def test_scaffold_replaces_the_first_sample_of_each_all_wrong_group_with_the_lea
     examples = [{"question": "a", "hints": ["x", "y"]}] * 2 + [{"question": "b", "hints": ["x"]}] * 2 + \
                [{"question": "c", "hints": ["x"]}] * 2
     rollout = _rollout(Out(6, 4, 7), examples, [0, 0, 1, 0, 0, 0])
-    calls = []
-
-    def generate(hinted, n, key, ids):
-        calls.append(([e["question"] for e in hinted], n, ids.tolist()))
-        return Out(len(hinted) * n, 6, 9)
-
-    def score(out, originals):
-        # Right only for group 0's second tier ("Hint: y"), on its second attempt.
-        correct = [float(calls[-1][0][i // 2].endswith("Hint: y") and i % 2 == 1) for i in range(len(originals))]
-        return _rollout(out, originals, correct)
-
+    calls, generate, score = _scripted(width=6)
     got, stats = guidance.scaffold(cfg, rollout, jax.random.key(0), generate=generate, score=score,
                                    hints=guidance.task_hints(None), prompt_length=lambda e: 10)
     assert calls == [(["a\nHint: x", "c\nHint: x"], 2, [0, 2]), (["a\nHint: y"], 2, [0])]
@@ -92,19 +99,10 @@ def test_with_replace_group_the_first_hinted_group_with_a_right_sample_replaces_
     validate(cfg)  # packing may stay on: a hinted group shares its prompt
     examples = [{"question": "a", "hints": ["x", "y"]}] * 2 + [{"question": "b", "hints": ["x"]}] * 2
     rollout = _rollout(Out(4, 4, 7), examples, [0, 0, 1, 0])
-    calls = []
-
-    def generate(hinted, n, key, ids):
-        calls.append(([e["question"] for e in hinted], n))
-        return Out(len(hinted) * n, 5, 9)
-
-    def score(out, originals):
-        correct = [float(calls[-1][0][i // 2].endswith("Hint: y") and i % 2 == 1) for i in range(len(originals))]
-        return _rollout(out, originals, correct)
-
+    calls, generate, score = _scripted(width=5)
     got, stats = guidance.scaffold(cfg, rollout, jax.random.key(0), generate=generate, score=score,
                                    hints=guidance.task_hints(None), prompt_length=lambda e: 10)
-    assert calls == [(["a\nHint: x"], 2), (["a\nHint: y"], 2)]  # G samples per hinted prompt
+    assert calls == [(["a\nHint: x"], 2, [0]), (["a\nHint: y"], 2, [0])]  # G samples per hinted prompt
     assert stats["guidance_solved_groups"] == 1 and stats["guidance_mean_tier"] == 2.0
     assert got.correct.tolist() == [0, 1, 1, 0] and got.prompt_tokens[:2].tolist() == [[9] * 5] * 2
     assert got.prompt_tokens[2].tolist() == [0] + [7] * 4

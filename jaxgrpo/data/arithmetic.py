@@ -133,9 +133,9 @@ def hints(expression: str) -> list[str]:
         steps.append(f"{total} {sign} {term} = {total + term if sign == '+' else total - term}")
         total = total + term if sign == "+" else total - term
     order = ", multiplications before additions and subtractions" if "*" in operators else ""
-    tiers = [f"Compute one operation at a time, from left to right{order}.",
-             f"Start with {steps[0].split(' = ')[0]}" + (", then use its result in the next operation." if len(steps) > 1
-                                                          else "; it is the only operation.")]
+    first = steps[0].split(" = ")[0]
+    then = ", then use its result in the next operation." if len(steps) > 1 else "; it is the only operation."
+    tiers = [f"Compute one operation at a time, from left to right{order}.", f"Start with {first}{then}"]
     if len(steps) > 1:
         tiers.append(" ".join(s + "." for s in steps[:-1]) + " Now do the last operation.")
     return tiers

@@ -96,7 +96,8 @@ def scaffold(cfg: Config, rollout, key: jax.Array, *, generate: Callable, score:
         out = generate([h for _, h in padded], attempts, jax.random.fold_in(key, tier),
                        np.array([q for q, _ in padded], np.int32))
         # The rewards read the original examples (a hint changes the question, not the answer).
-        hinted = score(jax.tree.map(np.asarray, out), [rollout.examples[q * g] for q, _ in padded for _ in range(attempts)])
+        originals = [rollout.examples[q * g] for q, _ in padded for _ in range(attempts)]
+        hinted = score(jax.tree.map(np.asarray, out), originals)
         hit = (hinted.correct > 0) & hinted.valid
         for i, (q, _) in enumerate(tries):
             rows = list(range(i * attempts, (i + 1) * attempts))

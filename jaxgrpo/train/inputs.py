@@ -241,7 +241,8 @@ class BatchInputs(NamedTuple):
             valid=self.valid[rows], lengths=self.lengths[rows], seq_logp=self.seq_logp[rows], mask=None,
             sampler_logp=None, trainer_logp=None, values=None,
             task_ids={**{k: v[rows] for k, v in self.task_ids.items()}, "anchor_ids": self.steps.anchor_ids,
-                      "num_anchors": int(self.steps.anchor_ids.max(initial=0)) + 1, "step_returns": self.steps.step_returns})
+                      "num_anchors": int(self.steps.anchor_ids.max(initial=0)) + 1,
+                      "step_returns": self.steps.step_returns})
 
     def get(self, name: str):
         """Field `name` of the batch (derived fields computed here)."""

@@ -56,7 +56,8 @@ from jaxgrpo.models import packing
 from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
-from jaxgrpo.train import evaluation, guidance, health, stages, trackers, rollout as rollout_lib, state as state_lib, step as step_lib
+from jaxgrpo.train import evaluation, guidance, health, stages, trackers
+from jaxgrpo.train import rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
