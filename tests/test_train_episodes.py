@@ -309,3 +309,68 @@ def test_a_sigkill_in_the_middle_of_a_multi_turn_step_then_resume_gives_the_unin
         return jax.tree.map(np.asarray, restored["train"]["params"])
 
     jax.tree.map(np.testing.assert_array_equal, params(straight), params(killed))
+
+
+def test_demonstrations_are_laid_out_as_rollouts_their_observations_untrained():
+    from jaxgrpo.engine import multi_turn
+    from jaxgrpo.envs import make_environment, tools
+
+    tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
+    turns = multi_turn.ChatTurns(tokenizer)
+    example = {"question": "What is 123 * 456?", "answer": "56088"}
+    prompt, tokens, mask = multi_turn.demonstration(turns, make_environment("calculator"), example)
+    assert prompt == turns.opening(make_environment("calculator").reset(example))
+    trained = tokenizer.decode([t for t, m in zip(tokens, mask) if m])
+    untrained = tokenizer.decode([t for t, m in zip(tokens, mask) if not m])
+    assert trained == tools.tool_call("calculator", expression="123 * 456") + "<|im_end|>The answer is 56088.<|im_end|>"
+    assert "56088" in untrained and "tool" in untrained and "<tool_call>" not in untrained
+    game = GuessNumber(max_guesses=5)
+    _, _, mask = multi_turn.demonstration(turns, game, {"secret": 20, "low": 1, "high": 20})
+    assert game.state()[2] == 0  # binary search from 10: 10, 15, 18, 19, 20, the last guess right
+    with pytest.raises(ValueError, match="demonstration of .* earns no reward"):
+        multi_turn.demonstration(turns, GuessNumber(max_guesses=2), {"secret": 20, "low": 1, "high": 20})
+
+
+class ToyWithExpressions:
+    """The toy task's sums with an "expression" (the calculator's demonstration reads it)."""
+
+    name = "toy_with_expressions"
+
+    def __init__(self):
+        from jaxgrpo.toy import ToySumTask
+
+        self.toy = ToySumTask()
+
+    def load(self, split, **kwargs):
+        return [{**e, "expression": e["question"]} for e in self.toy.load(split, **kwargs)]
+
+    def messages(self, example):
+        return self.toy.messages(example)
+
+    def default_rewards(self):
+        return self.toy.default_rewards()
+
+
+def test_the_warm_up_of_an_environment_run_trains_on_demonstrated_episodes(trainer, monkeypatch):
+    """A calculator run's warm-up: its loss falls over demonstrated episodes (the call, then the answer; the tool's
+    message untrained), and an environment without demonstrations is refused when a warm-up is asked for."""
+    from jaxgrpo.train import warmup
+
+    cfg = load_experiment(TOY)
+    apply_overrides(cfg, [f"run_dir={trainer.cfg.run_dir}-calculator", "model=random-smollm2-vocab",
+                          "environment.name=calculator", "environment.max_context=384", "sampling.max_prompt_len=192",
+                          "prompts_per_step=2", "group_size=4", "micro_batch_size=8", "task.num_eval_examples=0",
+                          "warmup_sft_steps=4", "warmup_sft_lr=3e-3", "checkpoint_every=0"])
+    calculator = Trainer(cfg, task=ToyWithExpressions())
+    batches, supervised = [], warmup.supervised_batch
+    monkeypatch.setattr(warmup, "supervised_batch", lambda *a: batches.append(a) or supervised(*a))
+    losses = warmup.supervised_warmup(calculator, 4)
+    assert losses[-1] < losses[0], losses
+    prompts, answers, _, masks = batches[0]
+    assert all(0 < sum(m) < len(m) for m in masks)  # policy turns trained, the tool's message not
+    cfg = load_experiment(TOY)
+    apply_overrides(cfg, ["model=random-smollm2-vocab", "environment.name=two_turns", "warmup_sft_steps=2",
+                          "task.num_eval_examples=0", "environment.max_context=256", "sampling.max_prompt_len=64"])
+    with pytest.raises(ConfigError, match="warmup_sft_steps=2 trains on demonstrated episodes, but environment "
+                                          "'two_turns' has no demonstration"):
+        Trainer(cfg)

@@ -127,6 +127,28 @@ class Trajectory:
         return float(sum(self.turn_rewards))
 
 
+def demonstration(turns: ChatTurns, env: Environment, example: Any) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt, tokens after it, loss mask) of the episode `env.demonstration(example)` demonstrates, laid out as a
+    rollout lays out a sampled one: the opening; each policy turn with its stop token (trained), then the
+    observation answering it (attended to, not trained). A ValueError when the episode is not rewarded."""
+    actions = env.demonstration(example)
+    prompt = turns.opening(env.reset(example))
+    tokens, mask, reward = [], [], 0.0
+    for action in actions:
+        ids = turns.encode(action) + [turns.stop_token]
+        tokens, mask = tokens + ids, mask + [True] * len(ids)
+        step = env.step(action)
+        reward += float(step.reward)
+        if step.done or not step.observation:
+            break
+        observation = turns.observation(step.observation, stopped=True)
+        tokens, mask = tokens + observation, mask + [False] * len(observation)
+    if reward <= 0:
+        raise ValueError(f"{type(env).__name__}'s demonstration of {example!r} earns no reward ({reward}); "
+                         "a warm-up would teach a failing episode")
+    return prompt, tokens, mask
+
+
 def _anchor(env: Environment, observations: list[Message]):
     """The state `env`'s next turn acts from: its `state()`, else the episode's observations so far."""
     state = getattr(env, "state", None)

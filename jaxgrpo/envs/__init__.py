@@ -17,7 +17,9 @@ ends there, with an error observation, and the rollout counts it). An environmen
 state its next turn acts from, hashable (step-level credit such as GiGPO groups the turns of a prompt's episodes
 that act from the same state); without it, a turn's state is the observations of its episode so far. Its
 `observation_roles` (("user",) when absent) are the roles its observations take: a run checks that the model's
-chat template renders them before anything is compiled.
+chat template renders them before anything is compiled. Its optional `demonstration(example)` is the policy turns
+of a correct episode (a list of strings): the supervised warm-up (`warmup_sft_steps`) plays them against the
+environment and trains on them, the observations in between attended to but not trained on.
 
 Built in: "calculator" (`jaxgrpo.envs.tools.ToolEnvironment` with the calculator tool: the final answer is
 checked against the example's), "tools" (the calculator and the sandboxed Python tool, `jaxgrpo.envs.sandbox`)

@@ -54,6 +54,18 @@ class GuessNumber:
         return Step([{"role": "user", "content": f"{feedback} {left} guesses left."}], 0.0, False,
                     {"guesses": self.guesses})
 
+    def demonstration(self, example: Mapping[str, Any]) -> list[str]:
+        """A correct episode: binary search from the middle of [low, high] (at most ceil(log2(high - low + 2))
+        guesses; within `max_guesses` when the range is small enough)."""
+        secret, low, high = int(example["secret"]), int(example["low"]), int(example["high"])
+        guesses = []
+        while True:
+            guess = (low + high) // 2
+            guesses.append(str(guess))
+            if guess == secret:
+                return guesses
+            low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+
     def state(self) -> tuple[int, int, int]:
         """(lowest, highest) value the secret can still have after the feedback so far, and the guesses left."""
         return (*self.known, self.max_guesses - self.guesses)

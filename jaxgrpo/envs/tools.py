@@ -134,6 +134,8 @@ class ToolEnvironment:
       check: (final answer text, example) -> whether it is right (reward `correct_reward`, else 0).
       system: the system message's opening; the tools' descriptions and the call format follow it.
       max_calls: tool calls allowed per episode; a turn beyond them ends the episode unanswered (reward 0).
+      demonstrate: example -> the policy turns of a correct episode (`demonstration`, the supervised warm-up's),
+        or None when the tools have no demonstration.
     """
 
     failure_reward = 0.0
@@ -141,8 +143,9 @@ class ToolEnvironment:
 
     def __init__(self, tools: list[Tool], check: Callable[[str, Any], bool] = numeric_answer_matches, *,
                  system: str = "You are a helpful assistant that can use tools.", max_calls: int = 4,
-                 correct_reward: float = 1.0):
+                 correct_reward: float = 1.0, demonstrate: Callable[[Any], list[str]] | None = None):
         self.tools = {tool.name: tool for tool in tools}
+        self._demonstrate = demonstrate
         self.check, self.max_calls, self.correct_reward = check, int(max_calls), float(correct_reward)
         listing = "\n".join(f"- {tool.name}: {tool.description}" for tool in tools)
         self.system = (f"{system}\nTools:\n{listing}\nTo call one, write <tool_call>{{\"name\": ..., \"arguments\": "
@@ -153,6 +156,10 @@ class ToolEnvironment:
     def reset(self, example: Mapping[str, Any]) -> list[Message]:
         self.example, self.calls = example, 0
         return [{"role": "system", "content": self.system}, {"role": "user", "content": str(example["question"])}]
+
+    def demonstration(self, example: Mapping[str, Any]) -> list[str] | None:
+        """The policy turns of a correct episode of `example`, or None without a demonstration."""
+        return None if self._demonstrate is None else self._demonstrate(example)
 
     def step(self, action: str) -> Step:
         calls = parse_tool_calls(action)
@@ -181,6 +188,24 @@ class ToolEnvironment:
             return f"error: {error}"
 
 
+def tool_call(name: str, **arguments) -> str:
+    """A call of tool `name` as the policy writes it."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def calculator_demonstration(example: Mapping[str, Any]) -> list[str]:
+    """A correct calculator episode: the call on the example's "expression" (or the question's "What is X?"),
+    then the answer, the example's "answer"."""
+    expression = example.get("expression")
+    if expression is None:
+        found = re.search(r"what is (.+?)\?*$", str(example["question"]).strip(), re.I)
+        if found is None:
+            raise ValueError(f"no expression to demonstrate in the question {example['question']!r}: give the "
+                             "example an 'expression'")
+        expression = found.group(1)
+    return [tool_call("calculator", expression=str(expression)), f"The answer is {example['answer']}."]
+
+
 def calculator_environment(**kwargs) -> ToolEnvironment:
-    """A `ToolEnvironment` with the calculator; examples have "question" and "answer"."""
-    return ToolEnvironment([CALCULATOR], **kwargs)
+    """A `ToolEnvironment` with the calculator and its demonstration; examples have "question" and "answer"."""
+    return ToolEnvironment([CALCULATOR], demonstrate=calculator_demonstration, **kwargs)

@@ -121,7 +121,7 @@ class Trainer:
                               "a model directory with its tokenizer files")
         self.tokenizer = tokenizer
         # An environment's turns in token space (`run_episodes`): the template renders its messages, checked here.
-        self._turns = None if cfg.environment is None else self._environment_turns(train_examples)
+        self.chat_turns = None if cfg.environment is None else self._environment_turns(train_examples)
         self.task = task
         self.reward_fns = reward_fns
         self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
@@ -234,7 +234,7 @@ class Trainer:
         e = self.cfg.environment
         engine = self.engine()
         with device_memory.reported(self.cfg, "sampler", self.mesh):
-            return multi_turn.rollout(engine, self._turns, lambda: envs.make_environment(e.name, **e.kwargs), examples,
+            return multi_turn.rollout(engine, self.chat_turns, lambda: envs.make_environment(e.name, **e.kwargs), examples,
                                       group_size=num_samples, max_turns=e.max_turns,
                                       turn_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
                                       key=key, step_timeout=e.step_timeout)
@@ -246,12 +246,19 @@ class Trainer:
         from jaxgrpo.engine import multi_turn
 
         e = self.cfg.environment
+        env = envs.make_environment(e.name, **e.kwargs)
         try:
             turns = multi_turn.ChatTurns(self.tokenizer)
-            turns.check(envs.make_environment(e.name, **e.kwargs), examples[0])
+            turns.check(env, examples[0])
         except (ValueError, TypeError) as error:
             raise ConfigError(f"environment {e.name!r} with model {self.cfg.model!r}: {error}; pick a model whose chat "
                               "template renders it, or an environment answering in roles it has") from None
+        if self.cfg.warmup_sft_steps:  # the warm-up trains on demonstrated episodes
+            demonstrate = getattr(env, "demonstration", None)
+            if not callable(demonstrate) or demonstrate(examples[0]) is None:
+                raise ConfigError(f"warmup_sft_steps={self.cfg.warmup_sft_steps} trains on demonstrated episodes, but "
+                                  f"environment {e.name!r} has no demonstration(example); set warmup_sft_steps=0 or "
+                                  "give the environment one")
         return turns
 
     def rollout(self, key: Array) -> tuple[Rollout, dict]:

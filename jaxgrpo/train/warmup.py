@@ -1,4 +1,5 @@
-"""Supervised warm-up before RL: the update's likelihood term on the task's reference answers.
+"""Supervised warm-up before RL: the update's likelihood term on the task's reference answers, or on an
+environment's demonstrated episodes (`Environment.demonstration`: e.g. a calculator call and the answer).
 
 A tiny random model cannot sample a correct answer at all; a few teacher-forced steps give it the
 partial competence that makes group-relative RL work. The warm-up runs the same jitted update as RL
@@ -28,8 +29,20 @@ def reference_completion(task, tokenizer, example: dict) -> list[int]:
     return ids + [eos] if eos is not None else ids
 
 
-def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id: int) -> TrainBatch:
-    """One micro-batch [1, B, ...] of prompts (left padded) followed by their answers, the answers trained."""
+def episode_demonstration(trainer, example: dict) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt, tokens, loss mask) of the environment's demonstrated episode of `example`
+    (`engine.multi_turn.demonstration`, with the trainer's chat turns)."""
+    from jaxgrpo import envs
+    from jaxgrpo.engine import multi_turn
+
+    e = trainer.cfg.environment
+    return multi_turn.demonstration(trainer.chat_turns, envs.make_environment(e.name, **e.kwargs), example)
+
+
+def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id: int,
+                     masks: list[list[bool]] | None = None) -> TrainBatch:
+    """One micro-batch [1, B, ...] of prompts (left padded) followed by their answers, the answers trained (only
+    where `masks` says, when given: an episode's observations are attended to, not trained)."""
     batch_size = len(prompts)
     width = max(map(len, prompts))
     cwidth = max(map(len, answers))
@@ -40,7 +53,7 @@ def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id:
         tokens[i, width - len(p) : width] = p
         tokens[i, width : width + len(a)] = a
         attention[i, width - len(p) : width + len(a)] = True
-        mask[i, : len(a)] = 1.0
+        mask[i, : len(a)] = 1.0 if masks is None else masks[i]
     positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
     zeros = np.zeros_like(mask)
     return TrainBatch(*(x[None] for x in (tokens, attention, positions, mask, zeros, zeros, zeros, zeros, zeros)))
@@ -64,8 +77,12 @@ def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_siz
     losses = []
     for _ in range(steps):
         examples = stream.take(batch_size)
-        answers = [reference_completion(trainer.task, trainer.tokenizer, e) for e in examples]
-        batch = supervised_batch([trainer.prompt_ids(e) for e in examples], answers, trainer.pad_id)
+        if cfg.environment is not None:  # demonstrated episodes: their policy turns trained, observations not
+            prompts, answers, masks = zip(*(episode_demonstration(trainer, e) for e in examples))
+            batch = supervised_batch(list(prompts), list(answers), trainer.pad_id, list(masks))
+        else:
+            answers = [reference_completion(trainer.task, trainer.tokenizer, e) for e in examples]
+            batch = supervised_batch([trainer.prompt_ids(e) for e in examples], answers, trainer.pad_id)
         # Every process holds the whole batch: each lays its devices' rows out as a global array.
         batch = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, rows, lambda i, x=x: x[i]), batch)
         with device_memory.reported(cfg, "warm-up update", trainer.mesh), jax.set_mesh(trainer.mesh):
