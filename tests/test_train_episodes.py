@@ -363,11 +363,14 @@ def test_the_warm_up_of_an_environment_run_trains_on_demonstrated_episodes(train
                           "warmup_sft_steps=4", "warmup_sft_lr=3e-3", "checkpoint_every=0"])
     calculator = Trainer(cfg, task=ToyWithExpressions())
     batches, supervised = [], warmup.supervised_batch
-    monkeypatch.setattr(warmup, "supervised_batch", lambda *a: batches.append(a) or supervised(*a))
+    monkeypatch.setattr(warmup, "supervised_batch", lambda *a, **k: batches.append((a, supervised(*a, **k)))
+                        or batches[-1][1])
     losses = warmup.supervised_warmup(calculator, 4)
     assert losses[-1] < losses[0], losses
-    prompts, answers, _, masks = batches[0]
+    (prompts, answers, _, masks), batch = batches[0]
     assert all(0 < sum(m) < len(m) for m in masks)  # policy turns trained, the tool's message not
+    prompt_width = batch.tokens.shape[-1] - batch.completion_mask.shape[-1]
+    assert [w & (w - 1) for w in (prompt_width, batch.completion_mask.shape[-1])] == [0, 0]  # bucketed widths
     cfg = load_experiment(TOY)
     apply_overrides(cfg, ["model=random-smollm2-vocab", "environment.name=two_turns", "warmup_sft_steps=2",
                           "task.num_eval_examples=0", "environment.max_context=256", "sampling.max_prompt_len=64"])

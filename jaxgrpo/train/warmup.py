@@ -14,6 +14,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxgrpo import sampler
 from jaxgrpo.train import device_memory, state as state_lib, step as step_lib
 from jaxgrpo.train.distributed import BATCH_AXES
 from jaxgrpo.train.rollout import PromptStream
@@ -40,12 +41,15 @@ def episode_demonstration(trainer, example: dict) -> tuple[list[int], list[int],
 
 
 def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id: int,
-                     masks: list[list[bool]] | None = None) -> TrainBatch:
+                     masks: list[list[bool]] | None = None, bucket: bool = False) -> TrainBatch:
     """One micro-batch [1, B, ...] of prompts (left padded) followed by their answers, the answers trained (only
-    where `masks` says, when given: an episode's observations are attended to, not trained)."""
+    where `masks` says, when given: an episode's observations are attended to, not trained). `bucket`: widths
+    rounded up to the sampler's buckets, so batches of varying lengths share a few compiled updates."""
     batch_size = len(prompts)
     width = max(map(len, prompts))
     cwidth = max(map(len, answers))
+    if bucket:
+        width, cwidth = sampler.bucket_length(width), sampler.bucket_length(cwidth)
     tokens = np.full((batch_size, width + cwidth), pad_id, np.int32)
     attention = np.zeros(tokens.shape, bool)
     mask = np.zeros((batch_size, cwidth), np.float32)
@@ -79,7 +83,7 @@ def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_siz
         examples = stream.take(batch_size)
         if cfg.environment is not None:  # demonstrated episodes: their policy turns trained, observations not
             prompts, answers, masks = zip(*(episode_demonstration(trainer, e) for e in examples))
-            batch = supervised_batch(list(prompts), list(answers), trainer.pad_id, list(masks))
+            batch = supervised_batch(list(prompts), list(answers), trainer.pad_id, list(masks), bucket=True)
         else:
             answers = [reference_completion(trainer.task, trainer.tokenizer, e) for e in examples]
             batch = supervised_batch([trainer.prompt_ids(e) for e in examples], answers, trainer.pad_id)
