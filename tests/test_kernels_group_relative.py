@@ -7,7 +7,7 @@ import pytest
 
 import jaxgrpo  # noqa: F401  (registers every kernel)
 from jaxgrpo import kernels
-from jaxgrpo.train import inputs as inputs_lib
+from jaxgrpo.train import inputs as inputs_lib, stages
 
 N, T = 6, 3
 REWARDS = np.array([0.0, 1.0, 0.25, 0.75, 1.0, 0.0], np.float32)
@@ -25,11 +25,15 @@ def batch(group_ids) -> inputs_lib.BatchInputs:
         mask=np.ones((N, T), np.float32), sampler_logp=-np.ones((N, T), np.float32),
         trainer_logp=-np.ones((N, T), np.float32), values=np.zeros((N, T), np.float32),
         task_ids={"strata_ids": np.array([0, 0, 1, 1, 0, 0], np.int32), "bundle_ids": group_ids,
-                  "baseline": np.full(N, 0.5, np.float32)})
+                  "baseline": np.full(N, 0.5, np.float32)},
+        # One-turn episodes from one state: a step-level kernel (GiGPO) sees each row as one step.
+        steps=inputs_lib.Steps.of_episodes([[r] for r in REWARDS], [["start"]] * N, np.zeros((N, T)), discount=1.0))
 
 
 def advantages(kernel, group_ids) -> np.ndarray:
-    out = inputs_lib.call(kernel.fn, batch(group_ids), NEEDS.get(kernel.name, {}))
+    rows = batch(group_ids)
+    out = inputs_lib.call(kernel.fn, rows.of_steps() if stages.reads_steps(kernel.fn, {}) else rows,
+                          NEEDS.get(kernel.name, {}))
     return np.asarray(out[0] if isinstance(out, tuple) else out)
 
 
