@@ -81,8 +81,8 @@ def test_scaffold_replaces_the_first_sample_of_each_all_wrong_group_with_the_lea
     got, stats = guidance.scaffold(cfg, rollout, jax.random.key(0), generate=generate, score=score,
                                    hints=guidance.task_hints(None), prompt_length=lambda e: 10)
     assert calls == [(["a\nHint: x", "c\nHint: x"], 2, [0, 2]), (["a\nHint: y"], 2, [0])]
-    assert stats == {"guidance_failed_groups": 2, "guidance_hinted_samples": 6, "guidance_solved_groups": 1,
-                     "guidance_mean_tier": 2.0}
+    assert guidance.summarize(stats) == {"guidance_failed_groups": 2, "guidance_hinted_samples": 6,
+                                         "guidance_solved_groups": 1, "guidance_mean_tier": 2.0}
     assert got.prompt_tokens.shape == (6, 6)  # re-padded on the left to the hinted prompt's width
     assert got.prompt_tokens[0].tolist() == [9] * 6 and got.prompt_mask[1].tolist() == [False] * 2 + [True] * 4
     assert got.correct.tolist() == [1, 0, 1, 0, 0, 0] and got.per_reward["right"][0] == 1
@@ -90,7 +90,15 @@ def test_scaffold_replaces_the_first_sample_of_each_all_wrong_group_with_the_lea
     # A hint that would make the prompt too long is not tried.
     _, stats = guidance.scaffold(cfg, rollout, jax.random.key(0), generate=generate, score=score,
                                  hints=guidance.task_hints(None), prompt_length=lambda e: 10_000)
-    assert stats == {"guidance_failed_groups": 2, "guidance_hints_too_long": 2, "guidance_solved_groups": 0}
+    assert guidance.summarize(stats) == {"guidance_failed_groups": 2, "guidance_hints_too_long": 2,
+                                         "guidance_solved_groups": 0}
+
+
+def test_the_mean_tier_is_over_every_rounds_solved_groups():
+    # Two sampling rounds summed by `rollout.collect`: 1 group at tier 2, then 3 at tier 1 -> (2 + 3) / 4.
+    summed = {"guidance_failed_groups": 5, "guidance_solved_groups": 4, "guidance_solved_tiers": 5}
+    assert guidance.summarize(summed) == {"guidance_failed_groups": 5, "guidance_solved_groups": 4,
+                                          "guidance_mean_tier": 1.25}
 
 
 def test_with_replace_group_the_first_hinted_group_with_a_right_sample_replaces_the_whole_group():
@@ -103,7 +111,8 @@ def test_with_replace_group_the_first_hinted_group_with_a_right_sample_replaces_
     got, stats = guidance.scaffold(cfg, rollout, jax.random.key(0), generate=generate, score=score,
                                    hints=guidance.task_hints(None), prompt_length=lambda e: 10)
     assert calls == [(["a\nHint: x"], 2, [0]), (["a\nHint: y"], 2, [0])]  # G samples per hinted prompt
-    assert stats["guidance_solved_groups"] == 1 and stats["guidance_mean_tier"] == 2.0
+    summary = guidance.summarize(stats)
+    assert summary["guidance_solved_groups"] == 1 and summary["guidance_mean_tier"] == 2.0
     assert got.correct.tolist() == [0, 1, 1, 0] and got.prompt_tokens[:2].tolist() == [[9] * 5] * 2
     assert got.prompt_tokens[2].tolist() == [0] + [7] * 4
 

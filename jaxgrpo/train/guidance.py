@@ -29,6 +29,8 @@ import numpy as np
 from jaxgrpo.config import Config
 
 HINT_PREFIX = "Hint: "
+#: The per-row arrays of a `Rollout` a replacement row brings along (besides its prompt, rewards and text).
+_ROW_FIELDS = ("completion_tokens", "completion_mask", "sampler_logp", "finished", "rewards", "correct", "valid")
 
 
 def task_hints(task) -> Callable[[dict], Sequence[str]]:
@@ -79,13 +81,13 @@ def scaffold(cfg: Config, rollout, key: jax.Array, *, generate: Callable, score:
     pending = [q for q in range(groups) if scored[q] and not solved[q]]
     stats = collections.Counter(guidance_failed_groups=len(pending))
     found = {}  # group -> (tier, the hinted rollout, the rows of it that replace the group's first, or all)
+    tiers = {q: hints(rollout.examples[q * g]) for q in pending}
     tier = 0
     while pending:
         tries = []
         for q in pending:
-            tiers = hints(rollout.examples[q * g])
-            if tier < len(tiers):
-                hinted = with_hint(rollout.examples[q * g], str(tiers[tier]))
+            if tier < len(tiers[q]):
+                hinted = with_hint(rollout.examples[q * g], str(tiers[q][tier]))
                 if prompt_length(hinted) <= cfg.sampling.max_prompt_len:
                     tries.append((q, hinted))
                 else:
@@ -108,11 +110,21 @@ def scaffold(cfg: Config, rollout, key: jax.Array, *, generate: Callable, score:
         pending = [q for q in pending if q not in found]
         tier += 1
     stats["guidance_solved_groups"] = len(found)
+    stats["guidance_solved_tiers"] = sum(t + 1 for t, _, _ in found.values())  # 1: the most abstract; `summarize`
     if found:
-        stats["guidance_mean_tier"] = float(np.mean([t + 1 for t, _, _ in found.values()]))  # 1: the most abstract
         rollout = replace_rows(rollout, {q * g + k: (hinted, row) for q, (_, hinted, rows) in found.items()
                                          for k, row in enumerate(rows)})
     return rollout, dict(stats)
+
+
+def summarize(timings: dict) -> dict:
+    """A step's timings with its guidance counts (summed over its sampling rounds) read out: the solved groups'
+    tiers become `guidance_mean_tier`, present when a group was solved."""
+    timings = dict(timings)
+    tiers = timings.pop("guidance_solved_tiers", 0)
+    if timings.get("guidance_solved_groups"):
+        timings["guidance_mean_tier"] = tiers / timings["guidance_solved_groups"]
+    return timings
 
 
 def replace_rows(rollout, rows: dict):
@@ -124,8 +136,7 @@ def replace_rows(rollout, rows: dict):
         return np.pad(x, ((0, 0), (width - x.shape[1], 0)))
 
     fields = {"prompt_tokens": pad_left(rollout.prompt_tokens), "prompt_mask": pad_left(rollout.prompt_mask),
-              **{name: np.array(getattr(rollout, name)) for name in (
-                  "completion_tokens", "completion_mask", "sampler_logp", "finished", "rewards", "correct", "valid")}}
+              **{name: np.array(getattr(rollout, name)) for name in _ROW_FIELDS}}
     per_reward = {name: np.array(values) for name, values in rollout.per_reward.items()}
     texts = list(rollout.texts)
     for r, (other, i) in rows.items():
@@ -134,7 +145,7 @@ def replace_rows(rollout, rows: dict):
                              f"rollout's {rollout.completion_tokens.shape[1]}: both come from sampling.max_new_tokens")
         fields["prompt_tokens"][r] = pad_left(other.prompt_tokens[i:i + 1])[0]
         fields["prompt_mask"][r] = pad_left(other.prompt_mask[i:i + 1])[0]
-        for name in ("completion_tokens", "completion_mask", "sampler_logp", "finished", "rewards", "correct", "valid"):
+        for name in _ROW_FIELDS:
             fields[name][r] = getattr(other, name)[i]
         for name in per_reward:
             per_reward[name][r] = other.per_reward[name][i]

@@ -267,8 +267,9 @@ class Trainer:
         if self.cfg.environment is not None:
             return rollout_lib.collect_episodes(self.cfg, key, self.prompts, self.run_episodes, self.tokenizer,
                                                 self.pad_id)
-        return rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer, self.reward_fns,
-                                   self.mesh, self._guide())
+        rollout, timings = rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer,
+                                               self.reward_fns, self.mesh, self._guide())
+        return rollout, guidance.summarize(timings)
 
     def _guide(self):
         """`guidance.scaffold` on this trainer's sampler, rewards and task (None without guidance, or before
