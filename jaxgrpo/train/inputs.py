@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import numpy as np
 
+from jaxgrpo import kernels
 from jaxgrpo.config import Config
 
 ROW, GROUP, TOKEN, STATIC, LOSS = "row [N]", "group [num_groups]", "token [N, T]", "static int", "loss (in the update)"
@@ -178,22 +179,24 @@ class Steps(NamedTuple):
     @classmethod
     def of_episodes(cls, turn_rewards, anchors, token_turns: np.ndarray, discount: float) -> "Steps":
         """Steps of episodes given per row: `turn_rewards[n]` and `anchors[n]` (hashable states), one per turn."""
-        rows, turns, returns, states = [], [], [], []
+        rows, turns, states = [], [], []
         for row, (rewards, row_anchors) in enumerate(zip(turn_rewards, anchors, strict=True)):
             if len(rewards) != len(row_anchors):
                 raise ValueError(f"episode {row} has {len(rewards)} turn rewards but {len(row_anchors)} anchor states")
-            backwards, future = [], 0.0
-            for reward in reversed(rewards):
-                future = float(reward) + discount * future
-                backwards.append(future)
-            returns += backwards[::-1]
             rows += [row] * len(rewards)
             turns += range(len(rewards))
             states += row_anchors
+        rows, turns = np.asarray(rows, np.int32), np.asarray(turns, np.int32)
+        # Per-turn rewards laid out [episodes, turns]: the returns are the reward-to-go over each episode's turns.
+        per_turn = np.zeros((len(turn_rewards), int(turns.max(initial=-1)) + 1), np.float32)
+        per_turn[rows, turns] = [r for rewards in turn_rewards for r in rewards]
+        taken = np.zeros(per_turn.shape, bool)
+        taken[rows, turns] = True
+        returns = np.asarray(kernels.discounted_returns(per_turn, taken, gamma=discount))[rows, turns]
         numbering: dict = {}
         anchor_ids = [numbering.setdefault(state, len(numbering)) for state in states]
-        return cls(np.asarray(rows, np.int32), np.asarray(turns, np.int32), np.asarray(returns, np.float32),
-                   np.asarray(anchor_ids, np.int32), np.asarray(token_turns, np.int32))
+        return cls(rows, turns, returns.astype(np.float32), np.asarray(anchor_ids, np.int32),
+                   np.asarray(token_turns, np.int32))
 
     def to_tokens(self, values: np.ndarray) -> np.ndarray:
         """f32[N, T]: each completion token gets the value of its episode's step (its turn); 0 past the end."""
