@@ -29,8 +29,10 @@ results are not this study's. `rerun_changed=True` (`--rerun-changed`) runs thos
 scratch instead.
 
 Collation reads each cell's metrics.jsonl (`name`) and eval.jsonl (`eval/name`): per metric and
-configuration the final value's mean over seeds with a 95% t-interval, the difference from the first
-configuration paired by seed, curves with bands, final values with error bars, and `report.md`.
+configuration the final value's mean over seeds with a 95% t-interval, its change over the run (the last
+record minus the first, e.g. the evaluation at step 0, paired within each seed's run: whether a method moved the
+metric at all), the difference from the first configuration paired by seed, curves with bands, final values with
+error bars, and `report.md`.
 """
 
 from __future__ import annotations
@@ -348,7 +350,8 @@ def metric_curve(run_dir: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclasses.dataclass
 class Collated:
-    """Per configuration label and metric: final values by seed, their interval, curves, paired differences."""
+    """Per configuration label and metric: final values by seed, their interval, curves, paired differences, and
+    each run's change (last record minus first; runs with a single record have none)."""
 
     labels: list[str]
     metrics: list[str]
@@ -356,25 +359,32 @@ class Collated:
     summary: dict[tuple[str, str], intervals.Interval]
     differences: dict[tuple[str, str], intervals.Interval]
     curves: dict[tuple[str, str], dict[int, tuple[np.ndarray, np.ndarray]]]
+    changes: dict[tuple[str, str], dict[int, float]] = dataclasses.field(default_factory=dict)
+
+    def change(self, label: str, metric: str) -> intervals.Interval:
+        """The mean change over the run of `metric` under `label`, with its 95% t-interval over seeds."""
+        return intervals.t_interval(list(self.changes[label, metric].values()))
 
 
 def collate(runner: Runner) -> Collated:
     labels = list(dict.fromkeys(c.label for c in runner.cells))
-    finals, curves, summary, differences = {}, {}, {}, {}
+    finals, curves, summary, differences, changes = {}, {}, {}, {}, {}
     for metric in runner.study.metrics:
         for label in labels:
-            finals[label, metric], curves[label, metric] = {}, {}
+            finals[label, metric], curves[label, metric], changes[label, metric] = {}, {}, {}
             for cell in (c for c in runner.cells if c.label == label and runner.is_done(c)):
                 steps, values = metric_curve(runner.run_dir(cell), metric)
                 if steps.size:
                     curves[label, metric][cell.seed] = (steps, values)
                     finals[label, metric][cell.seed] = float(values[-1])
+                if steps.size > 1:
+                    changes[label, metric][cell.seed] = float(values[-1] - values[0])
             summary[label, metric] = intervals.t_interval(list(finals[label, metric].values()))
         base = finals[labels[0], metric]
         for label in labels[1:]:
             seeds = sorted(set(base) & set(finals[label, metric]))
             differences[label, metric] = intervals.t_interval([finals[label, metric][s] - base[s] for s in seeds])
-    return Collated(labels, list(runner.study.metrics), finals, summary, differences, curves)
+    return Collated(labels, list(runner.study.metrics), finals, summary, differences, curves, changes)
 
 
 def _cell(interval: intervals.Interval, n: int) -> str:
@@ -390,6 +400,16 @@ def table(collated: Collated) -> str:
     head = "| configuration | " + " | ".join(collated.metrics) + " |"
     rule = "|---|" + "---|" * len(collated.metrics)
     rows = [f"| {label} | " + " | ".join(_cell(collated.summary[label, m], len(collated.finals[label, m]))
+                                         for m in collated.metrics) + " |" for label in collated.labels]
+    return "\n".join([head, rule, *rows])
+
+
+def change_table(collated: Collated) -> str:
+    """Each configuration's change of each metric over the run (last record minus first, paired within each
+    seed's run): mean [95% t-interval]."""
+    head = "| change over the run | " + " | ".join(collated.metrics) + " |"
+    rule = "|---|" + "---|" * len(collated.metrics)
+    rows = [f"| {label} | " + " | ".join(_cell(collated.change(label, m), len(collated.changes[label, m]))
                                          for m in collated.metrics) + " |" for label in collated.labels]
     return "\n".join([head, rule, *rows])
 
@@ -478,6 +498,10 @@ def report(runner: Runner, study_file: str, command: str) -> str:
         f"seeds {list(study.seeds)}; {finished} of {len(runner.cells)} cells finished.", "",
         f"Command: `{command}`", "",
         "## Final values (mean over seeds, 95% t-interval)", "", table(collated), "",
+        "## Change over the run (last record minus first, paired within each seed's run; 95% t-interval)", "",
+        change_table(collated), "",
+        "A metric evaluated at step 0 changes from the untrained policy's value; a training metric from the "
+        "first step's.", "",
     ]
     differences = difference_table(collated)
     if differences:
@@ -493,6 +517,10 @@ def report(runner: Runner, study_file: str, command: str) -> str:
         "final": {f"{label}|{m}": {"seeds": collated.finals[label, m], "mean": collated.summary[label, m].value,
                                    "ci95": [collated.summary[label, m].low, collated.summary[label, m].high]}
                   for label in collated.labels for m in collated.metrics},
+        "change_over_run": {f"{label}|{m}": {"seeds": collated.changes[label, m],
+                                             "mean": collated.change(label, m).value,
+                                             "ci95": [collated.change(label, m).low, collated.change(label, m).high]}
+                            for label in collated.labels for m in collated.metrics},
         "difference_from_first": {f"{label}|{m}": {"mean": v.value, "ci95": [v.low, v.high]}
                                   for (label, m), v in collated.differences.items()},
     }

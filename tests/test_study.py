@@ -114,8 +114,17 @@ def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
         assert high - entry["mean"] == pytest.approx(12.706 * abs(values[0] - values[1]) / 2, abs=1e-9)
         with open(os.path.join(out, "cells", f"{label},seed=0", "metrics.jsonl")) as f:
             assert [json.loads(line)["step"] for line in f] == [1, 2]
+        # The change over each run: its last evaluation minus its first (step 0), one per seed, with their interval.
+        change = results["change_over_run"][f"{label}|eval/pass@1"]
+        for seed in ("0", "1"):
+            with open(os.path.join(out, "cells", f"{label},seed={seed}", "eval.jsonl")) as f:
+                evals = [json.loads(line) for line in f]
+            assert [e["step"] for e in evals] == [0, 1, 2]
+            assert change["seeds"][seed] == pytest.approx(evals[-1]["pass@1"] - evals[0]["pass@1"])
+        assert change["mean"] == pytest.approx(sum(change["seeds"].values()) / 2)
     report = open(os.path.join(out, "report.md")).read()
     assert "| method=grpo |" in report and "minus method=grpo" in report and "RLOO" in report
+    assert "| change over the run |" in report
     plots = sorted(os.listdir(os.path.join(out, "plots")))
     assert plots == ["accuracy_curves.png", "accuracy_final.png", "eval_pass_1_curves.png", "eval_pass_1_final.png"]
 
