@@ -23,7 +23,7 @@ it measured):
   jaxgrpo compiles it; "graphs", the sampler's decode loop compiled with XLA command buffers for WHILE and
   CONDITIONAL (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk);
   with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
-* `train`: the trainer's GRPO step (`Trainer.train_step`: sample, score, update) on a task whose reward is
+* `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized or not (`--train-runs`): seconds per step and per update, update tokens/s and MFU (6 N x
   the update's tokens, prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
@@ -473,7 +473,7 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
                   remat: bool = True) -> dict:
-    """Seconds of the GRPO step (`Trainer.train_step`: sample, score, update; the first step compiles, the
+    """Seconds of the GRPO step (`Trainer.step`: sample, score, update; the first step compiles, the
     ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
     median), with MFU and the compile report's estimate of the same update."""
     import jax
@@ -487,18 +487,18 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     steps = []
     for step in range(shapes.steps):
         start = time.perf_counter()
-        metrics = trainer.train_step(step, jax.random.key(cfg.seed))
+        trainer.loop_state, metrics = trainer.step(trainer.loop_state)
         jax.block_until_ready(trainer.state)
         steps.append({"step_seconds": time.perf_counter() - start, "update_seconds": metrics["time_train"],
                       "frac_signal_rows": metrics.get("frac_signal_rows")})
         print(f"  train packing={packing} step {step}: {steps[-1]}", flush=True)
-    rollout, _ = trainer.rollout(jax.random.key(cfg.seed + 1))
-    batch = trainer.train_batch(rollout, gather_rows(row_stats(rollout)))
-    updates = []
+    rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(cfg.seed + 1))
+    batch = trainer.advantages(trainer.loop_state, rollout, gather_rows(row_stats(rollout)))
+    updates, train = [], trainer.state
     for _ in range(3):
         start = time.perf_counter()
-        trainer.update(batch)
-        jax.block_until_ready(trainer.state)
+        train, _ = trainer.update(train, batch)
+        jax.block_until_ready(train)
         updates.append(time.perf_counter() - start)
     print(f"  train packing={packing} updates: {updates}", flush=True)
     estimate = update_estimate(cfg, trainer.mesh, peak, bandwidth)

@@ -12,7 +12,7 @@ Both frameworks run in this one process, on the same cores: the process is pinne
 cores (`sched_setaffinity`), torch uses `torch.set_num_threads(threads)` and XLA runs with
 `--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=threads`. TRL's own training loop
 runs `trainer.train()`; after each of its optimizer steps a callback runs one jaxgrpo
-`Trainer.train_step`, so the steps alternate T J T J ... and slow drift of the machine's load hits
+`Trainer.step`, so the steps alternate T J T J ... and slow drift of the machine's load hits
 both. Step k of each side sees the same 8 prompts. TRL's first step (allocation) and jaxgrpo's first
 step (XLA compilation of the sampler and the update) are reported apart; steady state is the median
 over the following pairs, with the median of the per-pair ratios. On a machine shared with other
@@ -198,7 +198,7 @@ def loss_parity(jax_trainer, jax_params, trl, rollout, *, perturbation: float = 
     rollout = rollout._replace(sampler_logp=old_logp)
 
     # Advantages: jaxgrpo's registered estimator and TRL's formula on the same rewards.
-    batch = jax_trainer.train_batch(rollout)
+    batch = jax_trainer.advantages(jax_trainer.loop_state, rollout)
     advantages = batch.advantages[:, 0]  # per row, broadcast over its tokens
     rewards = torch.tensor(rollout.rewards)
     mean = rewards.view(-1, g).mean(1).repeat_interleave(g)
@@ -289,13 +289,12 @@ def main(args) -> None:
     captured = {}
     rollout_fn = ours.rollout
 
-    def rollout_and_keep(key):
-        out = rollout_fn(key)
+    def rollout_and_keep(state, key=None):
+        out = rollout_fn(state, key)
         captured.setdefault("rollout", out[0])
         return out
 
     ours.rollout = rollout_and_keep
-    key = jax.random.key(args.seed)
 
     class Alternate(TrainerCallback):
         """After each TRL step, one jaxgrpo step; times each side's wall clock between the switches."""
@@ -311,7 +310,7 @@ def main(args) -> None:
             record["trl"].append(trl_row)
             step = len(record["jaxgrpo"])
             start = time.perf_counter()
-            metrics = ours.train_step(step, key)
+            ours.loop_state, metrics = ours.step(ours.loop_state)  # its step `step`
             jax.block_until_ready(ours.state.params)
             seconds = time.perf_counter() - start
             record["jaxgrpo"].append({"seconds": seconds, "generate_seconds": metrics["time_sample"],
@@ -330,7 +329,7 @@ def main(args) -> None:
             trl.train()
         else:
             key_ = jax.random.key(args.seed)
-            captured["rollout"] = ours.rollout(key_)[0]
+            captured["rollout"] = ours.rollout(ours.loop_state, key_)[0]
         # The cross-check runs on the initial weights of both sides.
         torch_model.load_state_dict(initial_torch)
         parity = loss_parity(ours, initial_params, trl, captured["rollout"], seed=args.seed)

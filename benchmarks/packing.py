@@ -54,18 +54,18 @@ def main() -> None:
         runs = 1 if program in compiled else 2  # the first run of a program compiles it
         compiled.add(program)
         for _ in range(runs):
-            trainer.state = jax.tree.map(lambda x, s: jax.device_put(x, s), start_state, trainer.state_sharding)
+            train = jax.tree.map(lambda x, s: jax.device_put(x, s), start_state, trainer.state_sharding)
             start = time.perf_counter()
-            metrics = trainer.update(batch)
-            jax.block_until_ready(trainer.state.params)
+            train, metrics = trainer.update(train, batch)
+            jax.block_until_ready(train.params)
             seconds = time.perf_counter() - start
         return seconds, metrics["loss"]
 
     rows, ratios, compiled = [], [], set()
     for i in range(args.rollouts):
         cfg.packing = True
-        rollout, _ = trainer.rollout(jax.random.key(args.seed + i))
-        batch = trainer.train_batch(rollout)
+        rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(args.seed + i))
+        batch = trainer.advantages(trainer.loop_state, rollout)
         width = batch.tokens.shape[1]
         lengths = group_lengths(cfg, batch)
         _, plan = packing.plan_rows(np.arange(cfg.batch_size), lengths, cfg.group_size, args.micro_batch,

@@ -101,19 +101,20 @@ def choose_step(run_dir: str, step: int | None) -> int:
 
 
 def restore_trainer(run_dir: str, step: int, trainer):
-    """Replaces `trainer`'s parameters by those of `run_dir`'s checkpoint of `step` (read-only); returns its metadata.
+    """Sets `trainer.loop_state` to `run_dir`'s checkpoint of `step` (read-only); returns its metadata.
 
     The checkpoint's arrays are verified against their checksums (`Checkpointer.restore`): a damaged one is a
     `RunReadError` naming the step and the array, never a policy of flipped bits.
     """
     from jaxgrpo.checkpoint import CheckpointDamaged, Checkpointer
-    from jaxgrpo.train.state import checkpoint_tree, state_of
+    from jaxgrpo.train.state import checkpoint_tree, loop_state_of
 
     directory = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))
     others = ", ".join(str(s) for s in checkpoint_steps(run_dir) if s != step) or "none"
     checkpointer = Checkpointer(directory, read_only=True)
     try:
-        state, meta = checkpointer.restore(step, checkpoint_tree(trainer.state, trainer.ref_params))
+        like = trainer.loop_state
+        state, meta = checkpointer.restore(step, checkpoint_tree(like.train, like.reference))
     except CheckpointDamaged as error:
         raise RunReadError(f"{error}; pass --step with another of its checkpoints (steps: {others})") from error
     except Exception as error:  # orbax and tensorstore raise many kinds for an unreadable checkpoint
@@ -122,7 +123,7 @@ def restore_trainer(run_dir: str, step: int, trainer):
                            f"{first}); pass --step with another of its steps") from error
     finally:
         checkpointer.close()
-    trainer.state = state_of(state)
+    trainer.loop_state = loop_state_of(state, meta, like)
     return dict(meta)
 
 

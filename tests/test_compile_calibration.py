@@ -297,26 +297,26 @@ def test_the_update_sampler_and_scoring_forward_say_they_do_not_fit_with_xla_cha
     from jaxgrpo.train import step as step_lib
 
     message = MESSAGES["gpu autotuning"][0]
-    rollout, _ = trainer.rollout(jax.random.key(0))
-    batch = trainer.train_batch(rollout)
+    rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(0))
+    batch = trainer.advantages(trainer.loop_state, rollout)
     monkeypatch.setattr(step_lib, "make_update_fn", lambda *args, **kwargs: _raising(message))
     monkeypatch.setattr(trainer, "_updates", {})
     with pytest.raises(OutOfDeviceMemory) as raised:
-        trainer.update(batch)
+        trainer.update(trainer.state, batch)
     assert str(raised.value).startswith("the update does not fit in device memory: XLA could not allocate 59.57 GiB")
     assert "\n" not in str(raised.value) and "micro_batch_size" in str(raised.value)
     assert isinstance(raised.value.__cause__, XlaRuntimeError) and str(raised.value.__cause__) == message
     with monkeypatch.context() as patch:
         patch.setattr(sampler, "generate", _raising(message))
         with pytest.raises(OutOfDeviceMemory, match="^the sampler does not fit in device memory"):
-            trainer.rollout(jax.random.key(0))
+            trainer.rollout(trainer.loop_state, jax.random.key(0))
     monkeypatch.setattr(trainer, "_forward", _raising(message))
     with pytest.raises(OutOfDeviceMemory, match="^the scoring forward does not fit in device memory"):
-        trainer.score(batch.tokens, batch.attention_mask, batch.positions, batch.completion_mask.shape[-1], "policy")
+        trainer.logprobs(trainer.state.params, batch.tokens, batch.attention_mask, batch.positions, batch.completion_mask.shape[-1])
     # Any other error is not one of these.
     monkeypatch.setattr(trainer, "_forward", _raising("INTERNAL: something else"))
     with pytest.raises(XlaRuntimeError):
-        trainer.score(batch.tokens, batch.attention_mask, batch.positions, batch.completion_mask.shape[-1], "policy")
+        trainer.logprobs(trainer.state.params, batch.tokens, batch.attention_mask, batch.positions, batch.completion_mask.shape[-1])
 
 
 def test_jaxgrpo_train_prints_the_one_line_and_exits_1(tmp_path, capsys, monkeypatch):

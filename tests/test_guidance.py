@@ -140,18 +140,19 @@ def test_a_guided_step_trains_the_hinted_samples_on_policy(tmp_path):
                                       "group_size=2"])
     trainer = Trainer(cfg, reward_fns=[(scripted, 1.0)], task=ToyWithHints())
     assert trainer.cfg.packing is False  # a hinted row's prompt is not its group's
-    rollout, timings = trainer.rollout(jax.random.key(3))
+    rollout, _, timings = trainer.rollout(trainer.loop_state, jax.random.key(3))
     assert timings["guidance_failed_groups"] == 4 and timings["guidance_solved_groups"] == 4
     assert timings["guidance_mean_tier"] == 1.0 and calls == [8, 4]
     prompts = [trainer.tokenizer.decode(t[m].tolist()) for t, m in zip(rollout.prompt_tokens, rollout.prompt_mask)]
     assert ["hint: the last digit of" in p for p in prompts] == [True, False] * 4
     assert rollout.correct.tolist() == [1.0, 0.0] * 4
-    batch = trainer.train_batch(rollout)
+    batch = trainer.advantages(trainer.loop_state, rollout)
     mask = np.asarray(batch.completion_mask) > 0
     assert (np.asarray(batch.advantages)[0::2][mask[0::2]] > 0).all()
-    new = trainer.score(batch.tokens, batch.attention_mask, batch.positions, mask.shape[1], "policy")
+    new = trainer.logprobs(trainer.state.params, batch.tokens, batch.attention_mask, batch.positions, mask.shape[1])
     np.testing.assert_allclose(np.asarray(new)[mask], np.asarray(batch.old_logp)[mask], atol=1e-5, rtol=0)
-    assert np.isfinite(trainer.update(batch)["loss"])
+    _, metrics = trainer.learn(trainer.loop_state, batch, rollout)
+    assert np.isfinite(metrics["loss"])
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -128,18 +128,18 @@ def test_reference_with_the_adapters_off_equals_a_frozen_copy(two_lora_steps, ba
     """After two steps the policy differs from the base, and the KL reference the trainer scores (the same graph with
     every adapter zero) equals a separately built frozen copy of the base model's log-probs."""
     trainer, history, _, _ = two_lora_steps
-    assert trainer.ref_params is None  # no second copy of anything
+    assert trainer.loop_state.reference is None  # no second copy of anything
     assert history[-1]["kl"] > 0
-    rollout, _ = trainer.rollout(jax.random.key(7))
+    rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(7))
     tokens = np.concatenate([rollout.prompt_tokens, rollout.completion_tokens], axis=1).astype(np.int32)
     attention = np.concatenate([rollout.prompt_mask, rollout.completion_mask > 0], axis=1)
     positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
     completion = rollout.completion_tokens.shape[1]
     mask = rollout.completion_mask > 0
-    reference = trainer.score(tokens, attention, positions, completion, "reference")
-    policy = trainer.score(tokens, attention, positions, completion, "policy")
+    reference = trainer.logprobs(trainer.reference(trainer.loop_state), tokens, attention, positions, completion)
+    policy = trainer.logprobs(trainer.state.params, tokens, attention, positions, completion)
     assert np.abs(policy - reference)[mask].max() > 1e-3  # the adapters have moved the policy
-    frozen = base_trainer.score(tokens, attention, positions, completion, "policy")
+    frozen = base_trainer.logprobs(base_trainer.state.params, tokens, attention, positions, completion)
     np.testing.assert_array_equal(reference[mask], frozen[mask])
 
 
@@ -191,13 +191,13 @@ def test_sampler_and_trainer_log_probs_agree_under_lora(quantize_base, tmp_path,
         if path[-1].endswith("_lora_b"):  # as after training: the adapters change the policy
             value = variable.get_value()
             variable.set_value(jax.device_put(0.2 * jax.random.normal(jax.random.key(i), value.shape), value.sharding))
-    rollout, _ = trainer.rollout(jax.random.key(3))
+    rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(3))
     tokens = np.concatenate([rollout.prompt_tokens, rollout.completion_tokens], axis=1).astype(np.int32)
     attention = np.concatenate([rollout.prompt_mask, rollout.completion_mask > 0], axis=1)
     positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
     mask = rollout.completion_mask > 0
-    recomputed = trainer.score(tokens, attention, positions, rollout.completion_tokens.shape[1], "policy")
-    unadapted = base_trainer.score(tokens, attention, positions, rollout.completion_tokens.shape[1], "policy")
+    recomputed = trainer.logprobs(trainer.state.params, tokens, attention, positions, rollout.completion_tokens.shape[1])
+    unadapted = base_trainer.logprobs(base_trainer.state.params, tokens, attention, positions, rollout.completion_tokens.shape[1])
     assert np.abs(recomputed - unadapted)[mask].max() > 1e-2  # the adapters matter here
     assert np.abs(recomputed - rollout.sampler_logp)[mask].max() < 1e-5
     record = trainer.run(progress=False)[0]

@@ -73,7 +73,7 @@ _WORKER = textwrap.dedent(
     trainer.run(resume=resume == "resume", progress=False)
     params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
     flat = {{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
-    np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.prompts.position,
+    np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.loop_state.data_position,
              __scored_rows__=np.array(scored_rows, np.int32), __read__=np.array(source.read, np.int64))
     """
 )

@@ -61,9 +61,9 @@ def trainer(tmp_path_factory):
 
 def test_episode_rows_train_on_the_policys_tokens_with_the_behaviour_log_probs(trainer):
     assert trainer.cfg.packing is False  # an episode's observations sit inside its completion
-    rollout, timings = trainer.rollout(jax.random.key(5))
+    rollout, _, timings = trainer.rollout(trainer.loop_state, jax.random.key(5))
     assert rollout.completion_valid is not None and timings["episode_turns"] == 2.0
-    batch = trainer.train_batch(rollout)
+    batch = trainer.advantages(trainer.loop_state, rollout)
     prompt_width = rollout.prompt_tokens.shape[1]
     mask = np.asarray(batch.completion_mask) > 0
     attended = np.asarray(batch.attention_mask)[:, prompt_width:]
@@ -71,7 +71,7 @@ def test_episode_rows_train_on_the_policys_tokens_with_the_behaviour_log_probs(t
     assert observations.any(axis=1).all()  # every episode heard "Say it again." after its first turn
     assert (mask <= attended).all() and set(np.unique(rollout.rewards)) <= {0.0, 1.0}
     # The trainer's log-probs of the policy's tokens over whole episodes are the ones the engine sampled with.
-    new = trainer.score(batch.tokens, batch.attention_mask, batch.positions, mask.shape[1], "policy")
+    new = trainer.logprobs(trainer.state.params, batch.tokens, batch.attention_mask, batch.positions, mask.shape[1])
     np.testing.assert_allclose(np.asarray(new)[mask], np.asarray(batch.old_logp)[mask], atol=1e-5, rtol=0)
     assert np.abs(np.asarray(batch.old_logp)[~mask]).max() == 0
 
@@ -154,8 +154,8 @@ def test_a_step_level_advantage_trains_each_turn_with_its_credit(trainer, kernel
     monkeypatch.setattr(cfg, "advantage_kwargs", {})
     stages.check_config(cfg)
     stages.check_fields(cfg, trainer.train_examples)
-    rollout, _ = trainer.rollout(jax.random.key(11))
-    batch = trainer.train_batch(rollout)
+    rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(11))
+    batch = trainer.advantages(trainer.loop_state, rollout)
     assert rollout.steps is not None and len(rollout.steps.rows) == 2 * len(rollout.rewards)
     if kernel.name == "gigpo":
         centred = rollout.rewards - np.repeat(rollout.rewards.reshape(-1, 4).mean(-1), 4)
@@ -166,7 +166,7 @@ def test_a_step_level_advantage_trains_each_turn_with_its_credit(trainer, kernel
             on = mask & (token_turns == turn)
             expected = np.broadcast_to((scale * centred)[:, None], on.shape)
             np.testing.assert_allclose(advantages[on], expected[on], atol=1e-5)
-    metrics = trainer.update(batch)
+    trainer.loop_state, metrics = trainer.learn(trainer.loop_state, batch, rollout)  # the fixture's next tests go on
     assert np.isfinite(metrics["loss"])
 
 
@@ -365,7 +365,7 @@ def test_the_warm_up_of_an_environment_run_trains_on_demonstrated_episodes(train
     batches, supervised = [], warmup.supervised_batch
     monkeypatch.setattr(warmup, "supervised_batch", lambda *a, **k: batches.append((a, supervised(*a, **k)))
                         or batches[-1][1])
-    losses = warmup.supervised_warmup(calculator, 4)
+    _, losses = warmup.supervised_warmup(calculator, calculator.loop_state, 4)
     assert losses[-1] < losses[0], losses
     (prompts, answers, _, masks), batch = batches[0]
     assert all(0 < sum(m) < len(m) for m in masks)  # policy turns trained, the tool's message not

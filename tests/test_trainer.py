@@ -45,6 +45,16 @@ def params_of(trainer):
     return jax.tree.map(np.asarray, trainer.state.params)
 
 
+def host_params(*states):
+    """The parameters of train states, copied to the host."""
+    return [jax.tree.map(np.asarray, state.params) for state in states]
+
+
+def on_device(trainer, state):
+    """A host copy of a train state laid out on the trainer's mesh again (a fresh input for the donating update)."""
+    return jax.tree.map(lambda x, s: jax.device_put(x, s), state, trainer.state_sharding)
+
+
 def collapse_warnings(caplog) -> list[str]:
     """The loop's collapse warnings (`jaxgrpo.train.health`) among the captured log records."""
     signs = ("may have collapsed", "without a stop token")
@@ -152,19 +162,16 @@ def test_micro_batches_give_the_full_batch_update(tmp_path):
     cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=5", "task.num_eval_examples=0", "aggregation=token_mean")
     trainer = Trainer(cfg)
     cfg = trainer.cfg  # the config the trainer runs (packing settled for this platform): changed below
-    supervised_warmup(trainer, cfg.warmup_sft_steps)
-    rollout, _ = trainer.rollout(jax.random.key(3))
-    batch = trainer.train_batch(rollout)
-    start = trainer.state
-    start_copy = jax.tree.map(np.array, start)
-    full_metrics = trainer.update(batch)
-    full = params_of(trainer)
-    trainer.state = jax.tree.map(lambda x, s: jax.device_put(x, s), start_copy, trainer.state_sharding)
+    state, _ = supervised_warmup(trainer, trainer.loop_state, cfg.warmup_sft_steps)
+    rollout, state, _ = trainer.rollout(state, jax.random.key(3))
+    batch = trainer.advantages(state, rollout)
+    start = jax.tree.map(np.array, state.train)
+    full, full_metrics = trainer.update(on_device(trainer, start), batch)  # the update donates its input
     cfg.micro_batch_size = cfg.batch_size // 4
-    micro_metrics = trainer.update(batch)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), full, params_of(trainer))
+    micro, micro_metrics = trainer.update(on_device(trainer, start), batch)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), *host_params(full, micro))
     np.testing.assert_allclose(full_metrics["loss"], micro_metrics["loss"], rtol=1e-5, atol=1e-7)
-    assert not np.allclose(jax.tree.leaves(full)[0], jax.tree.leaves(start_copy.params)[0])
+    assert not np.allclose(jax.tree.leaves(host_params(full)[0])[0], jax.tree.leaves(start.params)[0])
 
 
 @pytest.mark.parametrize("overrides", [[], ["kl_coef=0.05", "entropy_coef=0.01", "num_minibatches=2"]],
@@ -176,22 +183,20 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
     trainer = Trainer(cfg)
     cfg = trainer.cfg  # the config the trainer runs (packing settled for this platform): changed below
     assert cfg.packing  # on a CPU the default packs
-    supervised_warmup(trainer, cfg.warmup_sft_steps)
-    rollout, _ = trainer.rollout(jax.random.key(3))
+    state, _ = supervised_warmup(trainer, trainer.loop_state, cfg.warmup_sft_steps)
+    rollout, state, _ = trainer.rollout(state, jax.random.key(3))
     rollout = rollout._replace(kept=rollout.kept & (rollout.group_ids != 1))  # a group that does not train
-    batch = trainer.train_batch(rollout)
+    batch = trainer.advantages(state, rollout)
     # The prompt once and the completions unpadded: fewer slots than the padded rows.
     rows, plan = packing.plan_rows(np.arange(cfg.batch_size), group_lengths(cfg, batch), cfg.group_size, 16)
     assert plan.rows * plan.length * (cfg.batch_size // 16) < batch.tokens.size
-    start = jax.tree.map(np.array, trainer.state)
-    packed_metrics = trainer.update(batch)
-    packed = params_of(trainer)
-    trainer.state = jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)
+    start = jax.tree.map(np.array, state.train)
+    packed, packed_metrics = trainer.update(on_device(trainer, start), batch)
     cfg.packing = False
     assert group_lengths(cfg, batch) is None
-    padded_metrics = trainer.update(batch)
+    padded, padded_metrics = trainer.update(on_device(trainer, start), batch)
     # Adam divides by the gradient's scale, so rounding in a near-zero gradient can move a weight by ~1e-5.
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), packed, params_of(trainer))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), *host_params(packed, padded))
     for key in ("loss", "policy_loss", "entropy", "logp_gap", "grad_norm") + (("kl",) if cfg.kl_coef else ()):
         np.testing.assert_allclose(packed_metrics[key], padded_metrics[key], rtol=1e-4, atol=1e-6, err_msg=key)
 

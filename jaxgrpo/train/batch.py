@@ -7,7 +7,7 @@ advantages and keeps its own rows'.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +18,15 @@ from jaxgrpo.train import inputs as inputs_lib, stages
 from jaxgrpo.train.distributed import gather_rows, process_block
 from jaxgrpo.train.rollout import Rollout, RowStats, completion_valid, row_stats
 from jaxgrpo.train.step import TrainBatch
+
+class Scorers(NamedTuple):
+    """The forwards `train_batch` may run, each `(tokens, attention, positions, completion_len)` -> f32[n, C] for
+    this host's rows (only those the config needs are called)."""
+
+    reference: Callable  # the KL reference's log-probs (a KL term)
+    policy: Callable  # the current policy's log-probs (a stage reading `trainer_logp`)
+    values: Callable  # the value head's values (`value_head`)
+
 
 #: Task-provided per-row ids: the field, and the key of the task's examples that holds it.
 TASK_IDS = {"strata_ids": "strata_id", "bundle_ids": "bundle_id"}
@@ -58,13 +67,12 @@ def gae_advantages(cfg: Config, rollout: Rollout, mask: np.ndarray, valid: np.nd
     return advantages[process_block(len(advantages))], np.asarray(returns)
 
 
-def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forward: Callable,
+def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, scorers: Scorers,
                 stats: RowStats | None = None, rows: dict | None = None) -> TrainBatch:
     """The arrays the jitted update consumes for this host's rows of `rollout`.
 
-    `forward(tokens, attention, positions, completion_len, which)` -> f32[n, C] for `which` in ("reference",
-    "values", "policy"): the reference policy's log-probs, the value head's values, the current policy's
-    log-probs. `stats`: the whole batch's `gather_rows(row_stats(rollout))`, if the caller already has it.
+    `scorers`: the forwards the config needs (`Scorers`). `stats`: the whole batch's
+    `gather_rows(row_stats(rollout))`, if the caller already has it.
     `rows`: more whole-batch row fields the host stages may read (`batch_inputs`).
     """
     if stats is None:
@@ -82,15 +90,15 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, forwa
     old_logp = rollout.sampler_logp
     zeros = np.zeros_like(mask)
     ref_logp, returns, old_values = zeros, zeros, zeros
-    score = lambda which: forward(tokens, attention, positions, mask.shape[1], which)  # noqa: E731
+    forward_args = (tokens, attention, positions, mask.shape[1])
     if cfg.kl_coef:
-        ref_logp = score("reference")
+        ref_logp = scorers.reference(*forward_args)
     if cfg.value_head:
-        old_values = score("values")
+        old_values = scorers.values(*forward_args)
         token_advantages, returns = gae_advantages(cfg, rollout, mask, valid, old_logp, ref_logp, old_values)
     else:
         read = stages.token_fields_read(cfg) | ({"mask"} if "token_rewards" in stages.token_fields_read(cfg) else set())
-        local_tokens = {"mask": mask, "sampler_logp": old_logp, "trainer_logp": score("policy") if "trainer_logp" in read else None}
+        local_tokens = {"mask": mask, "sampler_logp": old_logp, "trainer_logp": scorers.policy(*forward_args) if "trainer_logp" in read else None}
         inputs = batch_inputs(cfg, rollout, stats, reward_weights, {k: v for k, v in local_tokens.items() if k in read},
                               rows)
         token_advantages = stages.token_advantages(cfg, inputs, mask.shape[1])[process_block(len(stats.rewards))]

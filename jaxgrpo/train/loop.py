@@ -62,7 +62,7 @@ from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
-from jaxgrpo.train.state import Policy
+from jaxgrpo.train.state import LoopState, Policy
 from jaxgrpo.train.step import TrainBatch
 
 Array = jax.Array
@@ -82,10 +82,20 @@ class Trainer:
     """Runs a `Config`: builds the policy, task, rewards, mesh and jitted update, then loops.
 
     Everything can also be passed in (a model and tokenizer, a task, reward functions) so tests and
-    notebooks run without downloads. The state that changes is `self.state` (a `TrainState`, what
-    the update donates) with `ref_params` and the prompt stream's position: what a checkpoint holds.
-    With `cfg.lora` the model is adapted (`state.adapt`): `self.state.params` are the adapters, `self.rest`
-    the read-only base, and the KL reference the base with the adapters off (`ref_params` None).
+    notebooks run without downloads. The trainer holds what does not change during a run (the config, the
+    data, the model's graph and read-only parts, the compiled programs); what changes is a `LoopState`
+    (the train state the update donates, the reference, the data position, the key and the step: what a
+    checkpoint holds), threaded through small parts, each a function of it:
+
+        rollout(state) -> (rollout, state, timings)     sample and score the step's groups (data position moves)
+        advantages(state, rollout) -> batch               the host stages: rewards to per-token advantages
+        learn(state, batch, rollout) -> (state, metrics)  the updates (and stateful kernels' state)
+        step(state) -> (state, metrics)                   the three, one GRPO step
+
+    `run` is the driver: resume or start, warm up, step, evaluate, checkpoint. `loop_state` is the state it
+    holds (the initial one before a run), which `generate` and evaluation sample from.
+    With `cfg.lora` the model is adapted (`state.adapt`): the train state's params are the adapters,
+    `self.rest` the read-only base, and the KL reference the base with the adapters off (no copy kept).
     """
 
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
@@ -134,8 +144,8 @@ class Trainer:
         self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head),
                                                      state_lib.trainable(cfg), ...)
         self.optimizer = state_lib.make_optimizer(cfg.optimizer)
-        self.state = state_lib.init_state(params, self.optimizer, self.mesh)
-        self.ref_params = state_lib.reference_params(cfg, params)
+        train = state_lib.init_state(params, self.optimizer, self.mesh)
+        reference = state_lib.reference_params(cfg, params)
         self._updates: dict = {}  # packed shape -> jitted update (compiled on first use)
         self._forward = step_lib.make_forward_fn(cfg, self.graphdef, self.rest)
         self._take_rows = jax.jit(lambda batch, rows: jax.tree.map(lambda x: x[rows], batch),
@@ -145,12 +155,15 @@ class Trainer:
         if cfg.value_tracker:  # a state per prompt of the training split, kept in the train state
             self.train_examples = trackers.indexed(self.train_examples)
             kernel_state = trackers.init_state(cfg, len(self.train_examples))
-            self.state = self.state._replace(kernel_state=on_mesh(kernel_state, self.mesh))
-        self.state_sharding = jax.tree.map(lambda x: x.sharding, self.state)
-        self.prompts = PromptStream(self.train_examples, cfg.seed)
+            train = train._replace(kernel_state=on_mesh(kernel_state, self.mesh))
+        self.state_sharding = jax.tree.map(lambda x: x.sharding, train)
+        self.prompts = PromptStream(self.train_examples, cfg.seed)  # read at a `LoopState.data_position`
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
+        #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
+        #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
+        self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed))
 
     @property
     def cfg(self) -> Config:
@@ -162,8 +175,22 @@ class Trainer:
         self._cfg = resolve_packing(cfg, attention_platform(self.mesh))
 
     @property
+    def state(self) -> state_lib.TrainState:
+        """The train state of `loop_state` (read-only: a part returns a new `LoopState`)."""
+        return self.loop_state.train
+
+    @property
     def policy(self) -> Policy:
-        return nnx.merge(self.graphdef, self.state.params, self.rest)
+        """The policy of `loop_state`."""
+        return self.policy_of(self.loop_state.train.params)
+
+    def policy_of(self, params) -> Policy:
+        """The policy with trainable parameters `params` (a train state's) and this trainer's read-only rest."""
+        return nnx.merge(self.graphdef, params, self.rest)
+
+    def reference(self, state: LoopState):
+        """The parameters the KL reference of `state` is scored with (`state.reference_of`)."""
+        return state_lib.reference_of(self.cfg, state.train.params, state.reference)
 
     def prompt_ids(self, example: dict) -> list[int]:
         """The token ids of an example's rendered prompt (cached by text)."""
@@ -175,26 +202,30 @@ class Trainer:
         return self._prompt_cache[text]
 
     def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
-                 prompt_ids: np.ndarray | None = None, process_local: bool = False):
-        """`sampler.generate` on the examples' prompts; `process_local`: they are this host's block of the batch."""
+                 prompt_ids: np.ndarray | None = None, process_local: bool = False, params=None):
+        """`sampler.generate` on the examples' prompts by the policy of `params` (default: `loop_state`'s);
+        `process_local`: they are this host's block of the batch."""
         s = self.cfg.sampling
+        params = self.loop_state.train.params if params is None else params
         if s.engine:
-            return self._generate_with_engine(examples, num_samples, key, greedy=greedy, prompt_ids=prompt_ids)
+            return self._generate_with_engine(examples, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
+                                              params=params)
         with device_memory.reported(self.cfg, "sampler", self.mesh):  # a run-time failure surfaces when waited for
             return jax.block_until_ready(sampler.generate(
-                self.policy.decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
+                self.policy_of(params).decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
                 process_local=process_local, num_samples=num_samples, key=key, temperature=s.temperature,
                 top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=s.max_new_tokens,
                 stop_tokens=self.stop_tokens, pad_id=self.pad_id,
             ))
 
-    def engine(self):
+    def engine(self, params=None):
         """The rollout engine the trainer samples through (`sampling.engine`, or `environment` episodes), made on
-        first use with one slot per sample of a step, holding the policy's current weights: swapped in place (no
-        copy; a new policy version) whenever they changed."""
+        first use with one slot per sample of a step, holding the policy of `params` (default: `loop_state`'s):
+        its weights swapped in place (no copy; a new policy version) whenever they changed."""
         from jaxgrpo import engine as engine_lib
 
-        s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy.decoder
+        params = self.loop_state.train.params if params is None else params
+        s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy_of(params).decoder
         if self._engine is None:
             # An episode's positions, or the sampler's prompt bucket and the completion budget.
             context = e.max_context if e is not None else sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens
@@ -203,9 +234,9 @@ class Trainer:
                 decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size,
                 max_context=context if window is None else min(context, window), decode_chunk=s.max_new_tokens,
                 mesh=self.mesh if self.mesh.size > 1 else None)
-        elif self._engine_params is not self.state.params:
+        elif self._engine_params is not params:
             self._engine.update_weights(decoder)
-        self._engine_params = self.state.params
+        self._engine_params = params
         return self._engine
 
     def _sampling(self, greedy: bool):
@@ -213,11 +244,11 @@ class Trainer:
         return sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                       greedy=greedy)
 
-    def _generate_with_engine(self, examples, num_samples, key, *, greedy, prompt_ids):
+    def _generate_with_engine(self, examples, num_samples, key, *, greedy, prompt_ids, params):
         """`generate` through the rollout engine (`engine`)."""
         from jaxgrpo import engine as engine_lib
 
-        engine = self.engine()
+        engine = self.engine(params)
         with device_memory.reported(self.cfg, "sampler", self.mesh):
             out = engine_lib.generate_groups(
                 engine, [self.prompt_ids(e) for e in examples], num_samples=num_samples, key=key,
@@ -225,14 +256,16 @@ class Trainer:
                 stop_tokens=self.stop_tokens, prompt_ids=prompt_ids, pad_id=self.pad_id)
         return jax.tree.map(jnp.asarray, out)
 
-    def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False):
-        """`num_samples` episodes of `cfg.environment` per example through the rollout engine (`engine`) in token
-        space (`engine.multi_turn.rollout`): (trajectories example-major, stats)."""
+    def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
+                     params=None):
+        """`num_samples` episodes of `cfg.environment` per example through the rollout engine (`engine`, the policy
+        of `params`, default `loop_state`'s) in token space (`engine.multi_turn.rollout`): (trajectories
+        example-major, stats)."""
         from jaxgrpo import envs
         from jaxgrpo.engine import multi_turn
 
         e = self.cfg.environment
-        engine = self.engine()
+        engine = self.engine(params)
         with device_memory.reported(self.cfg, "sampler", self.mesh):
             return multi_turn.rollout(engine, self.chat_turns, lambda: envs.make_environment(e.name, **e.kwargs), examples,
                                       group_size=num_samples, max_turns=e.max_turns,
@@ -261,57 +294,83 @@ class Trainer:
                                   "give the environment one")
         return turns
 
-    def rollout(self, key: Array) -> tuple[Rollout, dict]:
-        """This host's share of the step's sampled, scored groups and the step's timings (`rollout.collect`, or
-        `rollout.collect_episodes` with an environment)."""
+    def rollout(self, state: LoopState, key: Array | None = None) -> tuple[Rollout, LoopState, dict]:
+        """This host's share of the step's groups, sampled by the policy of `state` and scored (`rollout.collect`,
+        or `rollout.collect_episodes` with an environment), `state` with the data position after them, and the
+        step's timings. `key`: the step's (`fold_in(state.key, state.step)`) unless given."""
+        key = jax.random.fold_in(state.key, state.step) if key is None else key
+        prompts, params = self.prompts.at(state.data_position), state.train.params
         if self.cfg.environment is not None:
-            return rollout_lib.collect_episodes(self.cfg, key, self.prompts, self.run_episodes, self.tokenizer,
-                                                self.pad_id)
-        rollout, timings = rollout_lib.collect(self.cfg, key, self.prompts, self.generate, self.tokenizer,
-                                               self.reward_fns, self.mesh, self._guide())
-        return rollout, guidance.summarize(timings)
+            rollout, timings = rollout_lib.collect_episodes(
+                self.cfg, key, prompts, functools.partial(self.run_episodes, params=params), self.tokenizer,
+                self.pad_id)
+        else:
+            rollout, timings = rollout_lib.collect(
+                self.cfg, key, prompts, functools.partial(self.generate, params=params), self.tokenizer,
+                self.reward_fns, self.mesh, self._guide(state))
+            timings = guidance.summarize(timings)
+        return rollout, state._replace(data_position=prompts.position), timings
 
-    def _guide(self):
-        """`guidance.scaffold` on this trainer's sampler, rewards and task (None without guidance, or before
-        `guidance.after_step`)."""
+    def _guide(self, state: LoopState):
+        """`guidance.scaffold` on this trainer's sampler (the policy of `state`), rewards and task (None without
+        guidance, or before `guidance.after_step`)."""
         g = self.cfg.guidance
-        if g is None or int(self.state.step) < g.after_step:
+        if g is None or state.step < g.after_step:
             return None
+        params = state.train.params
         return functools.partial(
             guidance.scaffold, self.cfg,
-            generate=lambda examples, n, key, ids: self.generate(examples, n, key, prompt_ids=ids),
+            generate=lambda examples, n, key, ids: self.generate(examples, n, key, prompt_ids=ids, params=params),
             score=lambda out, examples: rollout_lib.scored(self.cfg, out, examples, self.tokenizer, self.reward_fns,
                                                            np.zeros(len(examples), np.int32)),
             hints=guidance.task_hints(self.task), prompt_length=lambda example: len(self.prompt_ids(example)))
 
-    def score(self, tokens, attention, positions, completion_len: int, which: str) -> np.ndarray:
-        """f32[n, C] for this host's rows: the "reference" or current ("policy") log-probs, or the "values"."""
-        params = (state_lib.reference_of(self.cfg, self.state.params, self.ref_params) if which == "reference"
-                  else self.state.params)
-        with profiling.phase("score"), device_memory.reported(self.cfg, "scoring forward", self.mesh):
-            outputs = self._forward(params, *global_batch((tokens, attention, positions), self.mesh), completion_len)
-            return local_rows(outputs[1 if which == "values" else 0], self.mesh)
+    def logprobs(self, params, tokens, attention, positions, completion_len: int) -> np.ndarray:
+        """f32[n, C]: this host's rows' completion log-probs under the policy of `params` (a train state's, or
+        `reference`'s)."""
+        return self._scored(params, (tokens, attention, positions), completion_len, 0)
 
-    def train_batch(self, rollout: Rollout, stats: RowStats | None = None) -> TrainBatch:
-        """The update's arrays for this host's rows (`batch.train_batch`)."""
+    def values(self, params, tokens, attention, positions, completion_len: int) -> np.ndarray:
+        """f32[n, C]: the value head's values of this host's rows' completion tokens (`cfg.value_head`)."""
+        return self._scored(params, (tokens, attention, positions), completion_len, 1)
+
+    def _scored(self, params, rows, completion_len: int, output: int) -> np.ndarray:
+        with profiling.phase("score"), device_memory.reported(self.cfg, "scoring forward", self.mesh):
+            outputs = self._forward(params, *global_batch(rows, self.mesh), completion_len)
+            return local_rows(outputs[output], self.mesh)
+
+    def advantages(self, state: LoopState, rollout: Rollout, stats: RowStats | None = None) -> TrainBatch:
+        """The update's arrays for this host's rows (`batch.train_batch`): the host stages' per-token advantages,
+        scored under `state`'s policy and reference where a stage or the KL term reads them. `stats`: the whole
+        batch's `gather_rows(row_stats(rollout))`, if the caller has it."""
         rows = {}
         if self.cfg.value_tracker:  # the tracked value of each row's prompt, from the steps before this one
             prompt_ids = trackers.prompt_ids(rollout.examples)
-            rows["baseline"] = trackers.baseline(self.cfg, self.state.kernel_state, prompt_ids)
+            rows["baseline"] = trackers.baseline(self.cfg, state.train.kernel_state, prompt_ids)
         weights = np.array([w for _, w in self.reward_fns], np.float32)
-        return batch_lib.train_batch(self.cfg, rollout, weights, self.score, stats, rows)
+        params = state.train.params
+        scorers = batch_lib.Scorers(
+            policy=functools.partial(self.logprobs, params), values=functools.partial(self.values, params),
+            reference=lambda *rows: self.logprobs(self.reference(state), *rows))
+        return batch_lib.train_batch(self.cfg, rollout, weights, scorers, stats, rows)
 
-    def track(self, rollout: Rollout, stats: RowStats, batch: TrainBatch) -> None:
-        """Folds the step's outcomes into the tracker's state, with each row's drift under the update."""
-        completion_len = batch.completion_mask.shape[-1]
-        new_logp = self.score(batch.tokens, batch.attention_mask, batch.positions, completion_len, "policy")
-        kl = gather_rows(trackers.drift(batch.old_logp, new_logp, batch.completion_mask))
-        kernel_state = trackers.update(self.cfg, self.state.kernel_state, trackers.prompt_ids(rollout.examples),
-                                       stats.correct, kl, stats.trains)
-        self.state = self.state._replace(kernel_state=kernel_state)
+    def learn(self, state: LoopState, batch: TrainBatch, rollout: Rollout | None = None,
+              stats: RowStats | None = None) -> tuple[LoopState, dict]:
+        """The step's updates of `state` on `batch` (`update`), then a value tracker's state folded with the
+        step's outcomes (`rollout` and its whole-batch `stats` needed then). `state.train` is donated."""
+        train, metrics = self.update(state.train, batch)
+        if self.cfg.value_tracker:  # each row's drift under the update, with its prompt's outcome
+            completion_len = batch.completion_mask.shape[-1]
+            new_logp = self.logprobs(train.params, batch.tokens, batch.attention_mask, batch.positions, completion_len)
+            kl = gather_rows(trackers.drift(batch.old_logp, new_logp, batch.completion_mask))
+            stats = gather_rows(row_stats(rollout)) if stats is None else stats
+            train = train._replace(kernel_state=trackers.update(
+                self.cfg, train.kernel_state, trackers.prompt_ids(rollout.examples), stats.correct, kl, stats.trains))
+        return state._replace(train=train), metrics
 
-    def update(self, batch: TrainBatch) -> dict:
-        """num_epochs x num_minibatches jitted updates over the batch (this host's rows); returns the mean metrics.
+    def update(self, train: state_lib.TrainState, batch: TrainBatch) -> tuple[state_lib.TrainState, dict]:
+        """num_epochs x num_minibatches jitted updates of `train` (donated) over the batch (this host's rows);
+        returns the new train state and the mean metrics.
 
         Minibatches are shuffled over the whole batch by whole groups (packing scores a group at once):
         they are gathered on device from the global batch, so rows move between hosts as needed.
@@ -323,7 +382,7 @@ class Trainer:
         # Compiling the update (its first call) or running it may not fit the device: one line naming what to
         # change. A failure while running surfaces when the metrics are read, inside this block too.
         with profiling.phase("update"), device_memory.reported(cfg, "update", self.mesh):
-            for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(self.state.step), lengths,
+            for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(train.step), lengths,
                                                           self.attention_scale):
                 if packed_shape not in self._updates:
                     if packed_shape is not None:
@@ -333,28 +392,28 @@ class Trainer:
                         cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding, packed_shape)
                 with jax.set_mesh(self.mesh):
                     minibatch = self._take_rows(whole, rows)
-                    self.state, metrics = self._updates[packed_shape](self.state, minibatch, *layout)
+                    train, metrics = self._updates[packed_shape](train, minibatch, *layout)
                 history.append(metrics)
             metrics = {k: float(np.mean([float(h[k]) for h in history])) for k in history[0]}
         metrics["logp_gap"] = float(history[0]["logp_gap"])  # before any update: sampler vs trainer
         metrics["skipped_nonfinite"] = float(sum(float(h["skipped_nonfinite"]) for h in history))  # updates, not a mean
-        return metrics
+        return train, metrics
 
-    def train_step(self, step: int, key: Array) -> dict:
-        """One GRPO step: rollout, advantages, updates. Returns the step's metrics."""
+    def step(self, state: LoopState) -> tuple[LoopState, dict]:
+        """One GRPO step: rollout, advantages, learn. Returns the next state (`state.train` is donated) and the
+        step's metrics."""
         t_start = time.perf_counter()
-        rollout, metrics = self.rollout(jax.random.fold_in(key, step))
+        rollout, state, metrics = self.rollout(state)
         stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
-        batch = self.train_batch(rollout, stats)
+        batch = self.advantages(state, rollout, stats)
         signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`
         t0 = time.perf_counter()
-        metrics.update(self.update(batch))
-        if self.cfg.value_tracker:
-            self.track(rollout, stats, batch)
+        state, learned = self.learn(state, batch, rollout, stats)
+        metrics.update(learned)
         metrics["time_train"] = time.perf_counter() - t0
         metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), frac_signal_rows=float(signal.mean()),
                        time_step=time.perf_counter() - t_start)
-        return metrics
+        return state._replace(step=state.step + 1), metrics
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
             on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:
@@ -390,36 +449,40 @@ class Trainer:
             checkpointer = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), keep=cfg.keep_checkpoints)
             tracer = None
             try:
-                start, key = self._start(checkpointer, writer, resume)
+                state = self._start(checkpointer, writer, resume)
                 if profile:
-                    tracer = self._tracer(start, profile, write=writer.enabled)
+                    tracer = self._tracer(state.step, profile, write=writer.enabled)
                 run_directory.write_config(config)  # the run can start: this is now the config of its checkpoints
-                if start == 0 and cfg.warmup_sft_steps:
-                    losses = warmup_lib.supervised_warmup(self, cfg.warmup_sft_steps)
+                if state.step == 0 and cfg.warmup_sft_steps:
+                    state, losses = warmup_lib.supervised_warmup(self, state, cfg.warmup_sft_steps)
                     if writer.enabled:  # process 0 speaks for a multi-host run
                         print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+                self.loop_state = state  # what evaluation samples from
                 evaluating = bool(self.eval_examples and cfg.eval_every)
                 if cfg.environment is not None:
                     evaluate = functools.partial(evaluation.evaluate_episodes, cfg, self.run_episodes, self.eval_examples)
                 else:
                     evaluate = functools.partial(evaluation.evaluate, cfg, self.generate, self.tokenizer,
                                                  self.reward_fns, self.eval_examples)
-                if start == 0 and evaluating:
+                if state.step == 0 and evaluating:
                     writer.write(0, evaluate(0), file=EVAL_FILE, prefix="eval/")
                 history = []
                 without_signal = []  # why each of the consecutive steps without a learning signal had none
                 nonfinite = 0  # consecutive steps with an update not applied (non-finite)
                 warned = set()  # the kinds of collapse already warned about (each once)
-                bar = _progress(range(start, cfg.steps), enabled=progress and writer.enabled, initial=start, total=cfg.steps)
-                for step in bar:
+                bar = _progress(range(state.step, cfg.steps), enabled=progress and writer.enabled,
+                                initial=state.step, total=cfg.steps)
+                for _ in bar:
                     if tracer is not None:
-                        tracer.begin(step + 1)
-                    record = writer.write(step + 1, self.train_step(step, key))
+                        tracer.begin(state.step + 1)
+                    state, metrics = self.step(state)
+                    self.loop_state = state
+                    done = state.step
+                    record = writer.write(done, metrics)
                     history.append(record)
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
                                         s_per_step=f"{record['time_step']:.1f}")
-                    done = step + 1
                     reason = no_signal_reason(record)
                     without_signal = without_signal + [reason] if reason else []
                     if without_signal:
@@ -438,7 +501,7 @@ class Trainer:
                             writer.write(done, evaluate(done), file=EVAL_FILE, prefix="eval/")
                     if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
                         with profiling.phase("checkpoint"):
-                            state_lib.save(checkpointer, done, self.state, self.ref_params, self.prompts.position, key)
+                            state_lib.save(checkpointer, state)
                     if on_step is not None:
                         on_step(done, record)
                     if tracer is not None and (summary := tracer.end(done)):
@@ -464,18 +527,15 @@ class Trainer:
             directory = os.path.join(directory, f"process_{jax.process_index()}")
         return profiling.StepTracer(directory, start + 2, count, write=write)
 
-    def _start(self, checkpointer, writer, resume: bool) -> tuple[int, Array]:
-        """(first step, RNG key): step 0 and the seed's key, or where the newest checkpoint left off under `resume`."""
-        key = jax.random.key(self.cfg.seed)
-        restored = state_lib.restore(checkpointer, self.state, self.ref_params) if resume else None
-        if restored is not None:
-            self.state, self.ref_params = restored.state, restored.ref_params
-            self.prompts.position = restored.data_position
-        elif resume and writer.enabled:
+    def _start(self, checkpointer, writer, resume: bool) -> LoopState:
+        """The state the run starts from: under `resume` the newest checkpoint's, else `loop_state` at step 0 (a
+        trainer's first run: its initial state)."""
+        restored = state_lib.restore(checkpointer, self.loop_state) if resume else None
+        if restored is None and resume and writer.enabled:
             print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
         if resume:  # records after the checkpoint (all of them from step 0) are written again
             writer.truncate_after(restored.step if restored is not None else -1)
-        return (restored.step, restored.key) if restored is not None else (0, key)
+        return self.loop_state._replace(step=0) if restored is None else restored
 
 
 def group_lengths(cfg: Config, batch: TrainBatch) -> np.ndarray | None:

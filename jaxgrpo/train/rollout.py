@@ -7,6 +7,7 @@ multi-host run each process samples and scores its own block of the step's promp
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable, NamedTuple, Sequence
 
@@ -104,6 +105,12 @@ class PromptStream:
         self.examples = examples
         self._dataset = grain.MapDataset.source(examples).shuffle(seed=seed).repeat()
         self.position = 0
+
+    def at(self, position: int) -> "PromptStream":
+        """A stream over the same shuffled examples at `position` (this one's is left as it is)."""
+        stream = copy.copy(self)
+        stream.position = position
+        return stream
 
     def take(self, count: int, block: slice = slice(None)) -> list[dict]:
         """The next `count` examples, or only those at positions `block` of them (one process's share).

@@ -1,8 +1,8 @@
 """The train state, everything a checkpoint holds, and how it is built: policy, optimizer, mesh.
 
-`TrainState` is the pytree the jitted update donates and returns. A checkpoint holds it with the
-reference policy (when a KL term needs one); the step, the data position and the RNG key go in the
-checkpoint's metadata (`save` / `restore`). With LoRA (`Config.lora`) the parameters that train are the
+`TrainState` is the pytree the jitted update donates and returns. `LoopState` is the loop's whole state
+between steps, what a checkpoint holds: the train state with the reference policy (when a KL term needs
+one) as arrays; the step, the data position and the RNG key in the checkpoint's metadata (`save` / `restore`). With LoRA (`Config.lora`) the parameters that train are the
 adapters (`trainable`), so the state and a checkpoint hold only them and their optimizer state; the base
 weights are rebuilt from the model's source, and the KL reference is the base with the adapters off.
 """
@@ -201,29 +201,37 @@ def state_of(tree: dict) -> TrainState:
     return TrainState(*tree["train"], kernel_state=tree.get("kernel_state", {}))
 
 
-def save(checkpointer, step: int, state: TrainState, ref_params, data_position: int, key: Array) -> None:
-    """Saves the train state (and reference policy); the step, data position and RNG key go in the metadata."""
-    meta = {"step": step, "data_position": data_position,
-            "rng_key_data": np.asarray(jax.random.key_data(key)).tolist()}
-    checkpointer.save(step, checkpoint_tree(state, ref_params), meta)
+class LoopState(NamedTuple):
+    """The training loop's whole state between two steps: exactly what a checkpoint holds.
+
+    `Trainer.step(loop_state) -> (loop_state, metrics)` is a function of it (with the trainer's fixed parts:
+    the config, the compiled programs, the data, the task), so a run restored from a checkpoint continues as
+    the uninterrupted run would. Environment episodes begin and end within a step (`multi_turn.rollout`), so
+    between two steps no environment is live: its state is the data position (which examples come next) and
+    the key (how they are sampled); a step killed midway is run again from the same state, identically.
+    """
+
+    train: TrainState  # the policy's trainable parameters, their optimizer state and kernel state (donated to updates)
+    reference: Any  # the KL reference's parameters, None without a copy (no KL term, or LoRA's base: `reference_of`)
+    data_position: int  # examples of the prompt stream consumed (`PromptStream.at`)
+    key: Array  # the run's key: step t samples with `fold_in(key, t)`
+    step: int = 0  # RL steps done (`train.step` counts the optimizer's updates)
 
 
-class Restored(NamedTuple):
-    """What `restore` reads back: the state, the reference policy, and where the run stood."""
-
-    step: int
-    state: TrainState
-    ref_params: Any
-    data_position: int
-    key: Array
+def save(checkpointer, state: LoopState) -> None:
+    """Saves a `LoopState` under its step: the train state (and reference policy) as arrays, the step, data
+    position and RNG key in the metadata."""
+    meta = {"step": state.step, "data_position": state.data_position,
+            "rng_key_data": np.asarray(jax.random.key_data(state.key)).tolist()}
+    checkpointer.save(state.step, checkpoint_tree(state.train, state.reference), meta)
 
 
-def restore(checkpointer, state: TrainState, ref_params) -> Restored | None:
-    """The newest checkpoint that restores into the structure of (`state`, `ref_params`), or None without one.
+def restore(checkpointer, like: LoopState) -> LoopState | None:
+    """The newest checkpoint that restores into the structure of `like`, or None without one.
 
     Damaged newer checkpoints are skipped with one warning naming them (`Checkpointer.restore_newest`).
     """
-    found = checkpointer.restore_newest(checkpoint_tree(state, ref_params))
+    found = checkpointer.restore_newest(checkpoint_tree(like.train, like.reference))
     if found is None:
         return None
     step, restored, meta, skipped = found
@@ -231,6 +239,11 @@ def restore(checkpointer, state: TrainState, ref_params) -> Restored | None:
         logger.warning("checkpoint(s) in %s did not restore and were moved to %s; resumed from step %d: %s",
                        checkpointer.directory, checkpointer.damaged_directory, step,
                        "; ".join(f"step {s}: {r}" for s, r in skipped))
+    return loop_state_of(restored, meta, like)
+
+
+def loop_state_of(tree: dict, meta: dict, like: LoopState) -> LoopState:
+    """The `LoopState` of a restored `checkpoint_tree` of `like` and its checkpoint's metadata (`save`'s)."""
     key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32))
-    return Restored(int(meta["step"]), state_of(restored), restored.get("ref") if ref_params is not None else None,
-                    int(meta["data_position"]), key)
+    return LoopState(state_of(tree), tree.get("ref") if like.reference is not None else None,
+                     int(meta["data_position"]), key, int(meta["step"]))

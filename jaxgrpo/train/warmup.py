@@ -63,8 +63,10 @@ def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id:
     return TrainBatch(*(x[None] for x in (tokens, attention, positions, mask, zeros, zeros, zeros, zeros, zeros)))
 
 
-def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_size: int | None = None) -> list[float]:
-    """`steps` teacher-forced steps of a `Trainer`'s policy on reference completions; returns the losses.
+def supervised_warmup(trainer, loop_state, steps: int, *, lr: float | None = None,
+                      batch_size: int | None = None) -> tuple:
+    """`steps` teacher-forced steps of the policy of `loop_state` (a `Trainer`'s `LoopState`) on reference
+    completions; returns (the warmed-up loop state, the losses).
 
     The update's likelihood objective with its own Adam: the RL optimizer state is left untouched, and
     the KL anchor (if any) becomes the warmed-up policy.
@@ -72,7 +74,7 @@ def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_siz
     cfg = trainer.cfg
     batch_size = batch_size or cfg.batch_size
     optimizer = optax.adam(lr or cfg.warmup_sft_lr, eps=cfg.optimizer.eps)
-    state = state_lib.init_state(trainer.state.params, optimizer, trainer.mesh)
+    state = state_lib.init_state(loop_state.train.params, optimizer, trainer.mesh)
     update = step_lib.make_update_fn(cfg, trainer.graphdef, trainer.rest, optimizer, trainer.mesh,
                                      jax.tree.map(lambda x: x.sharding, state),
                                      objective=step_lib.likelihood_objective(cfg))
@@ -92,7 +94,7 @@ def supervised_warmup(trainer, steps: int, *, lr: float | None = None, batch_siz
         with device_memory.reported(cfg, "warm-up update", trainer.mesh), jax.set_mesh(trainer.mesh):
             state, metrics = update(state, batch)
             losses.append(float(metrics["loss"]))
-    trainer.state = trainer.state._replace(params=state.params)
-    if trainer.ref_params is not None:  # with LoRA too: the warmed-up adapters (`state.reference_params`)
-        trainer.ref_params = jax.tree.map(jnp.copy, state.params)
-    return losses
+    reference = loop_state.reference
+    if reference is not None:  # with LoRA too: the warmed-up adapters (`state.reference_params`)
+        reference = jax.tree.map(jnp.copy, state.params)
+    return loop_state._replace(train=loop_state.train._replace(params=state.params), reference=reference), losses
