@@ -181,7 +181,7 @@ def loss_parity(jax_trainer, jax_params, trl, rollout, *, perturbation: float = 
       jax_trainer: a `jaxgrpo.train.Trainer` (its config gives loss, aggregation and advantage).
       jax_params: the jaxgrpo parameters to evaluate (the same weights as TRL's model).
       trl: a `GRPOTrainer` whose model holds the same weights.
-      rollout: a `jaxgrpo.train.Rollout` (completions, sampler log-probs, rewards).
+      rollout: a `jaxgrpo.train.Trajectories` (completions, sampler log-probs, rewards).
       perturbation: std of the noise added to the sampler's log-probs to make the old log-probs, so
         that ratios leave the clip range and the clipped branch is compared too.
     """

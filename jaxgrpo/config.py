@@ -285,6 +285,13 @@ class Config(_Fields):
     #: its loss, gradient norm or result was not finite (each such update is skipped, the state kept as it was,
     #: and warned about). 0 = never stop.
     max_nonfinite_steps: int = 3
+    #: Asynchronous rollouts: the most policy updates a trained token may lag the learner by. 0: the synchronous
+    #: loop (a step samples, then learns, with the same weights). >= 1: one-step-off, a step's learning overlapping
+    #: the next step's sampling in a thread of its own, by the policy before the update (every trained token one
+    #: update stale, the first step's none). The PPO ratio is then taken against the learner's own log-probs
+    #: before the update (one forward more); the sampler's are the behaviour's, which a correction stage reads
+    #: (`token_credit="importance_correction"`: TIS / MIS).
+    max_staleness: int = 0
     #: Collapse warnings (`jaxgrpo.train.health`), each given once: the mean token entropy (nats) of the last
     #: `collapse_window` steps is below `collapse_entropy` while their accuracy is no better than the first
     #: `collapse_window` steps', or every completion of `collapse_window` steps in a row ran to the token cap.
@@ -599,6 +606,9 @@ def _check_ranges(cfg: Config) -> None:
          f"max_steps_without_signal must be >= 0 (0 = never stop), got {cfg.max_steps_without_signal}"),
         (cfg.max_nonfinite_steps >= 0,
          f"max_nonfinite_steps must be >= 0 (0 = never stop), got {cfg.max_nonfinite_steps}"),
+        (cfg.max_staleness >= 0,
+         f"max_staleness must be an integer >= 0 (0 = the synchronous loop, 1 = one-step-off), got "
+         f"{cfg.max_staleness!r}"),
         (cfg.collapse_entropy >= 0, f"collapse_entropy must be >= 0 (0 = no entropy warning), got {cfg.collapse_entropy}"),
         (cfg.collapse_window >= 0, f"collapse_window must be >= 0 (0 = no collapse warnings), got {cfg.collapse_window}"),
         *((size == -1 or size >= 1, f"mesh.{axis} must be -1 (every remaining device) or >= 1, got {size}")

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from jaxgrpo.models import load  # noqa: E402
 from jaxgrpo.rewards import correctness_reward  # noqa: E402
-from jaxgrpo.train import Rollout, Trainer  # noqa: E402
+from jaxgrpo.train import Trajectories, Trainer  # noqa: E402
 
 BENCHMARK = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "grpo_step_vs_trl.py")
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
@@ -66,7 +66,7 @@ def setup(tmp_path_factory):
     return bench, ours, theirs, examples
 
 
-def synthetic_rollout(trainer, examples) -> Rollout:
+def synthetic_rollout(trainer, examples) -> Trajectories:
     """Left-padded prompts, completions of different lengths, mixed 0/1 rewards, old log-probs = the policy's."""
     rng = np.random.default_rng(0)
     prompts = [trainer.prompt_ids(e) for e in examples for _ in range(GROUP)]
@@ -84,7 +84,7 @@ def synthetic_rollout(trainer, examples) -> Rollout:
     attention = np.concatenate([prompt_mask, mask > 0], 1)
     positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
     logp = np.asarray(trainer._forward(trainer.state.params, tokens, attention, positions, COMPLETION)[0]) * mask
-    return Rollout(prompt_tokens, prompt_mask, completion, mask, logp.astype(np.float32), np.ones(n, bool), rewards,
+    return Trajectories(prompt_tokens, prompt_mask, completion, mask, logp.astype(np.float32), np.ones(n, bool), rewards,
                    {"correctness_reward": rewards}, rewards, np.ones(n, bool), np.ones(n, bool), np.repeat(np.arange(PROMPTS), GROUP).astype(np.int32),
                    [""] * n, [e for e in examples for _ in range(GROUP)])
 

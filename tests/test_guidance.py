@@ -12,7 +12,7 @@ from jaxgrpo.config import ConfigError, apply_overrides, load_experiment, valida
 from jaxgrpo.data import arithmetic
 from jaxgrpo.toy import ToySumTask
 from jaxgrpo.train import Trainer, guidance
-from jaxgrpo.train.rollout import Rollout
+from jaxgrpo.train.rollout import Trajectories
 from tests import experiment_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,9 +43,9 @@ def Out(rows, width, marker) -> Generated:
                      np.full((rows, 3), marker, np.int32), np.ones((rows, 3), bool))
 
 
-def _rollout(out, examples, correct) -> Rollout:
+def _rollout(out, examples, correct) -> Trajectories:
     n = len(examples)
-    return Rollout(out.prompt_tokens, out.prompt_mask, out.completion_tokens, out.completion_mask.astype(np.float32),
+    return Trajectories(out.prompt_tokens, out.prompt_mask, out.completion_tokens, out.completion_mask.astype(np.float32),
                    np.full((n, 3), -1.0, np.float32), np.ones(n, bool), np.asarray(correct, np.float32),
                    {"right": np.asarray(correct, np.float32)}, np.asarray(correct, np.float32), np.ones(n, bool),
                    np.ones(n, bool), np.repeat(np.arange(n // 2), 2).astype(np.int32), [str(c) for c in correct],

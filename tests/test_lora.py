@@ -209,14 +209,14 @@ def test_a_non_finite_lora_update_is_skipped_keeping_the_adapters_bit_for_bit(tm
     """A NaN loss at step 2 (NaN advantages) is not applied to the adapters or their optimizer state, and counted
     (`skipped_nonfinite`); step 3 trains again from step 1's adapters, and the base never changes."""
     trainer = Trainer(toy_config(tmp_path, "steps=3", "warmup_sft_steps=0", "optimizer.lr=1e-2"))
-    real, calls = Trainer.train_batch, []
+    real, calls = Trainer.advantages, []
 
-    def train_batch(self, rollout, stats=None):
-        batch = real(self, rollout, stats)
+    def advantages(self, state, rollout, stats=None):
+        batch = real(self, state, rollout, stats)
         calls.append(1)
         return batch._replace(advantages=np.full_like(batch.advantages, np.nan)) if len(calls) == 2 else batch
 
-    monkeypatch.setattr(Trainer, "train_batch", train_batch)
+    monkeypatch.setattr(Trainer, "advantages", advantages)
     base = jax.tree.map(np.array, trainer.rest)
     states = {}
     history = trainer.run(progress=False, on_step=lambda step, record: states.__setitem__(

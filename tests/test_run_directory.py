@@ -414,14 +414,14 @@ def nan_advantages(monkeypatch, steps):
     """Makes the advantages of the given steps' batches (counted from 1 in this process) NaN: their loss and
     gradient are NaN, as an overflow or a NaN reward that slipped through would make them."""
     calls = []
-    real = Trainer.train_batch
+    real = Trainer.advantages
 
-    def train_batch(self, rollout, stats=None):
-        batch = real(self, rollout, stats)
+    def advantages(self, state, rollout, stats=None):
+        batch = real(self, state, rollout, stats)
         calls.append(1)
         return batch._replace(advantages=np.full_like(batch.advantages, np.nan)) if len(calls) in steps else batch
 
-    monkeypatch.setattr(Trainer, "train_batch", train_batch)
+    monkeypatch.setattr(Trainer, "advantages", advantages)
 
 
 def test_a_non_finite_update_is_skipped_keeping_the_state_bit_for_bit_and_counted(copy_of, monkeypatch, caplog):

@@ -63,6 +63,10 @@ def test_episode_rows_train_on_the_policys_tokens_with_the_behaviour_log_probs(t
     assert trainer.cfg.packing is False  # an episode's observations sit inside its completion
     rollout, _, timings = trainer.rollout(trainer.loop_state, jax.random.key(5))
     assert rollout.completion_valid is not None and timings["episode_turns"] == 2.0
+    assert (rollout.policy_version == trainer.loop_state.step).all()
+    turns = rollout.token_turns  # each token's turn (a policy turn's, or the observation answering it); padding -1
+    np.testing.assert_array_equal(turns >= 0, rollout.completion_valid)
+    assert set(np.unique(turns[rollout.completion_mask > 0])) == {0, 1}
     batch = trainer.advantages(trainer.loop_state, rollout)
     prompt_width = rollout.prompt_tokens.shape[1]
     mask = np.asarray(batch.completion_mask) > 0

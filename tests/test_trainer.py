@@ -164,6 +164,8 @@ def test_micro_batches_give_the_full_batch_update(tmp_path):
     cfg = trainer.cfg  # the config the trainer runs (packing settled for this platform): changed below
     state, _ = supervised_warmup(trainer, trainer.loop_state, cfg.warmup_sft_steps)
     rollout, state, _ = trainer.rollout(state, jax.random.key(3))
+    assert (rollout.policy_version == 0).all() and state.data_position == cfg.prompts_per_step
+    np.testing.assert_array_equal(rollout.token_turns, np.where(rollout.completion_mask > 0, 0, -1))  # one turn
     batch = trainer.advantages(state, rollout)
     start = jax.tree.map(np.array, state.train)
     full, full_metrics = trainer.update(on_device(trainer, start), batch)  # the update donates its input

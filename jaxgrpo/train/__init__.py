@@ -2,7 +2,7 @@
 
 * `state`: `TrainState`, the policy (LoRA-adapted with `adapt`), the optimizer, the mesh, checkpoints.
 * `step`: the pure update `(TrainState, TrainBatch) -> (TrainState, metrics)` and its loss.
-* `rollout`: sampling, scoring and dynamic sampling of a step's groups (`Rollout`).
+* `rollout`: sampling, scoring and dynamic sampling of a step's groups (`Trajectories`).
 * `batch`: a scored rollout to the update's `TrainBatch` (advantages, reference log-probs, GAE).
 * `inputs`, `stages`: the fields a kernel can read and the stages that select kernels by name.
 * `trackers`: stateful kernels, their per-prompt state kept in `TrainState.kernel_state`.
@@ -23,7 +23,7 @@ _EXPORTS = {
     "TrainBatch": "step", "Objective": "step", "make_update_fn": "step", "make_loss_fn": "step",
     "completion_outputs": "step",
     "BATCH_AXES": "distributed",
-    "Rollout": "rollout", "RowStats": "rollout", "PromptStream": "rollout",
+    "Trajectories": "rollout", "RowStats": "rollout", "PromptStream": "rollout",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,7 +16,7 @@ from jaxgrpo import kernels
 from jaxgrpo.config import Config
 from jaxgrpo.train import inputs as inputs_lib, stages
 from jaxgrpo.train.distributed import gather_rows, process_block
-from jaxgrpo.train.rollout import Rollout, RowStats, completion_valid, row_stats
+from jaxgrpo.train.rollout import RowStats, Trajectories, completion_valid, row_stats
 from jaxgrpo.train.step import TrainBatch
 
 class Scorers(NamedTuple):
@@ -32,7 +32,7 @@ class Scorers(NamedTuple):
 TASK_IDS = {"strata_ids": "strata_id", "bundle_ids": "bundle_id"}
 
 
-def batch_inputs(cfg: Config, rollout: Rollout, stats: RowStats, reward_weights: np.ndarray,
+def batch_inputs(cfg: Config, rollout: Trajectories, stats: RowStats, reward_weights: np.ndarray,
                  tokens: dict[str, np.ndarray], rows: dict | None = None) -> inputs_lib.BatchInputs:
     """The whole batch's fields from this host's rollout, the whole batch's `RowStats` and this host's
     token fields `tokens` (gathered here: only the ones the host stages read are passed); `rows`: more
@@ -50,7 +50,7 @@ def batch_inputs(cfg: Config, rollout: Rollout, stats: RowStats, reward_weights:
     )
 
 
-def gae_advantages(cfg: Config, rollout: Rollout, mask: np.ndarray, valid: np.ndarray, old_logp, ref_logp, old_values):
+def gae_advantages(cfg: Config, rollout: Trajectories, mask: np.ndarray, valid: np.ndarray, old_logp, ref_logp, old_values):
     """PPO's (advantages, returns) f32[n, C]: GAE over the value head, whitened over the whole batch's tokens.
 
     The reward sits on each row's last completion token, minus the KL to the reference per token with a KL term.
@@ -67,7 +67,7 @@ def gae_advantages(cfg: Config, rollout: Rollout, mask: np.ndarray, valid: np.nd
     return advantages[process_block(len(advantages))], np.asarray(returns)
 
 
-def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, scorers: Scorers,
+def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, scorers: Scorers,
                 stats: RowStats | None = None, rows: dict | None = None) -> TrainBatch:
     """The arrays the jitted update consumes for this host's rows of `rollout`.
 
@@ -87,10 +87,14 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, score
             valid=jnp.asarray(stats.trains), **cfg.loss_mask_kwargs)
         valid = valid & np.asarray(keep)[process_block(len(stats.rewards))]
     mask = rollout.completion_mask * valid[:, None]
-    old_logp = rollout.sampler_logp
+    forward_args = (tokens, attention, positions, mask.shape[1])
+    # One-step-off (max_staleness >= 1): the sampling policy is an update behind the learner, so the PPO ratio is
+    # taken against the learner's own log-probs before the update (decoupled PPO; verl recomputes them alike),
+    # and the sampler's stay the behaviour's, which a correction stage reads (`sampler_logp`).
+    trainer_logp = scorers.policy(*forward_args) if cfg.max_staleness else None
+    old_logp = rollout.sampler_logp if trainer_logp is None else trainer_logp
     zeros = np.zeros_like(mask)
     ref_logp, returns, old_values = zeros, zeros, zeros
-    forward_args = (tokens, attention, positions, mask.shape[1])
     if cfg.kl_coef:
         ref_logp = scorers.reference(*forward_args)
     if cfg.value_head:
@@ -98,7 +102,9 @@ def train_batch(cfg: Config, rollout: Rollout, reward_weights: np.ndarray, score
         token_advantages, returns = gae_advantages(cfg, rollout, mask, valid, old_logp, ref_logp, old_values)
     else:
         read = stages.token_fields_read(cfg) | ({"mask"} if "token_rewards" in stages.token_fields_read(cfg) else set())
-        local_tokens = {"mask": mask, "sampler_logp": old_logp, "trainer_logp": scorers.policy(*forward_args) if "trainer_logp" in read else None}
+        if trainer_logp is None and "trainer_logp" in read:
+            trainer_logp = scorers.policy(*forward_args)
+        local_tokens = {"mask": mask, "sampler_logp": rollout.sampler_logp, "trainer_logp": trainer_logp}
         inputs = batch_inputs(cfg, rollout, stats, reward_weights, {k: v for k, v in local_tokens.items() if k in read},
                               rows)
         token_advantages = stages.token_advantages(cfg, inputs, mask.shape[1])[process_block(len(stats.rewards))]

@@ -29,7 +29,7 @@ import numpy as np
 from jaxgrpo.config import Config
 
 HINT_PREFIX = "Hint: "
-#: The per-row arrays of a `Rollout` a replacement row brings along (besides its prompt, rewards and text).
+#: The per-row arrays of a `Trajectories` a replacement row brings along (besides its prompt, rewards and text).
 _ROW_FIELDS = ("completion_tokens", "completion_mask", "sampler_logp", "finished", "rewards", "correct", "valid")
 
 
@@ -66,12 +66,12 @@ def _padded(count: int) -> int:
 
 def scaffold(cfg: Config, rollout, key: jax.Array, *, generate: Callable, score: Callable, hints: Callable,
              prompt_length: Callable[[dict], int]):
-    """`rollout` (one process's scored groups, a `rollout.Rollout`) with, in each all-wrong group, its first sample
+    """`rollout` (one process's scored groups, a `rollout.Trajectories`) with, in each all-wrong group, its first sample
     replaced by the first correct one of `cfg.guidance.attempts` completions sampled per hint tier (`replace="one"`)
     or all its samples by the first hinted group of G with a correct one (`replace="group"`); and the step's counts.
 
     `generate(examples, num_samples, key, prompt_ids)` samples a `sampler.Generation`; `score(out, examples)` is
-    its `Rollout` (`rollout.scored`); `hints(example)` the tiers; `prompt_length(example)` its prompt's tokens (a
+    its `Trajectories` (`rollout.scored`); `hints(example)` the tiers; `prompt_length(example)` its prompt's tokens (a
     hinted prompt longer than `sampling.max_prompt_len` is not tried)."""
     g, whole = cfg.group_size, cfg.guidance.replace == "group"
     attempts = g if whole else cfg.guidance.attempts  # samples per hinted prompt

@@ -37,6 +37,7 @@ The result equals a single-process run on the same number of devices (`tests/tes
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import os
@@ -61,7 +62,7 @@ from jaxgrpo.train import rollout as rollout_lib, state as state_lib, step as st
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
-from jaxgrpo.train.rollout import PromptStream, Rollout, RowStats, group_stats, row_stats
+from jaxgrpo.train.rollout import PromptStream, RowStats, Trajectories, group_stats, row_stats
 from jaxgrpo.train.state import LoopState, Policy
 from jaxgrpo.train.step import TrainBatch
 
@@ -108,6 +109,9 @@ class Trainer:
         if cfg.sampling.engine and jax.process_count() > 1:
             raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
                               "multi-process run")
+        if cfg.max_staleness and jax.process_count() > 1:
+            raise ConfigError(f"max_staleness={cfg.max_staleness} (one-step-off) runs in one process for now; set "
+                              "max_staleness=0 for a multi-process run")
         if cfg.environment is not None and jax.process_count() > 1:
             raise ConfigError("environment episodes run through the rollout engine, in one process for now; run "
                               "them in one process")
@@ -163,7 +167,12 @@ class Trainer:
         self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
         #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
         #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
-        self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed))
+        # One-step-off: the behaviour policy's own copy of the parameters (the update donates the learner's).
+        behaviour = jax.tree.map(jnp.copy, train.params) if cfg.max_staleness else None
+        self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed), behaviour=behaviour)
+        self._pending = None  # one-step-off: (behaviour params, the next step's rollout sampled meanwhile)
+        self._sampler_thread = None
+        self._clock = time.perf_counter()  # the origin of the metrics' time_at_* (seconds)
 
     @property
     def cfg(self) -> Config:
@@ -294,12 +303,17 @@ class Trainer:
                                   "give the environment one")
         return turns
 
-    def rollout(self, state: LoopState, key: Array | None = None) -> tuple[Rollout, LoopState, dict]:
-        """This host's share of the step's groups, sampled by the policy of `state` and scored (`rollout.collect`,
-        or `rollout.collect_episodes` with an environment), `state` with the data position after them, and the
-        step's timings. `key`: the step's (`fold_in(state.key, state.step)`) unless given."""
+    def rollout(self, state: LoopState, key: Array | None = None) -> tuple[Trajectories, LoopState, dict]:
+        """This host's share of the step's groups, sampled by the behaviour policy of `state` and scored
+        (`rollout.collect`, or `rollout.collect_episodes` with an environment), `state` with the data position
+        after them, and the step's timings. The behaviour policy is the learner's (`state.train`), or one-step-off
+        `state.behaviour`, one update behind it. `key`: the step's (`fold_in(state.key, state.step)`) unless given."""
         key = jax.random.fold_in(state.key, state.step) if key is None else key
-        prompts, params = self.prompts.at(state.data_position), state.train.params
+        prompts = self.prompts.at(state.data_position)
+        if state.behaviour is None:
+            params, version = state.train.params, state.step
+        else:
+            params, version = state.behaviour, max(state.step - 1, 0)
         if self.cfg.environment is not None:
             rollout, timings = rollout_lib.collect_episodes(
                 self.cfg, key, prompts, functools.partial(self.run_episodes, params=params), self.tokenizer,
@@ -307,17 +321,17 @@ class Trainer:
         else:
             rollout, timings = rollout_lib.collect(
                 self.cfg, key, prompts, functools.partial(self.generate, params=params), self.tokenizer,
-                self.reward_fns, self.mesh, self._guide(state))
+                self.reward_fns, self.mesh, self._guide(state, params))
             timings = guidance.summarize(timings)
+        rollout = rollout._replace(policy_version=np.full(len(rollout.rewards), version, np.int32))
         return rollout, state._replace(data_position=prompts.position), timings
 
-    def _guide(self, state: LoopState):
-        """`guidance.scaffold` on this trainer's sampler (the policy of `state`), rewards and task (None without
+    def _guide(self, state: LoopState, params):
+        """`guidance.scaffold` on this trainer's sampler (the policy of `params`), rewards and task (None without
         guidance, or before `guidance.after_step`)."""
         g = self.cfg.guidance
         if g is None or state.step < g.after_step:
             return None
-        params = state.train.params
         return functools.partial(
             guidance.scaffold, self.cfg,
             generate=lambda examples, n, key, ids: self.generate(examples, n, key, prompt_ids=ids, params=params),
@@ -339,7 +353,7 @@ class Trainer:
             outputs = self._forward(params, *global_batch(rows, self.mesh), completion_len)
             return local_rows(outputs[output], self.mesh)
 
-    def advantages(self, state: LoopState, rollout: Rollout, stats: RowStats | None = None) -> TrainBatch:
+    def advantages(self, state: LoopState, rollout: Trajectories, stats: RowStats | None = None) -> TrainBatch:
         """The update's arrays for this host's rows (`batch.train_batch`): the host stages' per-token advantages,
         scored under `state`'s policy and reference where a stage or the KL term reads them. `stats`: the whole
         batch's `gather_rows(row_stats(rollout))`, if the caller has it."""
@@ -354,19 +368,25 @@ class Trainer:
             reference=lambda *rows: self.logprobs(self.reference(state), *rows))
         return batch_lib.train_batch(self.cfg, rollout, weights, scorers, stats, rows)
 
-    def learn(self, state: LoopState, batch: TrainBatch, rollout: Rollout | None = None,
+    def learn(self, state: LoopState, batch: TrainBatch, rollout: Trajectories | None = None,
               stats: RowStats | None = None) -> tuple[LoopState, dict]:
         """The step's updates of `state` on `batch` (`update`), then a value tracker's state folded with the
-        step's outcomes (`rollout` and its whole-batch `stats` needed then). `state.train` is donated."""
+        step's outcomes (`track`; `rollout` needed then). `state.train` is donated."""
         train, metrics = self.update(state.train, batch)
-        if self.cfg.value_tracker:  # each row's drift under the update, with its prompt's outcome
-            completion_len = batch.completion_mask.shape[-1]
-            new_logp = self.logprobs(train.params, batch.tokens, batch.attention_mask, batch.positions, completion_len)
-            kl = gather_rows(trackers.drift(batch.old_logp, new_logp, batch.completion_mask))
-            stats = gather_rows(row_stats(rollout)) if stats is None else stats
-            train = train._replace(kernel_state=trackers.update(
-                self.cfg, train.kernel_state, trackers.prompt_ids(rollout.examples), stats.correct, kl, stats.trains))
+        if self.cfg.value_tracker:
+            train = self.track(train, batch, rollout, stats)
         return state._replace(train=train), metrics
+
+    def track(self, train: state_lib.TrainState, batch: TrainBatch, rollout: Trajectories,
+              stats: RowStats | None = None) -> state_lib.TrainState:
+        """`train` with the value tracker's state folded with the step's outcomes (`rollout`'s, its whole-batch
+        `stats`) and each row's drift under the update that made `train`."""
+        completion_len = batch.completion_mask.shape[-1]
+        new_logp = self.logprobs(train.params, batch.tokens, batch.attention_mask, batch.positions, completion_len)
+        kl = gather_rows(trackers.drift(batch.old_logp, new_logp, batch.completion_mask))
+        stats = gather_rows(row_stats(rollout)) if stats is None else stats
+        return train._replace(kernel_state=trackers.update(
+            self.cfg, train.kernel_state, trackers.prompt_ids(rollout.examples), stats.correct, kl, stats.trains))
 
     def update(self, train: state_lib.TrainState, batch: TrainBatch) -> tuple[state_lib.TrainState, dict]:
         """num_epochs x num_minibatches jitted updates of `train` (donated) over the batch (this host's rows);
@@ -401,10 +421,49 @@ class Trainer:
 
     def step(self, state: LoopState) -> tuple[LoopState, dict]:
         """One GRPO step: rollout, advantages, learn. Returns the next state (`state.train` is donated) and the
-        step's metrics."""
+        step's metrics.
+
+        One-step-off (`cfg.max_staleness` >= 1): the step learns from the rollout `state.behaviour` sampled
+        while the previous step learned (sampled now on a run's first step, or from a restored state: the same
+        rollout, a function of the state), and meanwhile a thread samples the next step's by the policy before
+        this update, whose parameters become the next state's `behaviour`. The step returns once both are done,
+        so nothing is in flight between steps (evaluation and checkpoints see a quiet state)."""
         t_start = time.perf_counter()
-        rollout, state, metrics = self.rollout(state)
+        if not self.cfg.max_staleness:
+            rollout, after, metrics = self._timed_rollout(state)
+            learned, metrics = self._learn_rollout(state, rollout, metrics)
+            behaviour = None
+        else:
+            rollout, after, metrics = self._pending_rollout(state)
+            behaviour = jax.tree.map(jnp.copy, state.train.params)  # its own copy: the update donates the learner's
+            upcoming = after._replace(step=state.step + 1, behaviour=behaviour)
+            if self._sampler_thread is None:
+                self._sampler_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-sampler")
+            sampling = self._sampler_thread.submit(self._timed_rollout, upcoming)
+            learned, metrics = self._learn_rollout(state, rollout, metrics)
+            self._pending = (behaviour, sampling.result())
+        metrics["time_step"] = time.perf_counter() - t_start
+        return after._replace(train=learned.train, step=state.step + 1, behaviour=behaviour), metrics
+
+    def _timed_rollout(self, state: LoopState) -> tuple[Trajectories, LoopState, dict]:
+        """`rollout`, its start and end on the run's timeline (`time_at_sample_start`, `time_at_sample_end`)."""
+        start = time.perf_counter() - self._clock
+        rollout, after, timings = self.rollout(state)
+        return rollout, after, {**timings, "time_at_sample_start": start,
+                                "time_at_sample_end": time.perf_counter() - self._clock}
+
+    def _pending_rollout(self, state: LoopState) -> tuple[Trajectories, LoopState, dict]:
+        """One-step-off: the rollout of `state` the previous step sampled meanwhile, or sampled now (a run's first
+        step, a restored state)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is state.behaviour:
+            return pending[1]
+        return self._timed_rollout(state)
+
+    def _learn_rollout(self, state: LoopState, rollout: Trajectories, metrics: dict) -> tuple[LoopState, dict]:
+        """Advantages and learning on `rollout` from `state`; the step's metrics added to `metrics` (the rollout's)."""
         stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
+        start = time.perf_counter()
         batch = self.advantages(state, rollout, stats)
         signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`
         t0 = time.perf_counter()
@@ -412,8 +471,15 @@ class Trainer:
         metrics.update(learned)
         metrics["time_train"] = time.perf_counter() - t0
         metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), frac_signal_rows=float(signal.mean()),
-                       time_step=time.perf_counter() - t_start)
-        return state._replace(step=state.step + 1), metrics
+                       time_at_learn_start=start - self._clock, time_at_learn_end=time.perf_counter() - self._clock)
+        if self.cfg.max_staleness:  # updates between the sampling policy and the learner, over the rows that train
+            lag = (state.step - rollout.policy_version)[rollout.trains] if rollout.trains.any() else np.zeros(1)
+            metrics.update(staleness_max=float(lag.max()), staleness_mean=float(lag.mean()))
+            # How far the behaviour policy's log-probs are from the learner's (the PPO ratio's anchor here).
+            on = np.asarray(batch.completion_mask) > 0
+            gap = np.abs(np.asarray(batch.old_logp) - rollout.sampler_logp)[on]
+            metrics["behaviour_logp_gap"] = float(gap.mean()) if gap.size else 0.0
+        return state, metrics
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
             on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:

@@ -20,8 +20,17 @@ from jaxgrpo.train import inputs as inputs_lib
 from jaxgrpo.train.distributed import across_processes, local_rows, process_block, to_host
 
 
-class Rollout(NamedTuple):
-    """One step's sampled, scored batch of N = groups x group_size sequences (numpy, host side)."""
+class Trajectories(NamedTuple):
+    """One step's sampled, scored batch of N = groups x group_size trajectories (numpy, host side).
+
+    A row is its prompt (an episode's opening) then everything after it in one token stream: the policy's
+    tokens (its turns), and in an environment's episode the observations and tool results between them. The
+    loss sees only `completion_mask` (1 on the policy's tokens, 0 on prompt, observation and tool tokens),
+    so every loss and aggregation works on multi-turn rows unchanged; `sampler_logp` are the behaviour
+    log-probs of those tokens; `token_turns` says which turn each belongs to, `steps` (episodes) each turn's
+    reward-to-go and state, `rewards` the final rewards, `group_ids` the groups, `policy_version` which
+    policy sampled them.
+    """
 
     prompt_tokens: np.ndarray  # i32[N, P] left padded
     prompt_mask: np.ndarray  # bool[N, P]
@@ -42,6 +51,17 @@ class Rollout(NamedTuple):
     completion_valid: np.ndarray | None = None
     #: An environment run's policy turns (step-level credit reads them); None otherwise.
     steps: inputs_lib.Steps | None = None
+    #: i32[N]: how many RL steps the policy that sampled each row had taken (its `LoopState.step`; one value in a
+    #: synchronous step); None until `Trainer.rollout` stamps it.
+    policy_version: np.ndarray | None = None
+
+    @property
+    def token_turns(self) -> np.ndarray:
+        """i32[N, C]: the turn each token after the prompt belongs to (a policy turn's own tokens, or the observation
+        answering it; 0 throughout a single-turn row's completion), -1 on padding."""
+        if self.steps is not None:
+            return self.steps.token_turns
+        return np.where(self.completion_mask > 0, 0, -1).astype(np.int32)
 
     @property
     def trains(self) -> np.ndarray:
@@ -56,7 +76,7 @@ class RowStats(NamedTuple):
     per_reward: dict  # name -> f32[N]
     correct: np.ndarray  # f32[N]
     valid: np.ndarray  # bool[N] scored rows
-    kept: np.ndarray  # bool[N] rows that train (see `Rollout.kept`)
+    kept: np.ndarray  # bool[N] rows that train (see `Trajectories.kept`)
     group_ids: np.ndarray  # i32[N]
     finished: np.ndarray  # bool[N]
     lengths: np.ndarray  # f32[N] completion tokens
@@ -65,11 +85,11 @@ class RowStats(NamedTuple):
 
     @property
     def trains(self) -> np.ndarray:
-        """bool[N]: scored rows of kept groups (see `Rollout.trains`)."""
+        """bool[N]: scored rows of kept groups (see `Trajectories.trains`)."""
         return self.valid & self.kept
 
 
-def row_stats(r: Rollout) -> RowStats:
+def row_stats(r: Trajectories) -> RowStats:
     """The `RowStats` of a rollout's rows."""
     lengths = r.completion_mask.sum(-1)
     return RowStats(r.rewards, r.per_reward, r.correct, r.valid, r.kept, r.group_ids, r.finished, lengths,
@@ -158,8 +178,8 @@ def decode(tokenizer, out) -> list[str]:
     return tokenizer.batch_decode([t[:n] for t, n in zip(tokens, lengths)], skip_special_tokens=True)
 
 
-def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, group_ids: np.ndarray) -> Rollout:
-    """The `Rollout` of a sampled `sampler.Generation` (numpy rows) of `examples` (one per row): decoded, rewarded
+def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, group_ids: np.ndarray) -> Trajectories:
+    """The `Trajectories` of a sampled `sampler.Generation` (numpy rows) of `examples` (one per row): decoded, rewarded
     (with DAPO's overlong penalty when configured), every row kept."""
     mask = out.completion_mask.astype(np.float32)
     lengths = mask.sum(-1).astype(np.int32)
@@ -170,7 +190,7 @@ def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, 
         shaped = shaped + np.asarray(kernels.overlong_penalty(
             lengths, max_len=cfg.sampling.max_new_tokens, cache_len=cfg.overlong_cache_len)) * result.valid
     correct = result.per_reward[cfg.correctness_reward].astype(np.float32)
-    return Rollout(
+    return Trajectories(
         # The untruncated policy log-probs: what the trainer computes for the same tokens.
         out.prompt_tokens, out.prompt_mask.astype(bool), out.completion_tokens, mask,
         out.policy_logprobs.astype(np.float32), out.finish_reason == sampler.FINISH_STOP,
@@ -180,7 +200,7 @@ def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, 
 
 
 def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callable, tokenizer, reward_fns: list,
-            mesh, guide: Callable | None = None) -> tuple[Rollout, dict]:
+            mesh, guide: Callable | None = None) -> tuple[Trajectories, dict]:
     """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
 
     `generate(examples, num_samples, key, prompt_ids=..., process_local=True)` samples a `sampler.Generation`.
@@ -192,8 +212,8 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     """
     g = cfg.group_size
     local_groups = cfg.prompts_per_step // jax.process_count()
-    kept: list[Rollout] = []
-    rejected: list[Rollout] = []
+    kept: list[Trajectories] = []
+    rejected: list[Trajectories] = []
     rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
     while True:
         need = int(across_processes(local_groups - sum(len(r.rewards) for r in kept) // g).max())
@@ -235,10 +255,10 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     return batch, timings
 
 
-def select_groups(r: Rollout, groups: np.ndarray) -> Rollout:
+def select_groups(r: Trajectories, groups: np.ndarray) -> Trajectories:
     """The rows of `r` whose group id is among `groups`."""
     rows = np.flatnonzero(np.isin(r.group_ids, groups))
-    return Rollout(
+    return Trajectories(
         *(x[rows] for x in r[:6]), r.rewards[rows], {k: v[rows] for k, v in r.per_reward.items()},
         r.correct[rows], r.valid[rows], r.kept[rows], r.group_ids[rows],
         [r.texts[i] for i in rows], [r.examples[i] for i in rows],
@@ -246,7 +266,7 @@ def select_groups(r: Rollout, groups: np.ndarray) -> Rollout:
     )
 
 
-def concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> Rollout:
+def concat_rollouts(parts: list[Trajectories], num_groups: int, group_size: int) -> Trajectories:
     """Concatenates rollouts (padding prompts to one length) and keeps the first `num_groups` groups."""
     parts = [p for p in parts if len(p.rewards)]
     width = max(p.prompt_tokens.shape[1] for p in parts)
@@ -261,7 +281,7 @@ def concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> R
     n = num_groups * group_size
     cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
     group_ids = np.repeat(np.arange(sum(len(p.rewards) for p in parts) // group_size), group_size)[:n]
-    return Rollout(
+    return Trajectories(
         cat([left_pad(p.prompt_tokens, width) for p in parts]),
         cat([left_pad(p.prompt_mask, width) for p in parts]),
         cat([right_pad(p.completion_tokens, cwidth) for p in parts]),
@@ -281,13 +301,13 @@ def concat_rollouts(parts: list[Rollout], num_groups: int, group_size: int) -> R
     )
 
 
-def completion_valid(r: Rollout) -> np.ndarray:
-    """bool[N, C]: the real tokens after each row's prompt (`Rollout.completion_valid`)."""
+def completion_valid(r: Trajectories) -> np.ndarray:
+    """bool[N, C]: the real tokens after each row's prompt (`Trajectories.completion_valid`)."""
     return r.completion_mask > 0 if r.completion_valid is None else r.completion_valid
 
 
 def collect_episodes(cfg: Config, key: jax.Array, prompts: PromptStream, run_episodes: Callable, tokenizer,
-                     pad_id: int = 0) -> tuple[Rollout, dict]:
+                     pad_id: int = 0) -> tuple[Trajectories, dict]:
     """The step's `prompts_per_step` groups of environment episodes (one process).
 
     `run_episodes(examples, group_size, key)` -> (trajectories example-major, stats): `multi_turn.rollout`'s.
@@ -307,8 +327,8 @@ def collect_episodes(cfg: Config, key: jax.Array, prompts: PromptStream, run_epi
 
 
 def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, pad_id: int = 0,
-                     discount: float = 1.0) -> Rollout:
-    """A `Rollout` of `multi_turn.Trajectory`s (example-major, `group_size` per example), with their `Steps`
+                     discount: float = 1.0) -> Trajectories:
+    """A `Trajectories` of `multi_turn.Trajectory`s (example-major, `group_size` per example), with their `Steps`
     (returns discounted by `discount` per turn)."""
     n = len(trajectories)
     width = sampler.bucket_length(max(len(t.prompt) for t in trajectories))
@@ -324,7 +344,7 @@ def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, p
         token_turns[row, :k] = t.turns
     rewards = np.array([t.reward for t in trajectories], np.float32)
     texts = tokenizer.batch_decode([t.tokens.tolist() for t in trajectories], skip_special_tokens=True)
-    return Rollout(
+    return Trajectories(
         # The untruncated policy log-probs, as the single-turn path keeps them: what the trainer recomputes.
         prompt_tokens, prompt_mask.astype(bool), tokens, loss.astype(np.float32), logp,
         np.array([t.finish == "done" for t in trajectories]), rewards, {"environment": rewards},

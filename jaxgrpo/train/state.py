@@ -188,12 +188,14 @@ class _CheckpointedTrain(NamedTuple):
     step: Array
 
 
-def checkpoint_tree(state: TrainState, ref_params) -> dict:
-    """The arrays a checkpoint holds: the train state, stateful kernels' state when there is some, and the
-    reference policy when there is one (so checkpoints of runs without them restore as they always did)."""
+def checkpoint_tree(state: TrainState, ref_params, behaviour=None) -> dict:
+    """The arrays a checkpoint holds: the train state, stateful kernels' state when there is some, the
+    reference policy when there is one, and the behaviour policy's parameters under one-step-off (so
+    checkpoints of runs without them restore as they always did)."""
     return {"train": _CheckpointedTrain(state.params, state.opt_state, state.step),
             **({"kernel_state": state.kernel_state} if state.kernel_state else {}),
-            **({"ref": ref_params} if ref_params is not None else {})}
+            **({"ref": ref_params} if ref_params is not None else {}),
+            **({"behaviour": behaviour} if behaviour is not None else {})}
 
 
 def state_of(tree: dict) -> TrainState:
@@ -216,6 +218,9 @@ class LoopState(NamedTuple):
     data_position: int  # examples of the prompt stream consumed (`PromptStream.at`)
     key: Array  # the run's key: step t samples with `fold_in(key, t)`
     step: int = 0  # RL steps done (`train.step` counts the optimizer's updates)
+    #: One-step-off (`Config.max_staleness` >= 1): the trainable parameters of the policy that samples this
+    #: step's rollout, one update behind `train` (the initial ones at step 0); None in the synchronous loop.
+    behaviour: Any = None
 
 
 def save(checkpointer, state: LoopState) -> None:
@@ -223,7 +228,7 @@ def save(checkpointer, state: LoopState) -> None:
     position and RNG key in the metadata."""
     meta = {"step": state.step, "data_position": state.data_position,
             "rng_key_data": np.asarray(jax.random.key_data(state.key)).tolist()}
-    checkpointer.save(state.step, checkpoint_tree(state.train, state.reference), meta)
+    checkpointer.save(state.step, checkpoint_tree(state.train, state.reference, state.behaviour), meta)
 
 
 def restore(checkpointer, like: LoopState) -> LoopState | None:
@@ -231,7 +236,7 @@ def restore(checkpointer, like: LoopState) -> LoopState | None:
 
     Damaged newer checkpoints are skipped with one warning naming them (`Checkpointer.restore_newest`).
     """
-    found = checkpointer.restore_newest(checkpoint_tree(like.train, like.reference))
+    found = checkpointer.restore_newest(checkpoint_tree(like.train, like.reference, like.behaviour))
     if found is None:
         return None
     step, restored, meta, skipped = found
@@ -246,4 +251,5 @@ def loop_state_of(tree: dict, meta: dict, like: LoopState) -> LoopState:
     """The `LoopState` of a restored `checkpoint_tree` of `like` and its checkpoint's metadata (`save`'s)."""
     key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32))
     return LoopState(state_of(tree), tree.get("ref") if like.reference is not None else None,
-                     int(meta["data_position"]), key, int(meta["step"]))
+                     int(meta["data_position"]), key, int(meta["step"]),
+                     tree.get("behaviour") if like.behaviour is not None else None)

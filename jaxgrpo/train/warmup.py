@@ -97,4 +97,8 @@ def supervised_warmup(trainer, loop_state, steps: int, *, lr: float | None = Non
     reference = loop_state.reference
     if reference is not None:  # with LoRA too: the warmed-up adapters (`state.reference_params`)
         reference = jax.tree.map(jnp.copy, state.params)
-    return loop_state._replace(train=loop_state.train._replace(params=state.params), reference=reference), losses
+    behaviour = loop_state.behaviour
+    if behaviour is not None:  # one-step-off: the first step samples with the warmed-up policy too
+        behaviour = jax.tree.map(jnp.copy, state.params)
+    return loop_state._replace(train=loop_state.train._replace(params=state.params), reference=reference,
+                               behaviour=behaviour), losses

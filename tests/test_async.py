@@ -1,0 +1,94 @@
+"""One-step-off rollouts (`max_staleness=1`) on the offline toy task: each step learns from the rollout the policy
+one update back sampled while the previous step learned; the PPO ratio is anchored at the learner's own log-probs,
+the behaviour's feed the importance correction; the behaviour policy is in the loop state, so a resumed run is the
+uninterrupted one. `max_staleness=0` is the synchronous loop (its recorded metrics: test_experiments_reproduce_metrics)."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.errors import ConfigError
+from jaxgrpo.train import Trainer
+
+TOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "toy_sum.py")
+TIMING = ("time_", "tokens_per_s")
+
+
+def toy(tmp_path, *overrides):
+    cfg = load_experiment(TOY)
+    apply_overrides(cfg, [f"run_dir={tmp_path / 'run'}", "warmup_sft_steps=5", "task.num_eval_examples=0",
+                          "prompts_per_step=4", "group_size=4", "max_staleness=1", *overrides])
+    return cfg
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+def test_each_step_learns_from_the_policy_one_update_back_while_the_next_is_sampled(tmp_path):
+    trainer = Trainer(toy(tmp_path, "steps=4", "checkpoint_every=0"))
+    first = trainer.loop_state
+    assert first.behaviour is not None and first.behaviour is not first.train.params  # its own copy
+    history = trainer.run(progress=False)
+    # The first step's rollout was sampled by the learner's own policy; every later one by the policy before it.
+    assert [r["staleness_max"] for r in history] == [0, 1, 1, 1]
+    assert all(np.isfinite(r["behaviour_logp_gap"]) for r in history)
+    assert history[0]["behaviour_logp_gap"] < 1e-4 < history[-1]["behaviour_logp_gap"]
+    assert all(r["logp_gap"] < 1e-4 for r in history)  # the ratio's anchor is the learner's log-probs
+    # Overlap: step t + 1's sampling started before step t's learning ended, and ended after it started.
+    for now, after in zip(history[:-1], history[1:]):
+        assert after["time_at_sample_start"] < now["time_at_learn_end"], (now, after)
+        assert after["time_at_sample_end"] > now["time_at_learn_start"]
+    state = trainer.loop_state
+    assert state.step == 4 and state.behaviour is not None
+    # The state's behaviour policy is the learner's one update back: different weights, the same structure.
+    moved = jax.tree.map(lambda a, b: not np.array_equal(np.asarray(a), np.asarray(b)), state.behaviour,
+                         state.train.params)
+    assert any(jax.tree.leaves(moved))
+
+
+def test_the_importance_correction_weighs_by_the_learner_over_the_behaviour_policy(tmp_path, monkeypatch):
+    """TIS on one-step-off data: each token's advantage times min(pi_learner / pi_behaviour, 2), by hand."""
+    trainer = Trainer(toy(tmp_path, "steps=4", "checkpoint_every=0", "prompts_per_step=8", "token_credit=importance_correction",
+                          "token_credit_kwargs={'level': 'token', 'mode': 'truncate', 'threshold': 2.0}"))
+    trainer.run(progress=False)
+    state = trainer.loop_state  # step 4: the learner four steps in, the behaviour policy three
+    rollout, _, _ = trainer.rollout(state)
+    assert (rollout.policy_version == 3).all()
+    batch = trainer.advantages(state, rollout)
+    mask = np.asarray(batch.completion_mask) > 0
+    learner = trainer.logprobs(state.train.params, batch.tokens, batch.attention_mask, batch.positions, mask.shape[1])
+    np.testing.assert_allclose(np.asarray(batch.old_logp)[mask], np.asarray(learner)[mask], atol=1e-6)
+    monkeypatch.setattr(trainer.cfg, "token_credit", None)
+    plain = np.asarray(trainer.advantages(state, rollout).advantages)
+    weights = np.minimum(np.exp(np.asarray(learner) - rollout.sampler_logp), 2.0)
+    np.testing.assert_allclose(np.asarray(batch.advantages)[mask], (plain * weights)[mask], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(weights[mask], 1.0)  # the behaviour policy is really another one
+
+
+def test_a_resumed_one_step_off_run_is_the_uninterrupted_run(tmp_path):
+    """The behaviour policy is checkpointed with the learner: the rollout in flight at a checkpoint is sampled
+    again, identically, after a restart."""
+    uninterrupted = Trainer(toy(tmp_path / "a", "steps=4", "checkpoint_every=2")).run(progress=False)
+    Trainer(toy(tmp_path / "b", "steps=2", "checkpoint_every=2")).run(progress=False)  # stops after a checkpoint
+    resumed = Trainer(toy(tmp_path / "b", "steps=4", "checkpoint_every=2"))
+    rest = resumed.run(resume=True, progress=False)
+    assert [r["step"] for r in rest] == [3, 4]
+    got, want = comparable(rest), comparable(uninterrupted[2:])
+    assert [sorted(r) for r in got] == [sorted(r) for r in want]
+    for g, w in zip(got, want):
+        for key in w:
+            np.testing.assert_allclose(g[key], w[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("value, message", [(-1, "max_staleness must be an integer >= 0"),
+                                            (0.5, "max_staleness must be int, got float 0.5")])
+def test_a_bad_staleness_is_one_line_before_anything_is_built(tmp_path, value, message):
+    cfg = toy(tmp_path)
+    cfg.max_staleness = value
+    with pytest.raises(ConfigError, match=message) as raised:
+        Trainer(cfg)
+    assert "\n" not in str(raised.value)
