@@ -80,6 +80,7 @@ EXAMPLE_TOPOLOGIES = "v5e:2x4, v5e:4x4, v5p:2x2x1, v5p:4x4x4, v6e:2x4, v4:2x2x2"
 
 DEFAULT_PROGRAMS = ("prefill", "decode", "forward", "update")
 PROGRAMS = (*DEFAULT_PROGRAMS, "engine")
+SAMPLER_PROGRAMS = ("prefill", "decode", "engine")  # on the sampler's chips under a split mesh
 ENGINE_FILLS = (0.5, 1.0)
 """The rollout engine's fill levels (`--programs engine`): its pool holds this share of every slot's whole context."""
 ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK = 16, 8
@@ -615,6 +616,9 @@ class Report:
     attention: str  # the attention implementation the programs were traced with ("auto" resolved)
     lora: dict | None = None  # the run's `LoraConfig` fields, None for a full fine-tune
     num_trained: int = 0  # the parameters that train (with LoRA the adapters, else num_params)
+    #: A split mesh (`mesh.rollout_devices`): the sampler's chips, its mesh, the programs on it and the bytes of
+    #: weights moved to it after each update; None when sampler and learner share the chips (`mesh` above).
+    rollout: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -626,6 +630,11 @@ class Report:
             f"{', base ' + self.lora['quantize_base'] if self.lora['quantize_base'] else ''})")
         lines = [f"{self.model} ({self.num_params / 1e6:.1f}M parameters{trained}) on {self.topology}: {self.chips} x "
                  f"{self.chip}, {self.hosts} host(s), mesh {self.mesh}, attention {self.attention}"]
+        if self.rollout:
+            r = self.rollout
+            lines.append(f"  split: the learner on {self.chips - r['chips']} chips (mesh {self.mesh}), the sampler on "
+                         f"{r['chips']} (mesh {r['mesh']}: {', '.join(r['programs']) or 'no program compiled'}); "
+                         f"weights moved to the sampler after each update: {r['weight_transfer_bytes'] / 2**20:.1f} MiB")
         for p in self.programs:
             estimate = "no time estimate" if p.compiler_seconds is None else f"{p.compiler_seconds * 1e3:.2f} ms"
             step = "" if p.step_floor_seconds is None else f"; a step's HBM floor {p.step_floor_seconds * 1e3:.3f} ms"
@@ -750,31 +759,47 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     if unknown:
         raise ValueError(f"unknown program(s) {', '.join(unknown)}; valid: {', '.join(PROGRAMS)}")
     chip, devices = topology_devices(topology)
-    mesh = train.make_mesh(cfg, devices)
     cfg = resolve_packing(cfg, devices[0].platform)
+    split = cfg.mesh.rollout_devices
+    if split and split >= len(devices):
+        raise ValueError(f"mesh.rollout_devices={split} leaves the learner none of {topology}'s {len(devices)} chips; "
+                         f"give the sampler fewer (at most {len(devices) - 1})")
+    learner_devices, sampler_devices = devices[:len(devices) - split], devices[len(devices) - split:]
+    mesh = train.make_mesh(cfg, learner_devices)
     validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
     abstract = abstract_train_state(cfg, mesh)
-    n, chips, reports = abstract.num_params, len(devices), []
+    n, chips, reports = abstract.num_params, len(learner_devices), []
+    # The sampler's programs run on its own chips (`mesh.rollout_devices`: one-step-off), or on the learner's.
+    sampler_mesh, sampler_abstract, sampler_chips = mesh, abstract, chips
+    rollout = None
+    if split:
+        sampler_mesh = train.rollout_mesh(sampler_devices)
+        sampler_abstract, sampler_chips = abstract_train_state(cfg, sampler_mesh), split
+        # After each update the behaviour policy's weights (the trained ones) go learner -> sampler.
+        moved = sum(math.prod(leaf.shape) * _itemsize(leaf.dtype) for leaf in jax.tree.leaves(abstract.state.params))
+        rollout = {"chips": split, "mesh": dict(sampler_mesh.shape), "weight_transfer_bytes": moved,
+                   "programs": [p for p in programs if p in SAMPLER_PROGRAMS]}
     if "prefill" in programs or "decode" in programs:
-        prefill, prompt_tokens, decode, new_tokens, carry_bytes = lower_sampler(cfg, mesh, abstract)
+        prefill, prompt_tokens, decode, new_tokens, carry_bytes = lower_sampler(cfg, sampler_mesh, sampler_abstract)
         if "prefill" in programs:
-            reports.append(_program_report("prefill", *prefill, chip, chips, 2 * n * prompt_tokens,
+            reports.append(_program_report("prefill", *prefill, chip, sampler_chips, 2 * n * prompt_tokens,
                                            calibrations=calibrations))
         if "decode" in programs:
             # One step reads every parameter (a LoRA run's base and adapters) and the whole cache once.
-            floor = per_chip_bytes((abstract.state.params, abstract.rest)) + carry_bytes
-            reports.append(_program_report("decode", *decode, chip, chips, 2 * n * new_tokens, floor,
+            floor = per_chip_bytes((sampler_abstract.state.params, sampler_abstract.rest)) + carry_bytes
+            reports.append(_program_report("decode", *decode, chip, sampler_chips, 2 * n * new_tokens, floor,
                                            calibrations=calibrations))
     if "engine" in programs:
         for fill in ENGINE_FILLS:
-            e = lower_engine(cfg, mesh, abstract, fill)
+            e = lower_engine(cfg, sampler_mesh, sampler_abstract, fill)
             if fill == ENGINE_FILLS[0]:  # the prefill reads no cached positions: one fill level tells it
                 reports.append(dataclasses.replace(
-                    _program_report("engine prefill", *e.prefill, chip, chips, 2 * n * e.prompt_tokens,
+                    _program_report("engine prefill", *e.prefill, chip, sampler_chips, 2 * n * e.prompt_tokens,
                                     calibrations=calibrations), kv_pool_bytes=e.pool_bytes, live_tokens=e.live_tokens))
-            floor = per_chip_bytes((abstract.state.params, abstract.rest)) + e.pool_bytes
+            floor = per_chip_bytes((sampler_abstract.state.params, sampler_abstract.rest)) + e.pool_bytes
             reports.append(dataclasses.replace(
-                _program_report(f"engine decode {fill:.0%} full", *e.decode, chip, chips, 2 * n * e.decode_tokens,
+                _program_report(f"engine decode {fill:.0%} full", *e.decode, chip, sampler_chips,
+                                2 * n * e.decode_tokens,
                                 floor, calibrations=calibrations), kv_pool_bytes=e.pool_bytes,
                 live_tokens=e.live_tokens))
     if "forward" in programs:
@@ -793,7 +818,7 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
     attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name
     return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports,
-                  attention, dataclasses.asdict(cfg.lora) if cfg.lora else None, abstract.num_trained)
+                  attention, dataclasses.asdict(cfg.lora) if cfg.lora else None, abstract.num_trained, rollout)
 
 
 def fits_everywhere(report: Report) -> bool:

@@ -172,6 +172,10 @@ class MeshConfig(_Fields):
     data: int = -1
     fsdp: int = 1
     model: int = 1
+    #: Devices (the last ones) that only sample, on a mesh of their own (data-parallel); the learner's mesh
+    #: (`data`, `fsdp`, `model` above) takes the others. The behaviour policy's weights go to them by
+    #: device-to-device transfer after each update. 0: sampler and learner time-share every device.
+    rollout_devices: int = 0
 
 
 @dataclasses.dataclass
@@ -606,6 +610,11 @@ def _check_ranges(cfg: Config) -> None:
          f"max_steps_without_signal must be >= 0 (0 = never stop), got {cfg.max_steps_without_signal}"),
         (cfg.max_nonfinite_steps >= 0,
          f"max_nonfinite_steps must be >= 0 (0 = never stop), got {cfg.max_nonfinite_steps}"),
+        (cfg.mesh.rollout_devices >= 0,
+         f"mesh.rollout_devices must be >= 0 (0 = sampler and learner share the devices), got {cfg.mesh.rollout_devices}"),
+        (cfg.mesh.rollout_devices == 0 or cfg.max_staleness >= 1,
+         f"mesh.rollout_devices={cfg.mesh.rollout_devices} gives the sampler devices of its own, which only pays "
+         "when sampling overlaps learning; set max_staleness=1 (one-step-off), or mesh.rollout_devices=0"),
         (cfg.max_staleness >= 0,
          f"max_staleness must be an integer >= 0 (0 = the synchronous loop, 1 = one-step-off), got "
          f"{cfg.max_staleness!r}"),

@@ -67,6 +67,12 @@ def test_the_importance_correction_weighs_by_the_learner_over_the_behaviour_poli
     weights = np.minimum(np.exp(np.asarray(learner) - rollout.sampler_logp), 2.0)
     np.testing.assert_allclose(np.asarray(batch.advantages)[mask], (plain * weights)[mask], rtol=1e-5, atol=1e-6)
     assert not np.allclose(weights[mask], 1.0)  # the behaviour policy is really another one
+    metrics = {}  # the correction's own statistics, logged with the step's metrics
+    trainer.cfg.token_credit = "importance_correction"
+    trainer.advantages(state, rollout, metrics=metrics)
+    assert metrics["is_weight_mean"] == pytest.approx(np.exp(np.asarray(learner) - rollout.sampler_logp)[mask].mean(),
+                                                     rel=1e-4)
+    assert 0.0 <= metrics["is_clipped_fraction"] <= 1.0
 
 
 def test_a_resumed_one_step_off_run_is_the_uninterrupted_run(tmp_path):
@@ -82,6 +88,43 @@ def test_a_resumed_one_step_off_run_is_the_uninterrupted_run(tmp_path):
     for g, w in zip(got, want):
         for key in w:
             np.testing.assert_allclose(g[key], w[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def test_on_a_split_mesh_the_sampler_has_devices_and_weights_of_its_own(tmp_path):
+    """8 devices split 4 + 4 (`mesh.rollout_devices=4`): the learner's state on the first four, the behaviour
+    policy's weights moved after each update to the last four, where the sampler runs."""
+    trainer = Trainer(toy(tmp_path, "steps=3", "checkpoint_every=0", "mesh.rollout_devices=4"))
+    devices = jax.devices()
+    assert len(devices) == 8
+    learner, sampler = set(devices[:4]), set(devices[4:])
+    assert set(trainer.mesh.devices.flat) == learner and set(trainer.rollout_mesh.devices.flat) == sampler
+
+    def on(tree):
+        return set().union(*(leaf.devices() for leaf in jax.tree.leaves(tree)))
+
+    assert on(trainer.loop_state.behaviour) == sampler and on(trainer.loop_state.train) == learner
+    history = trainer.run(progress=False)
+    assert [r["staleness_max"] for r in history] == [0, 1, 1]
+    assert all(np.isfinite(r["loss"]) for r in history)
+    state = trainer.loop_state
+    assert on(state.behaviour) == sampler and on(state.train) == learner
+    # The behaviour policy is the learner one update back, moved: not the learner's weights, on other devices.
+    moved = jax.tree.map(lambda a, b: not np.array_equal(np.asarray(a), np.asarray(b)), state.behaviour,
+                         state.train.params)
+    assert any(jax.tree.leaves(moved))
+    out = trainer.generate(trainer.train_examples[:2], 2, jax.random.key(0), greedy=True)  # evaluation's path
+    assert on(out.completion_tokens) <= sampler
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mesh.rollout_devices=8"], "mesh.rollout_devices=8 leaves the learner none of the 8 device"),
+    (["mesh.rollout_devices=2", "max_staleness=0"], "mesh.rollout_devices=2 gives the sampler devices of its own"),
+    (["mesh.rollout_devices=-1"], "mesh.rollout_devices must be >= 0"),
+])
+def test_a_split_that_leaves_a_side_without_devices_is_one_line(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        Trainer(toy(tmp_path, *overrides))
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize("value, message", [(-1, "max_staleness must be an integer >= 0"),

@@ -376,3 +376,21 @@ def test_the_cpu_memory_forms_are_in_cpu_programs_only():
         assert bits == 0 and barriers < bits_and_barriers(forced["update"])[1], attention
     for name in cpu:
         assert min(bits_and_barriers(cpu[name])) > 0 and min(bits_and_barriers(forced[name])) > 0, name
+
+
+def test_a_split_mesh_compiles_the_sampler_on_its_chips_and_reports_the_weights_it_receives():
+    """One-step-off on a 16-chip v5p with 8 chips sampling (`mesh.rollout_devices=8`) and 8 learning: the decode
+    loop is compiled for the sampler's data-parallel mesh, the update for the learner's, each reporting its HBM
+    per chip, and the report gives the bytes of weights moved to the sampler after each update."""
+    cfg = _toy("max_staleness=1", "mesh.rollout_devices=8", "mesh.data=2", "mesh.fsdp=4")
+    report = aot.compile_experiment(cfg, POD, programs=("decode", "update"))
+    assert report.mesh == {"data": 2, "fsdp": 4, "model": 1} and report.chips == 16
+    assert report.rollout["chips"] == 8 and report.rollout["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
+    assert report.rollout["programs"] == ["decode"]
+    params = aot.abstract_train_state(cfg, train.make_mesh(cfg, jax.devices()[:8])).state.params
+    assert report.rollout["weight_transfer_bytes"] == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    decode, update = report.programs
+    assert decode.fits and update.fits and decode.hbm_bytes > 0 and update.hbm_bytes > 0
+    assert "the sampler on 8 (mesh {'data': 8, 'fsdp': 1, 'model': 1}: decode)" in report.table()
+    with pytest.raises(ValueError, match="mesh.rollout_devices=16 leaves the learner none of v5p:2x2x4's 16 chips"):
+        aot.compile_experiment(_toy("max_staleness=1", "mesh.rollout_devices=16"), POD, programs=("update",))

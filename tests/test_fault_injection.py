@@ -112,6 +112,24 @@ def test_a_stateful_kernels_state_survives_kills_bit_for_bit(tmp_path):
     assert comparable(killed) == comparable(straight)
 
 
+def test_one_step_off_survives_kills_anywhere_bit_for_bit(tmp_path):
+    """max_staleness=1: killed while the next step's rollout is sampled in its thread, while the learner updates,
+    and while a checkpoint (the behaviour policy's weights beside the learner's) is written, then resumed: the run
+    ends with the uninterrupted run's state and metrics, the rollout in flight at each kill sampled again."""
+    steps = 6
+    overrides = [f"steps={steps}", "checkpoint_every=2", "warmup_sft_steps=0", "eval_every=0",
+                 "task.num_eval_examples=0", "prompts_per_step=4", "group_size=4", "sampling.max_new_tokens=2",
+                 "max_staleness=1"]
+    kills = kill_plan(seed=11, sites=("sample", "update", "save"), kills_per_site=1)
+    straight, killed = kill_and_resume(tmp_path, overrides, kills)
+    expected, resumed = _final_state(straight, steps), _final_state(killed, steps)
+    assert "behaviour" in resumed
+    jax.tree.map(np.testing.assert_array_equal, expected, resumed)
+    records = comparable(killed)
+    assert [r["staleness_max"] for r in records] == [0] + [1] * (steps - 1)
+    assert records == comparable(straight)
+
+
 def test_a_checkpoint_written_before_kernel_state_existed_still_restores(tmp_path):
     """Runs without a stateful kernel checkpoint the train state as before (params, optimizer state, step)."""
     from typing import Any, NamedTuple

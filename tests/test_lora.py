@@ -211,8 +211,8 @@ def test_a_non_finite_lora_update_is_skipped_keeping_the_adapters_bit_for_bit(tm
     trainer = Trainer(toy_config(tmp_path, "steps=3", "warmup_sft_steps=0", "optimizer.lr=1e-2"))
     real, calls = Trainer.advantages, []
 
-    def advantages(self, state, rollout, stats=None):
-        batch = real(self, state, rollout, stats)
+    def advantages(self, state, rollout, stats=None, metrics=None):
+        batch = real(self, state, rollout, stats, metrics)
         calls.append(1)
         return batch._replace(advantages=np.full_like(batch.advantages, np.nan)) if len(calls) == 2 else batch
 

@@ -416,8 +416,8 @@ def nan_advantages(monkeypatch, steps):
     calls = []
     real = Trainer.advantages
 
-    def advantages(self, state, rollout, stats=None):
-        batch = real(self, state, rollout, stats)
+    def advantages(self, state, rollout, stats=None, metrics=None):
+        batch = real(self, state, rollout, stats, metrics)
         calls.append(1)
         return batch._replace(advantages=np.full_like(batch.advantages, np.nan)) if len(calls) in steps else batch
 

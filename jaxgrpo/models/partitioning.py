@@ -94,10 +94,17 @@ def model_shardings(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES)
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def place_state(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.State:
+    """`state` (of `nnx.Variable`s) laid out on `mesh` by its variables' logical axes: a copy, moved from
+    whatever devices it was on (device to device)."""
+    shardings = jax.tree.map(lambda v: variable_sharding(v, mesh, rules), state,
+                             is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return jax.device_put(state, shardings)
+
+
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.Module:
     """Place the model's parameters on `mesh` according to `rules` (in place; returns the model)."""
-    state = jax.device_put(nnx.state(model), model_shardings(model, mesh, rules))
-    nnx.update(model, state)
+    nnx.update(model, place_state(nnx.state(model), mesh, rules))
     return model
 
 

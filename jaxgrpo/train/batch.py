@@ -68,12 +68,13 @@ def gae_advantages(cfg: Config, rollout: Trajectories, mask: np.ndarray, valid: 
 
 
 def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, scorers: Scorers,
-                stats: RowStats | None = None, rows: dict | None = None) -> TrainBatch:
+                stats: RowStats | None = None, rows: dict | None = None, metrics: dict | None = None) -> TrainBatch:
     """The arrays the jitted update consumes for this host's rows of `rollout`.
 
     `scorers`: the forwards the config needs (`Scorers`). `stats`: the whole batch's
     `gather_rows(row_stats(rollout))`, if the caller already has it.
-    `rows`: more whole-batch row fields the host stages may read (`batch_inputs`).
+    `rows`: more whole-batch row fields the host stages may read (`batch_inputs`). The stages' kernels' scalar
+    metrics go into `metrics` when given.
     """
     if stats is None:
         stats = gather_rows(row_stats(rollout))
@@ -107,7 +108,8 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
         local_tokens = {"mask": mask, "sampler_logp": rollout.sampler_logp, "trainer_logp": trainer_logp}
         inputs = batch_inputs(cfg, rollout, stats, reward_weights, {k: v for k, v in local_tokens.items() if k in read},
                               rows)
-        token_advantages = stages.token_advantages(cfg, inputs, mask.shape[1])[process_block(len(stats.rewards))]
+        token_advantages = stages.token_advantages(cfg, inputs, mask.shape[1], metrics)[
+            process_block(len(stats.rewards))]
     row_fields = {}
     loss_reads = set(sum(inputs_lib.fields_read(kernels.get_loss(cfg.loss), cfg.loss_kwargs), []))
     for name in inputs_lib.LOSS_ROW_FIELDS:

@@ -53,7 +53,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxgrpo import profiling, sampler
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.config import Config, resolve_packing, validate
-from jaxgrpo.models import packing
+from jaxgrpo.models import packing, partitioning
 from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
@@ -109,6 +109,9 @@ class Trainer:
         if cfg.sampling.engine and jax.process_count() > 1:
             raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
                               "multi-process run")
+        if cfg.mesh.rollout_devices and mesh is not None:
+            raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
+                              "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
         if cfg.max_staleness and jax.process_count() > 1:
             raise ConfigError(f"max_staleness={cfg.max_staleness} (one-step-off) runs in one process for now; set "
                               "max_staleness=0 for a multi-process run")
@@ -126,7 +129,11 @@ class Trainer:
         eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
                          if cfg.task.num_eval_examples else [])
         self._cfg = cfg
-        self.mesh = mesh or state_lib.make_mesh(cfg)
+        split = cfg.mesh.rollout_devices
+        devices = jax.devices()
+        self.mesh = mesh or state_lib.make_mesh(cfg, devices[:len(devices) - split] if split else None)
+        #: The sampler's own devices (`mesh.rollout_devices`, the last ones), or None: it shares `mesh`.
+        self.rollout_mesh = state_lib.rollout_mesh(devices[len(devices) - split:]) if split else None
         if model is None:
             model, tokenizer = state_lib.build_model(cfg)
             preflight.check_budget(cfg, model.config)  # a model built in code: its window is known now
@@ -147,6 +154,9 @@ class Trainer:
         # `params` train (every parameter, or LoRA's adapters); `rest` is read-only, an argument of every program.
         self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head),
                                                      state_lib.trainable(cfg), ...)
+        # The read-only rest as the sampler's devices hold it (with `rollout_mesh`).
+        self._sampler_rest = None if self.rollout_mesh is None else partitioning.place_state(self.rest, self.rollout_mesh)
+        self._placed = None  # (the learner's params, their copy on the sampler's devices) for evaluation
         self.optimizer = state_lib.make_optimizer(cfg.optimizer)
         train = state_lib.init_state(params, self.optimizer, self.mesh)
         reference = state_lib.reference_params(cfg, params)
@@ -168,7 +178,7 @@ class Trainer:
         #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
         #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
         # One-step-off: the behaviour policy's own copy of the parameters (the update donates the learner's).
-        behaviour = jax.tree.map(jnp.copy, train.params) if cfg.max_staleness else None
+        behaviour = self.to_sampler(train.params) if cfg.max_staleness else None
         self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed), behaviour=behaviour)
         self._pending = None  # one-step-off: (behaviour params, the next step's rollout sampled meanwhile)
         self._sampler_thread = None
@@ -194,8 +204,31 @@ class Trainer:
         return self.policy_of(self.loop_state.train.params)
 
     def policy_of(self, params) -> Policy:
-        """The policy with trainable parameters `params` (a train state's) and this trainer's read-only rest."""
-        return nnx.merge(self.graphdef, params, self.rest)
+        """The policy with trainable parameters `params` (a train state's, or a copy on the sampler's devices) and
+        this trainer's read-only rest on the same devices."""
+        return nnx.merge(self.graphdef, params, self.rest if self._on_learner(params) else self._sampler_rest)
+
+    def _on_learner(self, params) -> bool:
+        if self.rollout_mesh is None:
+            return True
+        return not set(jax.tree.leaves(params)[0].devices()) <= set(self.rollout_mesh.devices.flat)
+
+    def to_sampler(self, params):
+        """The behaviour policy's own copy of `params`: moved to the sampler's devices (`rollout_mesh`, device to
+        device, laid out by the parameters' logical axes), or a copy beside them when sampler and learner share."""
+        if self.rollout_mesh is None:
+            return jax.tree.map(jnp.copy, params)
+        return partitioning.place_state(params, self.rollout_mesh)
+
+    def _sampling_params(self):
+        """What `generate` and evaluation sample with by default: `loop_state`'s policy, on the sampler's devices
+        when it has its own (moved once per update)."""
+        params = self.loop_state.train.params
+        if self.rollout_mesh is None:
+            return params
+        if self._placed is None or self._placed[0] is not params:
+            self._placed = (params, self.to_sampler(params))
+        return self._placed[1]
 
     def reference(self, state: LoopState):
         """The parameters the KL reference of `state` is scored with (`state.reference_of`)."""
@@ -215,7 +248,7 @@ class Trainer:
         """`sampler.generate` on the examples' prompts by the policy of `params` (default: `loop_state`'s);
         `process_local`: they are this host's block of the batch."""
         s = self.cfg.sampling
-        params = self.loop_state.train.params if params is None else params
+        params = self._sampling_params() if params is None else params
         if s.engine:
             return self._generate_with_engine(examples, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
                                               params=params)
@@ -233,7 +266,7 @@ class Trainer:
         its weights swapped in place (no copy; a new policy version) whenever they changed."""
         from jaxgrpo import engine as engine_lib
 
-        params = self.loop_state.train.params if params is None else params
+        params = self._sampling_params() if params is None else params
         s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy_of(params).decoder
         if self._engine is None:
             # An episode's positions, or the sampler's prompt bucket and the completion budget.
@@ -242,7 +275,7 @@ class Trainer:
             self._engine = engine_lib.Engine(
                 decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size,
                 max_context=context if window is None else min(context, window), decode_chunk=s.max_new_tokens,
-                mesh=self.mesh if self.mesh.size > 1 else None)
+                mesh=_mesh_above_one(self.mesh if self._on_learner(params) else self.rollout_mesh))
         elif self._engine_params is not params:
             self._engine.update_weights(decoder)
         self._engine_params = params
@@ -353,10 +386,12 @@ class Trainer:
             outputs = self._forward(params, *global_batch(rows, self.mesh), completion_len)
             return local_rows(outputs[output], self.mesh)
 
-    def advantages(self, state: LoopState, rollout: Trajectories, stats: RowStats | None = None) -> TrainBatch:
+    def advantages(self, state: LoopState, rollout: Trajectories, stats: RowStats | None = None,
+                   metrics: dict | None = None) -> TrainBatch:
         """The update's arrays for this host's rows (`batch.train_batch`): the host stages' per-token advantages,
         scored under `state`'s policy and reference where a stage or the KL term reads them. `stats`: the whole
-        batch's `gather_rows(row_stats(rollout))`, if the caller has it."""
+        batch's `gather_rows(row_stats(rollout))`, if the caller has it; the stages' kernels' scalar metrics (an
+        importance correction's weight statistics) go into `metrics` when given."""
         rows = {}
         if self.cfg.value_tracker:  # the tracked value of each row's prompt, from the steps before this one
             prompt_ids = trackers.prompt_ids(rollout.examples)
@@ -366,7 +401,7 @@ class Trainer:
         scorers = batch_lib.Scorers(
             policy=functools.partial(self.logprobs, params), values=functools.partial(self.values, params),
             reference=lambda *rows: self.logprobs(self.reference(state), *rows))
-        return batch_lib.train_batch(self.cfg, rollout, weights, scorers, stats, rows)
+        return batch_lib.train_batch(self.cfg, rollout, weights, scorers, stats, rows, metrics)
 
     def learn(self, state: LoopState, batch: TrainBatch, rollout: Trajectories | None = None,
               stats: RowStats | None = None) -> tuple[LoopState, dict]:
@@ -435,7 +470,7 @@ class Trainer:
             behaviour = None
         else:
             rollout, after, metrics = self._pending_rollout(state)
-            behaviour = jax.tree.map(jnp.copy, state.train.params)  # its own copy: the update donates the learner's
+            behaviour = self.to_sampler(state.train.params)  # its own copy: the update donates the learner's
             upcoming = after._replace(step=state.step + 1, behaviour=behaviour)
             if self._sampler_thread is None:
                 self._sampler_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-sampler")
@@ -464,7 +499,7 @@ class Trainer:
         """Advantages and learning on `rollout` from `state`; the step's metrics added to `metrics` (the rollout's)."""
         stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
         start = time.perf_counter()
-        batch = self.advantages(state, rollout, stats)
+        batch = self.advantages(state, rollout, stats, metrics)
         signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`
         t0 = time.perf_counter()
         state, learned = self.learn(state, batch, rollout, stats)
@@ -602,6 +637,11 @@ class Trainer:
         if resume:  # records after the checkpoint (all of them from step 0) are written again
             writer.truncate_after(restored.step if restored is not None else -1)
         return self.loop_state._replace(step=0) if restored is None else restored
+
+
+def _mesh_above_one(mesh):
+    """`mesh`, or None when it has one device (the engine then places nothing)."""
+    return mesh if mesh.size > 1 else None
 
 
 def group_lengths(cfg: Config, batch: TrainBatch) -> np.ndarray | None:

@@ -92,7 +92,13 @@ def check_budget(cfg: Config, model_config: Any) -> None:
 
 
 def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1) -> None:
-    """The mesh shape fits `num_devices`, and every process reads whole prompt groups."""
+    """The mesh shape fits `num_devices` (less `mesh.rollout_devices`), and every process reads whole prompt
+    groups."""
+    rollout = cfg.mesh.rollout_devices
+    if rollout and rollout >= num_devices:
+        raise ConfigError(f"mesh.rollout_devices={rollout} leaves the learner none of the {num_devices} device(s); "
+                          f"give the sampler fewer (at most {num_devices - 1})")
+    num_devices -= rollout
     shape = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model]
     fixed = math.prod(s for s in shape if s != -1)
     if num_devices % fixed or (-1 not in shape and fixed != num_devices):

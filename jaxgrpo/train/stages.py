@@ -199,15 +199,23 @@ def reads_steps(kernel, kwargs: dict) -> bool:
     return any(name in inputs_lib.STEP_FIELDS for name in required + optional)
 
 
-def _first(output):
-    return np.asarray(output[0] if isinstance(output, tuple) else output)
+def _first(output, metrics: dict | None = None):
+    """A kernel's array; a (array, metrics) kernel's metrics (scalars) go into `metrics` when given."""
+    if isinstance(output, tuple):
+        if metrics is not None and len(output) > 1 and isinstance(output[1], dict):
+            metrics.update({name: float(np.asarray(value)) for name, value in output[1].items()
+                            if np.ndim(value) == 0})
+        output = output[0]
+    return np.asarray(output)
 
 
-def token_advantages(cfg: Config, batch: inputs_lib.BatchInputs, num_tokens: int) -> np.ndarray:
-    """The host stages on the whole batch: f32[N, T] advantages (reward shaping, advantage, credit, row weights)."""
+def token_advantages(cfg: Config, batch: inputs_lib.BatchInputs, num_tokens: int,
+                     metrics: dict | None = None) -> np.ndarray:
+    """The host stages on the whole batch: f32[N, T] advantages (reward shaping, advantage, credit, row weights).
+    The kernels' own scalar metrics (e.g. the importance correction's weight statistics) go into `metrics`."""
     kernel = kernel_of(cfg, STAGES[0])
     if kernel is not None:
-        shaped = _first(inputs_lib.call(kernel, batch, cfg.reward_shaping_kwargs)).astype(np.float32)
+        shaped = _first(inputs_lib.call(kernel, batch, cfg.reward_shaping_kwargs), metrics).astype(np.float32)
         batch = batch._replace(rewards=np.where(batch.valid, shaped, batch.rewards).astype(np.float32))
     kernel = kernel_of(cfg, STAGES[1])
     if reads_steps(kernel, cfg.advantage_kwargs):  # one advantage per policy turn, for the turn's tokens
@@ -217,12 +225,12 @@ def token_advantages(cfg: Config, batch: inputs_lib.BatchInputs, num_tokens: int
         advantages = values if values.ndim == 2 else np.broadcast_to(values[:, None], (len(values), num_tokens))
     kernel = kernel_of(cfg, STAGES[2])
     if kernel is not None:
-        credit = _first(inputs_lib.call(kernel, batch, cfg.token_credit_kwargs, advantages=advantages))
+        credit = _first(inputs_lib.call(kernel, batch, cfg.token_credit_kwargs, advantages=advantages), metrics)
         reads_advantages = "advantages" in inspect.signature(kernel).parameters
         advantages = credit if reads_advantages else advantages * credit
     kernel = kernel_of(cfg, STAGES[3])
     if kernel is not None:
-        weights = _first(inputs_lib.call(kernel, batch, cfg.row_weights_kwargs)).astype(np.float32)
+        weights = _first(inputs_lib.call(kernel, batch, cfg.row_weights_kwargs), metrics).astype(np.float32)
         if weights.shape[0] != len(batch.group_ids):  # one weight per group
             weights = weights[batch.group_ids]
         advantages = advantages * weights.reshape(len(weights), *([1] * (advantages.ndim - 1)))

@@ -170,6 +170,12 @@ def make_mesh(cfg: Config, devices: Sequence | None = None) -> jax.sharding.Mesh
                          devices=devices)
 
 
+def rollout_mesh(devices: Sequence) -> jax.sharding.Mesh:
+    """The sampler's own mesh over `devices` (`mesh.rollout_devices`): data-parallel, the learner's axis names."""
+    return jax.make_mesh((len(devices), 1, 1), ("data", "fsdp", "model"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
+
+
 def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:
     """The state at step 0 for `params` laid out on `mesh`: every leaf on the mesh, scalars replicated,
     so the jitted update sees one input type."""
