@@ -114,7 +114,7 @@ def restore_trainer(run_dir: str, step: int, trainer):
     checkpointer = Checkpointer(directory, read_only=True)
     try:
         like = trainer.loop_state
-        state, meta = checkpointer.restore(step, checkpoint_tree(like.train, like.reference, like.behaviour))
+        state, meta = checkpointer.restore(step, checkpoint_tree(like))
     except CheckpointDamaged as error:
         raise RunReadError(f"{error}; pass --step with another of its checkpoints (steps: {others})") from error
     except Exception as error:  # orbax and tensorstore raise many kinds for an unreadable checkpoint

@@ -137,7 +137,7 @@ def test_a_checkpoint_written_before_kernel_state_existed_still_restores(tmp_pat
     import jax.numpy as jnp
 
     from jaxgrpo.checkpoint import Checkpointer
-    from jaxgrpo.train.state import TrainState, checkpoint_tree, state_of
+    from jaxgrpo.train.state import LoopState, TrainState, checkpoint_tree, state_of
 
     class EarlierTrainState(NamedTuple):  # jaxgrpo's TrainState before it held kernel state
         params: Any
@@ -147,8 +147,8 @@ def test_a_checkpoint_written_before_kernel_state_existed_still_restores(tmp_pat
     checkpointer = Checkpointer(str(tmp_path), keep=1)
     checkpointer.save(3, {"train": EarlierTrainState({"w": jnp.arange(3.0)}, (), jnp.array(3, jnp.int32))}, {"step": 3})
     checkpointer.close()
-    like = TrainState({"w": jnp.zeros(3)}, (), jnp.zeros((), jnp.int32))
-    step, restored, _, skipped = Checkpointer(str(tmp_path), keep=1).restore_newest(checkpoint_tree(like, None))
+    like = LoopState(TrainState({"w": jnp.zeros(3)}, (), jnp.zeros((), jnp.int32)), None, 0, jax.random.key(0))
+    step, restored, _, skipped = Checkpointer(str(tmp_path), keep=1).restore_newest(checkpoint_tree(like))
     state = state_of(restored)
     assert (step, skipped, state.kernel_state, int(state.step)) == (3, [], {}, 3)
     np.testing.assert_array_equal(state.params["w"], [0.0, 1.0, 2.0])

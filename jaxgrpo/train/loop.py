@@ -175,10 +175,10 @@ class Trainer:
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
-        #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
-        #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
         # One-step-off: the behaviour policy's own copy of the parameters (the update donates the learner's).
         behaviour = self.to_sampler(train.params) if cfg.max_staleness else None
+        #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
+        #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
         self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed), behaviour=behaviour)
         self._pending = None  # one-step-off: (behaviour params, the next step's rollout sampled meanwhile)
         self._sampler_thread = None

@@ -2,7 +2,8 @@
 
 `TrainState` is the pytree the jitted update donates and returns. `LoopState` is the loop's whole state
 between steps, what a checkpoint holds: the train state with the reference policy (when a KL term needs
-one) as arrays; the step, the data position and the RNG key in the checkpoint's metadata (`save` / `restore`). With LoRA (`Config.lora`) the parameters that train are the
+one) and the behaviour policy (one-step-off) as arrays; the step, the data position and the RNG key in the
+checkpoint's metadata (`save` / `restore`). With LoRA (`Config.lora`) the parameters that train are the
 adapters (`trainable`), so the state and a checkpoint hold only them and their optimizer state; the base
 weights are rebuilt from the model's source, and the KL reference is the base with the adapters off.
 """
@@ -194,14 +195,15 @@ class _CheckpointedTrain(NamedTuple):
     step: Array
 
 
-def checkpoint_tree(state: TrainState, ref_params, behaviour=None) -> dict:
-    """The arrays a checkpoint holds: the train state, stateful kernels' state when there is some, the
-    reference policy when there is one, and the behaviour policy's parameters under one-step-off (so
+def checkpoint_tree(state: LoopState) -> dict:
+    """The arrays a checkpoint of `state` holds: the train state, stateful kernels' state when there is some,
+    the reference policy when there is one, and the behaviour policy's parameters under one-step-off (so
     checkpoints of runs without them restore as they always did)."""
-    return {"train": _CheckpointedTrain(state.params, state.opt_state, state.step),
-            **({"kernel_state": state.kernel_state} if state.kernel_state else {}),
-            **({"ref": ref_params} if ref_params is not None else {}),
-            **({"behaviour": behaviour} if behaviour is not None else {})}
+    train = state.train
+    return {"train": _CheckpointedTrain(train.params, train.opt_state, train.step),
+            **({"kernel_state": train.kernel_state} if train.kernel_state else {}),
+            **({"ref": state.reference} if state.reference is not None else {}),
+            **({"behaviour": state.behaviour} if state.behaviour is not None else {})}
 
 
 def state_of(tree: dict) -> TrainState:
@@ -230,11 +232,11 @@ class LoopState(NamedTuple):
 
 
 def save(checkpointer, state: LoopState) -> None:
-    """Saves a `LoopState` under its step: the train state (and reference policy) as arrays, the step, data
-    position and RNG key in the metadata."""
+    """Saves a `LoopState` under its step: its arrays (`checkpoint_tree`), the step, data position and RNG key
+    in the metadata."""
     meta = {"step": state.step, "data_position": state.data_position,
             "rng_key_data": np.asarray(jax.random.key_data(state.key)).tolist()}
-    checkpointer.save(state.step, checkpoint_tree(state.train, state.reference, state.behaviour), meta)
+    checkpointer.save(state.step, checkpoint_tree(state), meta)
 
 
 def restore(checkpointer, like: LoopState) -> LoopState | None:
@@ -242,7 +244,7 @@ def restore(checkpointer, like: LoopState) -> LoopState | None:
 
     Damaged newer checkpoints are skipped with one warning naming them (`Checkpointer.restore_newest`).
     """
-    found = checkpointer.restore_newest(checkpoint_tree(like.train, like.reference, like.behaviour))
+    found = checkpointer.restore_newest(checkpoint_tree(like))
     if found is None:
         return None
     step, restored, meta, skipped = found
