@@ -3,7 +3,8 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants plain,graphs,engine] [--trace-dir DIR] [--train-runs packing_on,packing_off]
+        [--decode-variants plain,graphs,engine] [--trace-dir DIR]
+        [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
 by default) in bfloat16, from a checkout with only the core install and the platform's jax; nothing is
@@ -25,7 +26,9 @@ it measured):
   with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
-  rematerialized or not (`--train-runs`): seconds per step and per update, update tokens/s and MFU (6 N x
+  rematerialized or not, synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
+  one device, the next step's sampling, rewards included, overlapping the update; its step time beside the
+  synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update tokens/s and MFU (6 N x
   the update's tokens, prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
   matmul peak measured here), with the compile
   report's roofline estimate of the same update (`compile.count_products` at the measured peak and
@@ -429,7 +432,8 @@ def nnx_state(model):
     return nnx.state(model, nnx.Param)
 
 
-def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool = True):
+def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool = True,
+                 max_staleness: int = 0):
     from jaxgrpo.config import Config
 
     c = Config()
@@ -454,6 +458,7 @@ def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str,
     c.checkpoint_every = 0
     c.max_steps_without_signal = 0
     c.collapse_window = 0
+    c.max_staleness = max_staleness
     return c
 
 
@@ -472,7 +477,7 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
 
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
-                  remat: bool = True) -> dict:
+                  remat: bool = True, max_staleness: int = 0) -> dict:
     """Seconds of the GRPO step (`Trainer.step`: sample, score, update; the first step compiles, the
     ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
     median), with MFU and the compile report's estimate of the same update."""
@@ -482,7 +487,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     from jaxgrpo.train.distributed import gather_rows
     from jaxgrpo.train.rollout import row_stats
 
-    cfg = train_config(model_name, shapes, packing, attention, remat)
+    cfg = train_config(model_name, shapes, packing, attention, remat, max_staleness)
     trainer = Trainer(cfg)
     steps = []
     for step in range(shapes.steps):
@@ -506,7 +511,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     step = statistics.median(r["step_seconds"] for r in (steps[1:] or steps))
     model_flops = 6.0 * estimate["num_params"] * estimate["tokens"]
     completion_tokens = shapes.rows * shapes.new_tokens
-    return {"packing": packing, "remat": remat, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
+    return {"packing": packing, "remat": remat, "max_staleness": max_staleness, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
             "steps": steps, "step_seconds": step, "update_seconds_all": updates, "update_seconds": update,
             "update_tokens": estimate["tokens"], "update_tokens_per_second": estimate["tokens"] / update,
             "completion_tokens_per_second": completion_tokens / update,
@@ -639,7 +644,8 @@ def main(argv=None) -> dict:
                         help="also train packed with the XLA attention (on an accelerator), for a before/after")
     parser.add_argument("--train-runs", default="packing_on,packing_off",
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
-                             "layers' activations instead of recomputing them (more memory, less compute)")
+                             "layers' activations instead of recomputing them (more memory, less compute) and/or "
+                             "_one_step_off for max_staleness=1 (in that order)")
     parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS + ("engine",)),
                         help=f"comma-separated, of {', '.join(DECODE_VARIANTS + ('engine',))}")
     parser.add_argument("--trace-dir", default=None,
@@ -657,10 +663,13 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     train_runs = []
+    known = {p + r + o: (p == "packing_on", not r, int(bool(o))) for p in ("packing_on", "packing_off")
+             for r in ("", "_remat_off") for o in ("", "_one_step_off")}
     for run in (r.strip() for r in args.train_runs.split(",") if r.strip()):
-        if run not in ("packing_on", "packing_off", "packing_on_remat_off", "packing_off_remat_off"):
-            parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with _remat_off")
-        train_runs.append((run.startswith("packing_on"), not run.endswith("_remat_off")))
+        if run not in known:
+            parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with _remat_off "
+                         "and/or _one_step_off (in that order)")
+        train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
     unknown = sorted(set(variants) - set(DECODE_VARIANTS + ("engine",)))
     if unknown:
@@ -734,12 +743,12 @@ def main(argv=None) -> dict:
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
 
-    def train(packing: bool, attention_name: str, remat: bool = True) -> None:
+    def train(packing: bool, attention_name: str, remat: bool = True, max_staleness: int = 0) -> None:
         key = (f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
-               + ("" if remat else "_remat_off"))
+               + ("" if remat else "_remat_off") + ("_one_step_off" if max_staleness else ""))
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
-                                                                bandwidth, remat)
+                                                                bandwidth, remat, max_staleness)
         except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
             traceback.print_exc()
             result.setdefault("train", {})[key] = {"error": _one_line(error)}
@@ -760,8 +769,8 @@ def main(argv=None) -> dict:
             section("decode_loop", decode_section, model, shapes, bandwidth, args.trace_dir, variants)
         del model
     if "train" in sections:
-        for packing, remat in train_runs:
-            train(packing, trained_attention, remat)
+        for packing, remat, max_staleness in train_runs:
+            train(packing, trained_attention, remat, max_staleness)
     if anchor is not None:
         result["torch"] = anchor
         result.setdefault("section_seconds", {})["torch"] = anchor_seconds
@@ -769,9 +778,13 @@ def main(argv=None) -> dict:
     if "train" in sections and args.compare_xla and jax.default_backend() != "cpu" and trained_attention != "xla":
         train(True, "xla")  # the dense attention the packed layout used before: a before/after in one run
     anchor = result.get("torch", {}).get("update", {})
-    for run in result.get("train", {}).values():
+    runs = result.get("train", {})
+    for key, run in runs.items():
         if "seconds" in anchor and "update_seconds" in run:
             run["speedup_over_torch"] = anchor["seconds"] / run["update_seconds"]
+        sync = runs.get(key.removesuffix("_one_step_off"), {})
+        if key.endswith("_one_step_off") and "step_seconds" in run and "step_seconds" in sync:
+            run["step_speedup_over_sync"] = sync["step_seconds"] / run["step_seconds"]
     save()
     print(json.dumps({k: v for k, v in result.items() if k in ("matmul", "sampler", "decode_loop", "train", "torch")}, indent=1,
                      default=str)[:6000], flush=True)

@@ -296,6 +296,12 @@ class Config(_Fields):
     #: before the update (one forward more); the sampler's are the behaviour's, which a correction stage reads
     #: (`token_credit="importance_correction"`: TIS / MIS).
     max_staleness: int = 0
+    #: Partial rollouts (Kimi k1.5): the most new tokens a row gets per step (0: off, whole completions). A group
+    #: with a row still going is carried to the next step (kept out of the loss) and continued there by the
+    #: updated policy; each token keeps the version that sampled it (`Trajectories.token_versions`). A group is
+    #: carried at most max_staleness - 1 times, so it needs max_staleness >= 2 (one-step-off) and
+    #: partial_rollout_tokens x max_staleness >= sampling.max_new_tokens (`jaxgrpo.train.partial`).
+    partial_rollout_tokens: int = 0
     #: Collapse warnings (`jaxgrpo.train.health`), each given once: the mean token entropy (nats) of the last
     #: `collapse_window` steps is below `collapse_entropy` while their accuracy is no better than the first
     #: `collapse_window` steps', or every completion of `collapse_window` steps in a row ran to the token cap.
@@ -526,6 +532,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
         _check_environment(cfg)
     if cfg.guidance is not None:
         _check_guidance(cfg)
+    _check_partial(cfg)
     _check_kernels(cfg)
 
 
@@ -618,6 +625,8 @@ def _check_ranges(cfg: Config) -> None:
         (cfg.max_staleness >= 0,
          f"max_staleness must be an integer >= 0 (0 = the synchronous loop, 1 = one-step-off), got "
          f"{cfg.max_staleness!r}"),
+        (cfg.partial_rollout_tokens >= 0,
+         f"partial_rollout_tokens must be >= 0 (0 = whole completions each step), got {cfg.partial_rollout_tokens}"),
         (cfg.collapse_entropy >= 0, f"collapse_entropy must be >= 0 (0 = no entropy warning), got {cfg.collapse_entropy}"),
         (cfg.collapse_window >= 0, f"collapse_window must be >= 0 (0 = no collapse warnings), got {cfg.collapse_window}"),
         *((size == -1 or size >= 1, f"mesh.{axis} must be -1 (every remaining device) or >= 1, got {size}")
@@ -654,6 +663,30 @@ def _check_environment(cfg: Config) -> None:
     for ok, message in rules:
         if not ok:
             raise ConfigError(message)
+
+
+def _check_partial(cfg: Config) -> None:
+    """Partial rollouts (`jaxgrpo.train.partial`): a budget below the length limit, a staleness bound every row can
+    end within, single-turn rows."""
+    budget, limit = cfg.partial_rollout_tokens, cfg.sampling.max_new_tokens
+    if not budget:
+        return
+    if budget >= limit:
+        raise ConfigError(f"partial_rollout_tokens={budget} is not below sampling.max_new_tokens={limit}, so no row "
+                          "is ever carried; set it lower, or 0 to sample whole completions")
+    if cfg.max_staleness < 2:
+        raise ConfigError(f"partial_rollout_tokens={budget} carries a row's tokens to the next update, two updates "
+                          f"behind the learner one-step-off; set max_staleness >= 2 (got {cfg.max_staleness})")
+    if budget * cfg.max_staleness < limit:
+        raise ConfigError(f"partial_rollout_tokens={budget} x max_staleness={cfg.max_staleness} is below "
+                          f"sampling.max_new_tokens={limit}: a long row could not end within the staleness bound; "
+                          f"raise either so that their product is >= {limit}")
+    for on, what in ((cfg.environment is not None, "environment episodes"),
+                     (cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance"),
+                     (cfg.value_head, "value_head")):
+        if on:
+            raise ConfigError(f"partial_rollout_tokens={budget} continues single-turn rows only; it does not "
+                              f"combine with {what}: set partial_rollout_tokens=0 or turn {what} off")
 
 
 def _check_guidance(cfg: Config) -> None:

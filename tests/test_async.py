@@ -135,3 +135,86 @@ def test_a_bad_staleness_is_one_line_before_anything_is_built(tmp_path, value, m
     with pytest.raises(ConfigError, match=message) as raised:
         Trainer(cfg)
     assert "\n" not in str(raised.value)
+
+
+def partial_toy(tmp_path, *overrides):
+    """Completions of up to 8 tokens, at most 4 a step: a group with a row still going after 4 waits for the next
+    step, where the policy one update later continues it (toy rows rarely stop early, so most groups wait)."""
+    return toy(tmp_path, "sampling.max_new_tokens=8", "partial_rollout_tokens=4", "max_staleness=2", *overrides)
+
+
+@pytest.mark.parametrize("engine", [False, True])
+def test_partial_rollouts_continue_rows_across_a_weight_swap_with_each_tokens_version(tmp_path, engine):
+    trainer = Trainer(partial_toy(tmp_path, "steps=4", "checkpoint_every=0", f"sampling.engine={engine}"))
+    history = trainer.run(progress=False)
+    assert all(r["rows_carried"] % 4 == 0 for r in history)  # whole groups wait
+    assert any(r["rows_carried"] > 0 for r in history) and any(r["frac_trained_rows"] > 0 for r in history)
+    assert max(r["staleness_max"] for r in history) == 2  # a carried row's first tokens: two updates back
+    assert all(r["num_invalid_rewards"] == 0 for r in history)  # rows still going are not invalid
+    state = trainer.loop_state
+    carried = state.partial
+    assert carried is not None and (carried.carries == 1).all()  # carried once at most (max_staleness - 1)
+    rollout, after, _ = trainer.rollout(state)  # continues them: by the behaviour policy of step 3, first
+    g = 4
+    waiting = len(carried.positions)
+    assert after.data_position == state.data_position + 4 - waiting  # only the free slots take new prompts
+    versions = rollout.token_versions
+    on = rollout.completion_mask > 0
+    assert ((versions >= 0) == on).all()
+    continued = versions[: waiting * g]
+    # The carried rows' first tokens are the old policy's, the rest the new one's; each keeps its own log-probs.
+    np.testing.assert_array_equal(continued[:, :4][carried.versions[:, :4] >= 0], carried.versions[:, :4][carried.versions[:, :4] >= 0])
+    assert (continued[:, :4][on[: waiting * g, :4]] == state.step - 2).all()
+    assert (continued[:, 4:][on[: waiting * g, 4:]] == state.step - 1).all()
+    np.testing.assert_array_equal(rollout.sampler_logp[: waiting * g, :4], carried.logp[:, :4])
+    np.testing.assert_array_equal(rollout.completion_tokens[: waiting * g, :4], carried.tokens[:, :4])
+    assert rollout.trains[: waiting * g].all()  # a group carried once ends this step and trains
+    assert (rollout.policy_version[: waiting * g] == state.step - 2).all()  # a row's version: its oldest token's
+
+
+def test_a_run_with_partial_rollouts_resumes_with_its_carried_groups(tmp_path):
+    uninterrupted = Trainer(partial_toy(tmp_path / "a", "steps=5", "checkpoint_every=3")).run(progress=False)
+    first = Trainer(partial_toy(tmp_path / "b", "steps=3", "checkpoint_every=3"))
+    first.run(progress=False)
+    assert first.loop_state.partial is not None  # the checkpoint holds groups in flight
+    rest = Trainer(partial_toy(tmp_path / "b", "steps=5", "checkpoint_every=3")).run(resume=True, progress=False)
+    assert [r["step"] for r in rest] == [4, 5] and any(r["rows_carried"] for r in uninterrupted[:3])
+    got, want = comparable(rest), comparable(uninterrupted[3:])
+    for g, w in zip(got, want):
+        assert sorted(g) == sorted(w)
+        for key in w:
+            np.testing.assert_allclose(g[key], w[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["partial_rollout_tokens=8"], "partial_rollout_tokens=8 is not below sampling.max_new_tokens=8"),
+    (["max_staleness=1"], "set max_staleness >= 2"),
+    (["partial_rollout_tokens=2"], "partial_rollout_tokens=2 x max_staleness=2 is below sampling.max_new_tokens=8"),
+    (["dynamic_sampling=true"], "does not combine with dynamic_sampling"),
+    (["partial_rollout_tokens=-1"], "partial_rollout_tokens must be >= 0"),
+])
+def test_a_partial_rollout_config_that_cannot_run_is_one_line(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        Trainer(partial_toy(tmp_path, *overrides))
+    assert "\n" not in str(raised.value)
+
+
+def test_a_correction_stage_refuses_trajectories_without_behaviour_logprobs_in_one_line(tmp_path):
+    """Trajectories sampled elsewhere, with no behaviour log-probs recorded (`sampler_logp=None`): a correction
+    stage, which reads them, refuses them before any forward; without one they train anchored at the learner's."""
+    trainer = Trainer(toy(tmp_path, "max_staleness=0", "token_credit=importance_correction",
+                          "token_credit_kwargs={'level': 'token', 'mode': 'truncate', 'threshold': 2.0}"))
+    state = trainer.loop_state
+    rollout, _, _ = trainer.rollout(state)
+    logged = rollout._replace(sampler_logp=None)
+    with pytest.raises(ConfigError, match="token_credit 'importance_correction' reads sampler_logp, the behaviour "
+                                          "policy's log-probs, but these trajectories carry none") as raised:
+        trainer.advantages(state, logged)
+    assert "\n" not in str(raised.value)
+    trainer.cfg.token_credit, trainer.cfg.token_credit_kwargs = None, {}
+    batch = trainer.advantages(state, logged)
+    mask = np.asarray(batch.completion_mask) > 0
+    learner = trainer.logprobs(state.train.params, batch.tokens, batch.attention_mask, batch.positions, mask.shape[1])
+    np.testing.assert_array_equal(np.asarray(batch.old_logp)[mask], np.asarray(learner)[mask])
+    # The learner is the policy that sampled them here, so the anchor matches the sampler's own log-probs.
+    np.testing.assert_allclose(np.asarray(batch.old_logp)[mask], rollout.sampler_logp[mask], atol=1e-5)

@@ -16,7 +16,7 @@ def result(tmp_path_factory):
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
-               "--train-runs", "packing_on,packing_off,packing_off_remat_off"]
+               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_on_one_step_off"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, "XLA_FLAGS": flags})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -53,6 +53,14 @@ def test_sampler_and_train_figures_are_consistent(result):
         assert run["update_tokens"] == shapes["prompts"] * shapes["samples"] * (shapes["prompt_len"] + shapes["new_tokens"])
         assert len(run["steps"]) == shapes["steps"]
         assert all(step["frac_signal_rows"] > 0 for step in run["steps"])  # the parity reward varies in a group
+
+
+def test_one_step_off_is_timed_beside_the_synchronous_step(result):
+    run, sync = result["train"]["packing_on_one_step_off"], result["train"]["packing_on"]
+    assert "error" not in run, run
+    assert run["max_staleness"] == 1 and sync["max_staleness"] == 0
+    assert run["step_speedup_over_sync"] == pytest.approx(sync["step_seconds"] / run["step_seconds"])
+    assert len(run["steps"]) == result["shapes"]["steps"] and run["update_seconds"] > 0
 
 
 def test_the_decode_loop_is_timed_plain_with_graphs_and_through_the_engine(result):

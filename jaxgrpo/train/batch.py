@@ -76,6 +76,7 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
     `rows`: more whole-batch row fields the host stages may read (`batch_inputs`). The stages' kernels' scalar
     metrics go into `metrics` when given.
     """
+    stages.check_behaviour_logprobs(cfg, rollout.sampler_logp is not None)
     if stats is None:
         stats = gather_rows(row_stats(rollout))
     tokens = np.concatenate([rollout.prompt_tokens, rollout.completion_tokens], axis=1).astype(np.int32)
@@ -92,7 +93,9 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
     # One-step-off (max_staleness >= 1): the sampling policy is an update behind the learner, so the PPO ratio is
     # taken against the learner's own log-probs before the update (decoupled PPO; verl recomputes them alike),
     # and the sampler's stay the behaviour's, which a correction stage reads (`sampler_logp`).
-    trainer_logp = scorers.policy(*forward_args) if cfg.max_staleness else None
+    # Trajectories without behaviour log-probs (sampled elsewhere) are anchored at the learner's alike.
+    learner_anchor = cfg.max_staleness or rollout.sampler_logp is None
+    trainer_logp = scorers.policy(*forward_args) if learner_anchor else None
     old_logp = rollout.sampler_logp if trainer_logp is None else trainer_logp
     zeros = np.zeros_like(mask)
     ref_logp, returns, old_values = zeros, zeros, zeros

@@ -58,7 +58,7 @@ from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
 from jaxgrpo.train import evaluation, guidance, health, stages, trackers
-from jaxgrpo.train import rollout as rollout_lib, state as state_lib, step as step_lib
+from jaxgrpo.train import partial as partial_lib, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
@@ -247,16 +247,25 @@ class Trainer:
                  prompt_ids: np.ndarray | None = None, process_local: bool = False, params=None):
         """`sampler.generate` on the examples' prompts by the policy of `params` (default: `loop_state`'s);
         `process_local`: they are this host's block of the batch."""
+        return self.generate_tokens([self.prompt_ids(e) for e in examples], num_samples, key, greedy=greedy,
+                                    prompt_ids=prompt_ids, process_local=process_local, params=params)
+
+    def generate_tokens(self, prompts: list[list[int]], num_samples: int, key: Array, *, greedy: bool = False,
+                        prompt_ids: np.ndarray | None = None, process_local: bool = False, params=None,
+                        max_new_tokens: int | None = None):
+        """`generate` on token prompts (e.g. a prompt and a completion so far, continued: partial rollouts), at
+        most `max_new_tokens` new tokens each (default `sampling.max_new_tokens`)."""
         s = self.cfg.sampling
         params = self._sampling_params() if params is None else params
+        budget = s.max_new_tokens if max_new_tokens is None else max_new_tokens
         if s.engine:
-            return self._generate_with_engine(examples, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
-                                              params=params)
+            return self._generate_with_engine(prompts, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
+                                              params=params, max_new_tokens=budget)
         with device_memory.reported(self.cfg, "sampler", self.mesh):  # a run-time failure surfaces when waited for
             return jax.block_until_ready(sampler.generate(
-                self.policy_of(params).decoder, [self.prompt_ids(e) for e in examples], prompt_ids=prompt_ids,
+                self.policy_of(params).decoder, prompts, prompt_ids=prompt_ids,
                 process_local=process_local, num_samples=num_samples, key=key, temperature=s.temperature,
-                top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=s.max_new_tokens,
+                top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=budget,
                 stop_tokens=self.stop_tokens, pad_id=self.pad_id,
             ))
 
@@ -270,7 +279,9 @@ class Trainer:
         s, e, decoder = self.cfg.sampling, self.cfg.environment, self.policy_of(params).decoder
         if self._engine is None:
             # An episode's positions, or the sampler's prompt bucket and the completion budget.
-            context = e.max_context if e is not None else sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens
+            # Partial rollouts continue a row from its prompt and tokens so far: room for a whole completion more.
+            context = e.max_context if e is not None else (
+                sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens * (2 if self.cfg.partial_rollout_tokens else 1))
             window = sampler.model_context_window(decoder)
             self._engine = engine_lib.Engine(
                 decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size,
@@ -286,15 +297,15 @@ class Trainer:
         return sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                       greedy=greedy)
 
-    def _generate_with_engine(self, examples, num_samples, key, *, greedy, prompt_ids, params):
-        """`generate` through the rollout engine (`engine`)."""
+    def _generate_with_engine(self, prompts, num_samples, key, *, greedy, prompt_ids, params, max_new_tokens):
+        """`generate_tokens` through the rollout engine (`engine`)."""
         from jaxgrpo import engine as engine_lib
 
         engine = self.engine(params)
         with device_memory.reported(self.cfg, "sampler", self.mesh):
             out = engine_lib.generate_groups(
-                engine, [self.prompt_ids(e) for e in examples], num_samples=num_samples, key=key,
-                max_new_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
+                engine, prompts, num_samples=num_samples, key=key, max_new_tokens=max_new_tokens,
+                sampling=self._sampling(greedy),
                 stop_tokens=self.stop_tokens, prompt_ids=prompt_ids, pad_id=self.pad_id)
         return jax.tree.map(jnp.asarray, out)
 
@@ -340,13 +351,22 @@ class Trainer:
         """This host's share of the step's groups, sampled by the behaviour policy of `state` and scored
         (`rollout.collect`, or `rollout.collect_episodes` with an environment), `state` with the data position
         after them, and the step's timings. The behaviour policy is the learner's (`state.train`), or one-step-off
-        `state.behaviour`, one update behind it. `key`: the step's (`fold_in(state.key, state.step)`) unless given."""
+        `state.behaviour`, one update behind it. With partial rollouts (`cfg.partial_rollout_tokens`) the groups
+        `state.partial` carries are continued first, and those still going are carried in the state returned.
+        `key`: the step's (`fold_in(state.key, state.step)`) unless given."""
         key = jax.random.fold_in(state.key, state.step) if key is None else key
         prompts = self.prompts.at(state.data_position)
         if state.behaviour is None:
             params, version = state.train.params, state.step
         else:
             params, version = state.behaviour, max(state.step - 1, 0)
+        if self.cfg.partial_rollout_tokens:
+            rollout, prompts, carried, versions, timings = partial_lib.collect(
+                self.cfg, key, prompts, state.partial, version, functools.partial(self.generate_tokens, params=params),
+                self.tokenizer, self.reward_fns, self.prompt_ids)
+            oldest = np.where(versions >= 0, versions, version).min(-1).astype(np.int32)
+            rollout = rollout._replace(policy_version=oldest, token_versions=versions)
+            return rollout, state._replace(data_position=prompts.position, partial=carried), timings
         if self.cfg.environment is not None:
             rollout, timings = rollout_lib.collect_episodes(
                 self.cfg, key, prompts, functools.partial(self.run_episodes, params=params), self.tokenizer,
@@ -507,13 +527,17 @@ class Trainer:
         metrics["time_train"] = time.perf_counter() - t0
         metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), frac_signal_rows=float(signal.mean()),
                        time_at_learn_start=start - self._clock, time_at_learn_end=time.perf_counter() - self._clock)
-        if self.cfg.max_staleness:  # updates between the sampling policy and the learner, over the rows that train
-            lag = (state.step - rollout.policy_version)[rollout.trains] if rollout.trains.any() else np.zeros(1)
+        if self.cfg.max_staleness:  # updates between the sampling policy and the learner, over the tokens that train
+            versions = rollout.token_versions if rollout.token_versions is not None else np.broadcast_to(
+                rollout.policy_version[:, None], rollout.completion_mask.shape)
+            trained = (rollout.completion_mask > 0) & rollout.trains[:, None]
+            lag = (state.step - versions)[trained] if trained.any() else np.zeros(1)
             metrics.update(staleness_max=float(lag.max()), staleness_mean=float(lag.mean()))
             # How far the behaviour policy's log-probs are from the learner's (the PPO ratio's anchor here).
             on = np.asarray(batch.completion_mask) > 0
-            gap = np.abs(np.asarray(batch.old_logp) - rollout.sampler_logp)[on]
-            metrics["behaviour_logp_gap"] = float(gap.mean()) if gap.size else 0.0
+            if rollout.sampler_logp is not None:
+                gap = np.abs(np.asarray(batch.old_logp) - rollout.sampler_logp)[on]
+                metrics["behaviour_logp_gap"] = float(gap.mean()) if gap.size else 0.0
         return state, metrics
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -687,7 +711,8 @@ def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:
         accuracy=mean(stats.correct),
         completion_length=float(stats.lengths.mean()),
         frac_truncated=float(1.0 - stats.finished.mean()),
-        num_invalid_rewards=float((~valid).sum()),
+        # Partial rollouts' groups still going are unscored (not trained yet), not invalid.
+        num_invalid_rewards=float((~valid).sum()) - timings.get("rows_carried", 0),
         frac_trained_rows=float(stats.trains.mean()),
         sample_tokens_per_s=timings["sampled_tokens"] / max(timings["time_sample"], 1e-9),
         train_tokens_per_s=trained_tokens / max(timings["time_train"], 1e-9),

@@ -36,7 +36,9 @@ class Trajectories(NamedTuple):
     prompt_mask: np.ndarray  # bool[N, P]
     completion_tokens: np.ndarray  # i32[N, C]
     completion_mask: np.ndarray  # f32[N, C]
-    sampler_logp: np.ndarray  # f32[N, C]
+    #: f32[N, C] the behaviour log-probs; None where the trajectories were sampled by something that recorded none
+    #: (a correction stage, which reads them, then refuses them in one line).
+    sampler_logp: np.ndarray | None
     finished: np.ndarray  # bool[N] stopped on a stop token (not by length)
     rewards: np.ndarray  # f32[N]
     per_reward: dict  # name -> f32[N]
@@ -54,6 +56,9 @@ class Trajectories(NamedTuple):
     #: i32[N]: how many RL steps the policy that sampled each row had taken (its `LoopState.step`; one value in a
     #: synchronous step); None until `Trainer.rollout` stamps it.
     policy_version: np.ndarray | None = None
+    #: i32[N, C]: the policy version of each token after the prompt, -1 on padding, where a row's tokens come from
+    #: more than one policy (partial rollouts continue a row across updates); None: every token's is its row's.
+    token_versions: np.ndarray | None = None
 
     @property
     def token_turns(self) -> np.ndarray:
@@ -92,8 +97,10 @@ class RowStats(NamedTuple):
 def row_stats(r: Trajectories) -> RowStats:
     """The `RowStats` of a rollout's rows."""
     lengths = r.completion_mask.sum(-1)
+    seq_logp = (np.full(len(lengths), np.nan, np.float32) if r.sampler_logp is None
+                else (r.sampler_logp * r.completion_mask).sum(-1) / np.maximum(lengths, 1))
     return RowStats(r.rewards, r.per_reward, r.correct, r.valid, r.kept, r.group_ids, r.finished, lengths,
-                    r.prompt_mask.sum(-1).astype(np.int32), (r.sampler_logp * r.completion_mask).sum(-1) / np.maximum(lengths, 1))
+                    r.prompt_mask.sum(-1).astype(np.int32), seq_logp)
 
 
 def group_stats(correct: np.ndarray, group_ids: np.ndarray, valid: np.ndarray) -> dict[str, float]:
@@ -131,6 +138,10 @@ class PromptStream:
         stream = copy.copy(self)
         stream.position = position
         return stream
+
+    def example(self, position: int) -> dict:
+        """The example at `position` of the stream (any position, consumed or not)."""
+        return self._dataset[position]
 
     def take(self, count: int, block: slice = slice(None)) -> list[dict]:
         """The next `count` examples, or only those at positions `block` of them (one process's share).

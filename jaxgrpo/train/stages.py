@@ -182,6 +182,27 @@ def check_fields(cfg: Config, examples) -> None:
                                  f"or provide it")
 
 
+#: The fields only the behaviour policy's recorded log-probs provide (`Trajectories.sampler_logp`).
+BEHAVIOUR_FIELDS = ("sampler_logp", "seq_logp")
+
+
+def check_behaviour_logprobs(cfg: Config, recorded: bool) -> None:
+    """Trajectories without the behaviour policy's log-probs (`sampler_logp` None: sampled outside the trainer's
+    rollout, which records them) train only when no host stage needs them: a correction stage does."""
+    if recorded:
+        return
+    for stage in STAGES:
+        kernel = kernel_of(cfg, stage) if stage.field in HOST_STAGES else None
+        if kernel is None:
+            continue
+        required, _ = inputs_lib.fields_read(kernel, getattr(cfg, stage.kwargs_field))
+        needs = [n for n in required if n in BEHAVIOUR_FIELDS]
+        if needs:
+            raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} reads {needs[0]}, the behaviour policy's "
+                              "log-probs, but these trajectories carry none (sampler_logp is None); record each "
+                              "token's log-prob where they are sampled (the trainer's rollout does), or drop the stage")
+
+
 def token_fields_read(cfg: Config) -> set[str]:
     """The token fields the host stages read (gathered from every host only when read)."""
     names = set()

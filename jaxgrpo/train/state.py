@@ -211,6 +211,30 @@ def state_of(tree: dict) -> TrainState:
     return TrainState(*tree["train"], kernel_state=tree.get("kernel_state", {}))
 
 
+class Partial(NamedTuple):
+    """Partial rollouts (`jaxgrpo.train.partial`): the groups a step left unfinished, continued by the next
+    step (numpy; `rows` = groups x group size)."""
+
+    positions: np.ndarray  # i64[groups]: each group's example, by its position in the prompt stream
+    carries: np.ndarray  # i32[groups]: steps the group has been carried so far (>= 1)
+    tokens: np.ndarray  # i32[rows, C]: each row's completion so far (C = sampling.max_new_tokens), 0-padded
+    lengths: np.ndarray  # i32[rows]
+    logp: np.ndarray  # f32[rows, C]: each token's log-prob under the policy that sampled it
+    versions: np.ndarray  # i32[rows, C]: the policy version of each token, -1 on padding
+    done: np.ndarray  # bool[rows]: the row ended (a stop token, or the length limit)
+    stopped: np.ndarray  # bool[rows]: the row ended on a stop token
+
+    def to_json(self) -> dict:
+        """The checkpoint metadata's form (exact: float32 log-probs round-trip through JSON's doubles)."""
+        return {name: np.asarray(value).tolist() for name, value in self._asdict().items()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Partial":
+        dtypes = {"positions": np.int64, "carries": np.int32, "tokens": np.int32, "lengths": np.int32,
+                  "logp": np.float32, "versions": np.int32, "done": bool, "stopped": bool}
+        return cls(**{name: np.asarray(data[name], dtype) for name, dtype in dtypes.items()})
+
+
 class LoopState(NamedTuple):
     """The training loop's whole state between two steps: exactly what a checkpoint holds.
 
@@ -229,13 +253,17 @@ class LoopState(NamedTuple):
     #: One-step-off (`Config.max_staleness` >= 1): the trainable parameters of the policy that samples this
     #: step's rollout, one update behind `train` (the initial ones at step 0); None in the synchronous loop.
     behaviour: Any = None
+    #: Partial rollouts (`Config.partial_rollout_tokens`): the groups the last rollout left unfinished, which the
+    #: next continues (`Partial`, numpy; in the checkpoint's metadata); None without any.
+    partial: Any = None
 
 
 def save(checkpointer, state: LoopState) -> None:
-    """Saves a `LoopState` under its step: its arrays (`checkpoint_tree`), the step, data position and RNG key
-    in the metadata."""
+    """Saves a `LoopState` under its step: its arrays (`checkpoint_tree`), the step, data position, RNG key and
+    the partial rollouts' carried groups in the metadata."""
     meta = {"step": state.step, "data_position": state.data_position,
-            "rng_key_data": np.asarray(jax.random.key_data(state.key)).tolist()}
+            "rng_key_data": np.asarray(jax.random.key_data(state.key)).tolist(),
+            **({"partial": state.partial.to_json()} if state.partial is not None else {})}
     checkpointer.save(state.step, checkpoint_tree(state), meta)
 
 
@@ -260,4 +288,5 @@ def loop_state_of(tree: dict, meta: dict, like: LoopState) -> LoopState:
     key = jax.random.wrap_key_data(np.asarray(meta["rng_key_data"], np.uint32))
     return LoopState(state_of(tree), tree.get("ref") if like.reference is not None else None,
                      int(meta["data_position"]), key, int(meta["step"]),
-                     tree.get("behaviour") if like.behaviour is not None else None)
+                     tree.get("behaviour") if like.behaviour is not None else None,
+                     Partial.from_json(meta["partial"]) if meta.get("partial") is not None else None)
