@@ -218,3 +218,17 @@ def test_a_correction_stage_refuses_trajectories_without_behaviour_logprobs_in_o
     np.testing.assert_array_equal(np.asarray(batch.old_logp)[mask], np.asarray(learner)[mask])
     # The learner is the policy that sampled them here, so the anchor matches the sampler's own log-probs.
     np.testing.assert_allclose(np.asarray(batch.old_logp)[mask], rollout.sampler_logp[mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([], "max_staleness=1 in a multi-process run samples on devices of each process's own; set mesh.rollout_devices"),
+    (["mesh.rollout_devices=3"], "mesh.rollout_devices=3 does not split evenly over the 2 processes"),
+    (["mesh.rollout_devices=2", "dynamic_sampling=true"], "dynamic_sampling agrees its sampling rounds across processes"),
+    (["mesh.rollout_devices=2", "max_staleness=2", "partial_rollout_tokens=1"], "partial_rollout_tokens runs in one process"),
+])
+def test_what_multi_process_one_step_off_cannot_run_is_one_line(tmp_path, monkeypatch, overrides, message):
+    """A multi-process run (two processes, as `jax.process_count` says; tests/test_multihost.py runs real ones)."""
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match=message) as raised:
+        Trainer(toy(tmp_path, *overrides))
+    assert "\n" not in str(raised.value)

@@ -29,6 +29,7 @@ _WORKER = textwrap.dedent(
     import sys
 
     num_processes, process_id, port, run_dir, out, resume = sys.argv[1:7]
+    extra = [o for o in (sys.argv[7] if len(sys.argv) > 7 else "").split(",") if o]  # more overrides, applied last
     num_processes, process_id = int(num_processes), int(process_id)
 
     import jax
@@ -67,7 +68,7 @@ _WORKER = textwrap.dedent(
     # gradient is ~1e-10 (float noise, which differs with the all-reduce order of 1 vs 2 processes)
     # moves by ~1e-5; eps 1e-6 keeps such weights still, so the comparison sees the algorithm, not noise.
     apply_overrides(cfg, ["mesh.data=2", "mesh.fsdp=4", "steps=2", "warmup_sft_steps=2", "eval_every=0", "optimizer.eps=1e-6",
-                          "task.num_eval_examples=0", "checkpoint_every=2", "run_dir=" + run_dir])
+                          "task.num_eval_examples=0", "checkpoint_every=2", "run_dir=" + run_dir, *extra])
     trainer = Trainer(cfg)
     source = trainer.prompts._dataset = RecordingSource(trainer.prompts._dataset)
     trainer.run(resume=resume == "resume", progress=False)
@@ -85,11 +86,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(script, num_processes, process_id, port, run_dir, out, mode, devices):
+def _start(script, num_processes, process_id, port, run_dir, out, mode, devices, overrides=""):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
-    args = [sys.executable, str(script), str(num_processes), str(process_id), str(port), str(run_dir), str(out), mode]
+    args = [sys.executable, str(script), str(num_processes), str(process_id), str(port), str(run_dir), str(out), mode,
+            overrides]
     with open(f"{out}.log", "w") as log:  # a file, not a pipe: nobody reads a pipe while the run goes on
         return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -163,3 +165,45 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
         for name in trained:
             np.testing.assert_array_equal(restored[name], trained[name], err_msg=f"process {i}: {name}")
     assert [r["step"] for r in read_jsonl(multi / "metrics.jsonl")] == [1, 2]
+
+
+def test_two_processes_one_step_off_each_sampling_on_its_own_devices_train_like_one(tmp_path):
+    """One-step-off (`max_staleness=1`) on 2 hosts x 4 devices, each giving 2 to a sampler of its own
+    (`mesh.rollout_devices=4`): each host samples its own prompts there in a thread, with no collective between
+    hosts, while the learner's mesh (2 data x 2 FSDP over the hosts' other devices) learns; the parameters equal
+    the 1 x 8 run's with the same split (1e-5), and both hosts restore the checkpoint (the behaviour policy in it)."""
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER.format(toy=TOY))
+    overrides = "max_staleness=1,mesh.rollout_devices=4,mesh.fsdp=2"
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    port = _free_port()
+    procs = {f"process {i}": _start(script, 2, i, port, multi, tmp_path / f"multi_{i}.npz", "fresh", 4, overrides)
+             for i in range(2)}
+    procs["single process"] = _start(script, 1, 0, 0, single, tmp_path / "single.npz", "fresh", 8, overrides)
+    _wait(procs)
+    reference = _load(tmp_path / "single.npz")
+    trained, trained_1 = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    # Each host scored its own half of each step's rollout (the last step samples no next one).
+    np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
+    np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
+    for record in (trained, trained_1, reference):
+        record.pop("__read__")
+    trained_1.pop("__scored_rows__")
+    assert sorted(trained) == sorted(reference) and len(reference) > 2
+    for name in reference:
+        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
+    for name, value in trained_1.items():
+        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    records = read_jsonl(multi / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2] and [r["staleness_max"] for r in records] == [0, 1]
+    # Overlap: step 2's rollout was sampled while step 1 learned.
+    assert records[1]["time_at_sample_start"] < records[0]["time_at_learn_end"]
+    port = _free_port()
+    procs = {f"resumed process {i}": _start(script, 2, i, port, multi, tmp_path / f"restored_{i}.npz", "resume", 4,
+                                            overrides) for i in range(2)}
+    _wait(procs)
+    for i in range(2):
+        restored = _load(tmp_path / f"restored_{i}.npz")
+        assert restored.pop("__scored_rows__").size == 0 and restored.pop("__read__").size == 0
+        for name in trained:
+            np.testing.assert_array_equal(restored[name], trained[name], err_msg=f"process {i}: {name}")

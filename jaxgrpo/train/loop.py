@@ -61,7 +61,7 @@ from jaxgrpo.train import evaluation, guidance, health, stages, trackers
 from jaxgrpo.train import partial as partial_lib, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
-from jaxgrpo.train.distributed import BATCH_AXES, gather_rows, global_batch, local_rows, on_mesh
+from jaxgrpo.train.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, RowStats, Trajectories, group_stats, row_stats
 from jaxgrpo.train.state import LoopState, Policy
 from jaxgrpo.train.step import TrainBatch
@@ -113,8 +113,22 @@ class Trainer:
             raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
                               "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
         if cfg.max_staleness and jax.process_count() > 1:
-            raise ConfigError(f"max_staleness={cfg.max_staleness} (one-step-off) runs in one process for now; set "
-                              "max_staleness=0 for a multi-process run")
+            # Each process samples its own prompts on devices of its own, with no collective between processes
+            # (a sampler beside the learner on shared devices would interleave the two threads' collectives in
+            # an order that differs between processes); the rounds of dynamic sampling and guidance agree
+            # across processes, which such a sampler does not do.
+            if cfg.partial_rollout_tokens:
+                raise ConfigError("partial_rollout_tokens runs in one process for now (its carried groups are not "
+                                  "split by process); set partial_rollout_tokens=0 for a multi-process run")
+            if not cfg.mesh.rollout_devices:
+                raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of "
+                                  "each process's own; set mesh.rollout_devices to a multiple of the "
+                                  f"{jax.process_count()} processes (e.g. {jax.process_count()})")
+            for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
+                if on:
+                    raise ConfigError(f"{what} agrees its sampling rounds across processes, which one-step-off "
+                                      f"sampling on each process's own devices does not do; turn {what} off, or "
+                                      "run max_staleness=0")
         if cfg.environment is not None and jax.process_count() > 1:
             raise ConfigError("environment episodes run through the rollout engine, in one process for now; run "
                               "them in one process")
@@ -130,10 +144,12 @@ class Trainer:
                          if cfg.task.num_eval_examples else [])
         self._cfg = cfg
         split = cfg.mesh.rollout_devices
-        devices = jax.devices()
-        self.mesh = mesh or state_lib.make_mesh(cfg, devices[:len(devices) - split] if split else None)
-        #: The sampler's own devices (`mesh.rollout_devices`, the last ones), or None: it shares `mesh`.
-        self.rollout_mesh = state_lib.rollout_mesh(devices[len(devices) - split:]) if split else None
+        learner_devices, sampler_devices = state_lib.split_devices(split) if split else (None, None)
+        self.mesh = mesh or state_lib.make_mesh(cfg, learner_devices)
+        #: The sampler's own devices (`mesh.rollout_devices`, the last ones; in a multi-process run this process's
+        #: own share, where it samples its own prompts), or None: it shares `mesh`.
+        self.rollout_mesh = state_lib.rollout_mesh(sampler_devices) if split else None
+        self._local_sampler = bool(split) and jax.process_count() > 1
         if model is None:
             model, tokenizer = state_lib.build_model(cfg)
             preflight.check_budget(cfg, model.config)  # a model built in code: its window is known now
@@ -155,7 +171,7 @@ class Trainer:
         self.graphdef, params, self.rest = nnx.split(Policy(model, value_head=cfg.value_head),
                                                      state_lib.trainable(cfg), ...)
         # The read-only rest as the sampler's devices hold it (with `rollout_mesh`).
-        self._sampler_rest = None if self.rollout_mesh is None else partitioning.place_state(self.rest, self.rollout_mesh)
+        self._sampler_rest = None if self.rollout_mesh is None else self._placed_on_sampler(self.rest)
         self._placed = None  # (the learner's params, their copy on the sampler's devices) for evaluation
         self.optimizer = state_lib.make_optimizer(cfg.optimizer)
         train = state_lib.init_state(params, self.optimizer, self.mesh)
@@ -176,7 +192,8 @@ class Trainer:
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
         # One-step-off: the behaviour policy's own copy of the parameters (the update donates the learner's).
-        behaviour = self.to_sampler(train.params) if cfg.max_staleness else None
+        self._view = None  # multi-process: (the behaviour parameters, their copy on this process's sampler)
+        behaviour = self.behaviour_copy(train.params) if cfg.max_staleness else None
         #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
         #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
         self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed), behaviour=behaviour)
@@ -214,11 +231,36 @@ class Trainer:
         return not set(jax.tree.leaves(params)[0].devices()) <= set(self.rollout_mesh.devices.flat)
 
     def to_sampler(self, params):
-        """The behaviour policy's own copy of `params`: moved to the sampler's devices (`rollout_mesh`, device to
+        """A copy of `params` where the sampler samples: moved to the sampler's devices (`rollout_mesh`, device to
         device, laid out by the parameters' logical axes), or a copy beside them when sampler and learner share."""
         if self.rollout_mesh is None:
             return jax.tree.map(jnp.copy, params)
-        return partitioning.place_state(params, self.rollout_mesh)
+        return self._placed_on_sampler(params)
+
+    def _placed_on_sampler(self, tree):
+        """`tree` (on the learner's mesh) laid out on `rollout_mesh`. In a multi-process run the learner's mesh
+        spans the processes and each process's sampler is its own: the tree is gathered whole onto every learner
+        device (a collective of the learner's mesh), and each process moves its copy to its sampler's devices."""
+        if self._local_sampler:
+            whole = jax.jit(lambda t: t, out_shardings=NamedSharding(self.mesh, P()))(tree)
+            tree = jax.tree.map(lambda x: x.addressable_data(0), whole)
+        return partitioning.place_state(tree, self.rollout_mesh)
+
+    def behaviour_copy(self, params):
+        """What `LoopState.behaviour` holds for the policy of `params` (one-step-off): its copy on the sampler's
+        devices (`to_sampler`); in a multi-process run a copy on the learner's mesh instead, which a checkpoint
+        saves as the learner's params, each process's sampler sampling from its own copy of it
+        (`sampler_params`)."""
+        return jax.tree.map(jnp.copy, params) if self._local_sampler else self.to_sampler(params)
+
+    def sampler_params(self, behaviour):
+        """The parameters the sampler samples `LoopState.behaviour` with: itself, or in a multi-process run its copy
+        on this process's sampler (made once per behaviour policy, by a collective: on the main thread)."""
+        if not self._local_sampler:
+            return behaviour
+        if self._view is None or self._view[0] is not behaviour:
+            self._view = (behaviour, self.to_sampler(behaviour))
+        return self._view[1]
 
     def _sampling_params(self):
         """What `generate` and evaluation sample with by default: `loop_state`'s policy, on the sampler's devices
@@ -258,6 +300,8 @@ class Trainer:
         s = self.cfg.sampling
         params = self._sampling_params() if params is None else params
         budget = s.max_new_tokens if max_new_tokens is None else max_new_tokens
+        # On a process's own sampler (multi-process one-step-off) its prompts are all the program sees.
+        process_local = process_local and not (self._local_sampler and not self._on_learner(params))
         if s.engine:
             return self._generate_with_engine(prompts, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
                                               params=params, max_new_tokens=budget)
@@ -359,7 +403,7 @@ class Trainer:
         if state.behaviour is None:
             params, version = state.train.params, state.step
         else:
-            params, version = state.behaviour, max(state.step - 1, 0)
+            params, version = self.sampler_params(state.behaviour), max(state.step - 1, 0)
         if self.cfg.partial_rollout_tokens:
             rollout, prompts, carried, versions, timings = partial_lib.collect(
                 self.cfg, key, prompts, state.partial, version, functools.partial(self.generate_tokens, params=params),
@@ -374,7 +418,8 @@ class Trainer:
         else:
             rollout, timings = rollout_lib.collect(
                 self.cfg, key, prompts, functools.partial(self.generate, params=params), self.tokenizer,
-                self.reward_fns, self.mesh, self._guide(state, params))
+                self.reward_fns, self.mesh, self._guide(state, params),
+                local=self._local_sampler and not self._on_learner(params))
             timings = guidance.summarize(timings)
         rollout = rollout._replace(policy_version=np.full(len(rollout.rewards), version, np.int32))
         return rollout, state._replace(data_position=prompts.position), timings
@@ -474,7 +519,7 @@ class Trainer:
         metrics["skipped_nonfinite"] = float(sum(float(h["skipped_nonfinite"]) for h in history))  # updates, not a mean
         return train, metrics
 
-    def step(self, state: LoopState) -> tuple[LoopState, dict]:
+    def step(self, state: LoopState, *, last: bool = False) -> tuple[LoopState, dict]:
         """One GRPO step: rollout, advantages, learn. Returns the next state (`state.train` is donated) and the
         step's metrics.
 
@@ -482,7 +527,8 @@ class Trainer:
         while the previous step learned (sampled now on a run's first step, or from a restored state: the same
         rollout, a function of the state), and meanwhile a thread samples the next step's by the policy before
         this update, whose parameters become the next state's `behaviour`. The step returns once both are done,
-        so nothing is in flight between steps (evaluation and checkpoints see a quiet state)."""
+        so nothing is in flight between steps (evaluation and checkpoints see a quiet state). `last`: no step
+        follows, so none is sampled (a run resumed from the state samples it then, the same)."""
         t_start = time.perf_counter()
         if not self.cfg.max_staleness:
             rollout, after, metrics = self._timed_rollout(state)
@@ -490,13 +536,14 @@ class Trainer:
             behaviour = None
         else:
             rollout, after, metrics = self._pending_rollout(state)
-            behaviour = self.to_sampler(state.train.params)  # its own copy: the update donates the learner's
+            behaviour = self.behaviour_copy(state.train.params)  # its own copy: the update donates the learner's
+            self.sampler_params(behaviour)  # moved to the sampler here, on the main thread (a collective)
             upcoming = after._replace(step=state.step + 1, behaviour=behaviour)
             if self._sampler_thread is None:
                 self._sampler_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-sampler")
-            sampling = self._sampler_thread.submit(self._timed_rollout, upcoming)
+            sampling = None if last else self._sampler_thread.submit(self._timed_rollout, upcoming)
             learned, metrics = self._learn_rollout(state, rollout, metrics)
-            self._pending = (behaviour, sampling.result())
+            self._pending = None if last else (behaviour, sampling.result())
         metrics["time_step"] = time.perf_counter() - t_start
         return after._replace(train=learned.train, step=state.step + 1, behaviour=behaviour), metrics
 
@@ -518,6 +565,8 @@ class Trainer:
     def _learn_rollout(self, state: LoopState, rollout: Trajectories, metrics: dict) -> tuple[LoopState, dict]:
         """Advantages and learning on `rollout` from `state`; the step's metrics added to `metrics` (the rollout's)."""
         stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
+        if self._local_sampler:  # each process's sampler counted its own tokens (nothing exchanged in its thread)
+            metrics["sampled_tokens"] = int(across_processes(metrics["sampled_tokens"]).sum())
         start = time.perf_counter()
         batch = self.advantages(state, rollout, stats, metrics)
         signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`
@@ -600,7 +649,7 @@ class Trainer:
                 for _ in bar:
                     if tracer is not None:
                         tracer.begin(state.step + 1)
-                    state, metrics = self.step(state)
+                    state, metrics = self.step(state, last=state.step + 1 == cfg.steps)
                     self.loop_state = state
                     done = state.step
                     record = writer.write(done, metrics)

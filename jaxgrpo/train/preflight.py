@@ -92,12 +92,15 @@ def check_budget(cfg: Config, model_config: Any) -> None:
 
 
 def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1) -> None:
-    """The mesh shape fits `num_devices` (less `mesh.rollout_devices`), and every process reads whole prompt
-    groups."""
+    """The mesh shape fits `num_devices` (less `mesh.rollout_devices`, an equal share of each process's), and
+    every process reads whole prompt groups."""
     rollout = cfg.mesh.rollout_devices
     if rollout and rollout >= num_devices:
         raise ConfigError(f"mesh.rollout_devices={rollout} leaves the learner none of the {num_devices} device(s); "
                           f"give the sampler fewer (at most {num_devices - 1})")
+    if rollout and rollout % num_processes:
+        raise ConfigError(f"mesh.rollout_devices={rollout} does not split evenly over the {num_processes} processes, "
+                          f"each of which samples on devices of its own; make it a multiple of {num_processes}")
     num_devices -= rollout
     shape = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model]
     fixed = math.prod(s for s in shape if s != -1)

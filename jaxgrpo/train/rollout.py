@@ -211,7 +211,7 @@ def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, 
 
 
 def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callable, tokenizer, reward_fns: list,
-            mesh, guide: Callable | None = None) -> tuple[Trajectories, dict]:
+            mesh, guide: Callable | None = None, local: bool = False) -> tuple[Trajectories, dict]:
     """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
 
     `generate(examples, num_samples, key, prompt_ids=..., process_local=True)` samples a `sampler.Generation`.
@@ -219,7 +219,9 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     zero-signal groups are resampled: each round reads `need * processes` new prompts, `need` the most
     groups any host still lacks, so every host runs the same rounds with the same shapes. `guide(rollout, key)`
     -> (rollout, counts) rewrites each round's scored groups before that (`guidance.scaffold`); its counts are
-    summed into the timings.
+    summed into the timings. `local`: the sampler runs on this process's own devices (one-step-off in a
+    multi-process run, on a thread of its own), so nothing is exchanged between processes here: the rows it
+    returns are all this process's, and `sampled_tokens` counts this process's (one round, no dynamic sampling).
     """
     g = cfg.group_size
     local_groups = cfg.prompts_per_step // jax.process_count()
@@ -227,7 +229,8 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     rejected: list[Trajectories] = []
     rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
     while True:
-        need = int(across_processes(local_groups - sum(len(r.rewards) for r in kept) // g).max())
+        lacking = local_groups - sum(len(r.rewards) for r in kept) // g
+        need = lacking if local else int(across_processes(lacking).max())
         if need <= 0 or rounds >= (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
             break
         block = process_block(need * jax.process_count())
@@ -236,7 +239,7 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
         with profiling.phase("sample"):
             out = generate(examples, g, jax.random.fold_in(key, rounds),
                            prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
-            out = jax.tree.map(lambda x: local_rows(x, mesh), out)
+            out = jax.tree.map(np.asarray if local else lambda x: local_rows(x, mesh), out)
         timings["time_sample"] += time.perf_counter() - t0
         sampled_tokens += int(out.completion_mask.sum())
         t0 = time.perf_counter()
@@ -262,7 +265,8 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     # still count in the step's reward metrics, which describe what the policy sampled.
     batch = concat_rollouts(kept + rejected, local_groups, g)
     batch = batch._replace(group_ids=batch.group_ids + process_block(cfg.prompts_per_step).start)
-    timings.update(sampling_rounds=rounds, sampled_tokens=int(across_processes(sampled_tokens).sum()))
+    timings.update(sampling_rounds=rounds,
+                   sampled_tokens=sampled_tokens if local else int(across_processes(sampled_tokens).sum()))
     return batch, timings
 
 

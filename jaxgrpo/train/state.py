@@ -171,6 +171,19 @@ def make_mesh(cfg: Config, devices: Sequence | None = None) -> jax.sharding.Mesh
                          devices=devices)
 
 
+def split_devices(rollout_devices: int) -> tuple[list, list]:
+    """(the learner's devices, the sampler's) of `mesh.rollout_devices`: the last `rollout_devices` devices go to
+    the sampler. In a multi-process run each process gives its last `rollout_devices / processes` devices, and
+    the sampler's devices are this process's own: each process samples its own prompts on them, with no
+    collective between processes (the learner's mesh spans the processes' other devices)."""
+    devices, count = jax.devices(), jax.process_count()
+    if count == 1:
+        return devices[:len(devices) - rollout_devices], devices[len(devices) - rollout_devices:]
+    share = rollout_devices // count
+    hosts = [[d for d in devices if d.process_index == p] for p in range(count)]
+    return [d for host in hosts for d in host[:len(host) - share]], hosts[jax.process_index()][-share:]
+
+
 def rollout_mesh(devices: Sequence) -> jax.sharding.Mesh:
     """The sampler's own mesh over `devices` (`mesh.rollout_devices`): data-parallel, the learner's axis names."""
     return jax.make_mesh((len(devices), 1, 1), ("data", "fsdp", "model"),

@@ -99,6 +99,6 @@ def supervised_warmup(trainer, loop_state, steps: int, *, lr: float | None = Non
         reference = jax.tree.map(jnp.copy, state.params)
     behaviour = loop_state.behaviour
     if behaviour is not None:  # one-step-off: the first step samples with the warmed-up policy too
-        behaviour = trainer.to_sampler(state.params)
+        behaviour = trainer.behaviour_copy(state.params)
     return loop_state._replace(train=loop_state.train._replace(params=state.params), reference=reference,
                                behaviour=behaviour), losses
