@@ -657,10 +657,12 @@ class Trainer:
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
                                         s_per_step=f"{record['time_step']:.1f}")
-                    reason = no_signal_reason(record)
-                    without_signal = without_signal + [reason] if reason else []
-                    if without_signal:
-                        check_signal(cfg, done, without_signal, warn=writer.enabled)
+                    # Partial rollouts: a step whose groups are all still going is neither a signal nor its absence.
+                    if record.get("rows_carried", 0) < cfg.batch_size:
+                        reason = no_signal_reason(record)
+                        without_signal = without_signal + [reason] if reason else []
+                        if without_signal:
+                            check_signal(cfg, done, without_signal, warn=writer.enabled)
                     nonfinite = nonfinite + 1 if record["skipped_nonfinite"] else 0
                     if nonfinite:
                         check_finite(cfg, done, nonfinite, record, warn=writer.enabled)
