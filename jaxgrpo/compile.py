@@ -754,6 +754,7 @@ def compile_experiment(cfg: Config, topology: str, programs=DEFAULT_PROGRAMS, cp
 
 def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None) -> Report:
     from jaxgrpo import train
+    from jaxgrpo.train import preflight
 
     unknown = [p for p in programs if p not in PROGRAMS]
     if unknown:
@@ -761,9 +762,7 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     chip, devices = topology_devices(topology)
     cfg = resolve_packing(cfg, devices[0].platform)
     split = cfg.mesh.rollout_devices
-    if split and split >= len(devices):
-        raise ValueError(f"mesh.rollout_devices={split} leaves the learner none of {topology}'s {len(devices)} chips; "
-                         f"give the sampler fewer (at most {len(devices) - 1})")
+    preflight.check_rollout_split(cfg, len(devices), f"{topology}'s {len(devices)} chips")
     learner_devices, sampler_devices = devices[:len(devices) - split], devices[len(devices) - split:]
     mesh = train.make_mesh(cfg, learner_devices)
     validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])

@@ -360,15 +360,13 @@ class Collated:
     differences: dict[tuple[str, str], intervals.Interval]
     curves: dict[tuple[str, str], dict[int, tuple[np.ndarray, np.ndarray]]]
     changes: dict[tuple[str, str], dict[int, float]] = dataclasses.field(default_factory=dict)
-
-    def change(self, label: str, metric: str) -> intervals.Interval:
-        """The mean change over the run of `metric` under `label`, with its 95% t-interval over seeds."""
-        return intervals.t_interval(list(self.changes[label, metric].values()))
+    #: The mean change over the run per label and metric, with its 95% t-interval over seeds.
+    change_summary: dict[tuple[str, str], intervals.Interval] = dataclasses.field(default_factory=dict)
 
 
 def collate(runner: Runner) -> Collated:
     labels = list(dict.fromkeys(c.label for c in runner.cells))
-    finals, curves, summary, differences, changes = {}, {}, {}, {}, {}
+    finals, curves, summary, differences, changes, change_summary = {}, {}, {}, {}, {}, {}
     for metric in runner.study.metrics:
         for label in labels:
             finals[label, metric], curves[label, metric], changes[label, metric] = {}, {}, {}
@@ -380,11 +378,12 @@ def collate(runner: Runner) -> Collated:
                 if steps.size > 1:
                     changes[label, metric][cell.seed] = float(values[-1] - values[0])
             summary[label, metric] = intervals.t_interval(list(finals[label, metric].values()))
+            change_summary[label, metric] = intervals.t_interval(list(changes[label, metric].values()))
         base = finals[labels[0], metric]
         for label in labels[1:]:
             seeds = sorted(set(base) & set(finals[label, metric]))
             differences[label, metric] = intervals.t_interval([finals[label, metric][s] - base[s] for s in seeds])
-    return Collated(labels, list(runner.study.metrics), finals, summary, differences, curves, changes)
+    return Collated(labels, list(runner.study.metrics), finals, summary, differences, curves, changes, change_summary)
 
 
 def _cell(interval: intervals.Interval, n: int) -> str:
@@ -395,23 +394,25 @@ def _cell(interval: intervals.Interval, n: int) -> str:
     return f"{interval.value:.3f} [{interval.low:.3f}, {interval.high:.3f}] (n={n})"
 
 
+def _label_table(collated: Collated, corner: str, summary: dict, by_seed: dict) -> str:
+    """A Markdown table of one row per configuration and one column per metric: `summary`'s interval over the
+    seeds of `by_seed`."""
+    head = f"| {corner} | " + " | ".join(collated.metrics) + " |"
+    rule = "|---|" + "---|" * len(collated.metrics)
+    rows = [f"| {label} | " + " | ".join(_cell(summary[label, m], len(by_seed[label, m])) for m in collated.metrics)
+            + " |" for label in collated.labels]
+    return "\n".join([head, rule, *rows])
+
+
 def table(collated: Collated) -> str:
     """A Markdown table: each configuration's final value of each metric, mean [95% t-interval] over seeds."""
-    head = "| configuration | " + " | ".join(collated.metrics) + " |"
-    rule = "|---|" + "---|" * len(collated.metrics)
-    rows = [f"| {label} | " + " | ".join(_cell(collated.summary[label, m], len(collated.finals[label, m]))
-                                         for m in collated.metrics) + " |" for label in collated.labels]
-    return "\n".join([head, rule, *rows])
+    return _label_table(collated, "configuration", collated.summary, collated.finals)
 
 
 def change_table(collated: Collated) -> str:
     """Each configuration's change of each metric over the run (last record minus first, paired within each
     seed's run): mean [95% t-interval]."""
-    head = "| change over the run | " + " | ".join(collated.metrics) + " |"
-    rule = "|---|" + "---|" * len(collated.metrics)
-    rows = [f"| {label} | " + " | ".join(_cell(collated.change(label, m), len(collated.changes[label, m]))
-                                         for m in collated.metrics) + " |" for label in collated.labels]
-    return "\n".join([head, rule, *rows])
+    return _label_table(collated, "change over the run", collated.change_summary, collated.changes)
 
 
 def difference_table(collated: Collated) -> str:
@@ -512,15 +513,15 @@ def report(runner: Runner, study_file: str, command: str) -> str:
     path = os.path.join(runner.out_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
+    def by_label(by_seed: dict, summary: dict) -> dict:
+        return {f"{label}|{m}": {"seeds": by_seed[label, m], "mean": summary[label, m].value,
+                                 "ci95": [summary[label, m].low, summary[label, m].high]}
+                for label in collated.labels for m in collated.metrics}
+
     results = {
         "study": study.name, "claim": study.claim,
-        "final": {f"{label}|{m}": {"seeds": collated.finals[label, m], "mean": collated.summary[label, m].value,
-                                   "ci95": [collated.summary[label, m].low, collated.summary[label, m].high]}
-                  for label in collated.labels for m in collated.metrics},
-        "change_over_run": {f"{label}|{m}": {"seeds": collated.changes[label, m],
-                                             "mean": collated.change(label, m).value,
-                                             "ci95": [collated.change(label, m).low, collated.change(label, m).high]}
-                            for label in collated.labels for m in collated.metrics},
+        "final": by_label(collated.finals, collated.summary),
+        "change_over_run": by_label(collated.changes, collated.change_summary),
         "difference_from_first": {f"{label}|{m}": {"mean": v.value, "ci95": [v.low, v.high]}
                                   for (label, m), v in collated.differences.items()},
     }

@@ -91,13 +91,21 @@ def check_budget(cfg: Config, model_config: Any) -> None:
             f"({window} positions); {fix}")
 
 
+def check_rollout_split(cfg: Config, num_devices: int, devices: str | None = None) -> None:
+    """`mesh.rollout_devices` leaves the learner some of the `num_devices` (named `devices`, e.g. a topology's
+    chips)."""
+    rollout = cfg.mesh.rollout_devices
+    if rollout and rollout >= num_devices:
+        raise ConfigError(f"mesh.rollout_devices={rollout} leaves the learner none of "
+                          f"{devices or f'the {num_devices} device(s)'}; give the sampler fewer (at most "
+                          f"{num_devices - 1})")
+
+
 def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1) -> None:
     """The mesh shape fits `num_devices` (less `mesh.rollout_devices`, an equal share of each process's), and
     every process reads whole prompt groups."""
+    check_rollout_split(cfg, num_devices)
     rollout = cfg.mesh.rollout_devices
-    if rollout and rollout >= num_devices:
-        raise ConfigError(f"mesh.rollout_devices={rollout} leaves the learner none of the {num_devices} device(s); "
-                          f"give the sampler fewer (at most {num_devices - 1})")
     if rollout and rollout % num_processes:
         raise ConfigError(f"mesh.rollout_devices={rollout} does not split evenly over the {num_processes} processes, "
                           f"each of which samples on devices of its own; make it a multiple of {num_processes}")
