@@ -537,7 +537,8 @@ class Trainer:
         else:
             rollout, after, metrics = self._pending_rollout(state)
             behaviour = self.behaviour_copy(state.train.params)  # its own copy: the update donates the learner's
-            self.sampler_params(behaviour)  # moved to the sampler here, on the main thread (a collective)
+            if not last:
+                self.sampler_params(behaviour)  # moved to the sampler here, on the main thread (a collective)
             upcoming = after._replace(step=state.step + 1, behaviour=behaviour)
             if self._sampler_thread is None:
                 self._sampler_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-sampler")
