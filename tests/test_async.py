@@ -237,3 +237,25 @@ def test_what_multi_process_one_step_off_cannot_run_is_one_line(tmp_path, monkey
     with pytest.raises(ConfigError, match=message) as raised:
         Trainer(toy(tmp_path, *overrides))
     assert "\n" not in str(raised.value)
+
+
+def test_rows_padded_to_wider_widths_train_the_same(tmp_path):
+    """Multi-process one-step-off: each process buckets its own rows' widths, and the rows are padded to the widest
+    process's for one global batch (`rollout.padded`); the padding changes no advantage or log-prob."""
+    from jaxgrpo.train.rollout import padded
+
+    trainer = Trainer(toy(tmp_path, "max_staleness=0"))
+    state = trainer.loop_state
+    rollout, _, _ = trainer.rollout(state)
+    p, c = rollout.prompt_tokens.shape[1], rollout.completion_tokens.shape[1]
+    wide = padded(rollout, p + 16, c + 8)
+    assert wide.prompt_tokens.shape[1] == p + 16 and wide.completion_tokens.shape[1] == c + 8
+    narrow, broad = trainer.advantages(state, rollout), trainer.advantages(state, wide)
+    np.testing.assert_array_equal(np.asarray(broad.completion_mask)[:, :c], np.asarray(narrow.completion_mask))
+    assert not np.asarray(broad.completion_mask)[:, c:].any()
+    np.testing.assert_allclose(np.asarray(broad.advantages)[:, :c], np.asarray(narrow.advantages), atol=1e-6)
+    mask = np.asarray(narrow.completion_mask) > 0
+    learner = lambda b, n: np.asarray(trainer.logprobs(state.train.params, b.tokens, b.attention_mask, b.positions, n))  # noqa: E731
+    np.testing.assert_allclose(learner(broad, c + 8)[:, :c][mask], learner(narrow, c)[mask], atol=1e-5)
+    with pytest.raises(ValueError, match="cannot be padded"):
+        padded(rollout, p - 1, c)

@@ -565,9 +565,11 @@ class Trainer:
 
     def _learn_rollout(self, state: LoopState, rollout: Trajectories, metrics: dict) -> tuple[LoopState, dict]:
         """Advantages and learning on `rollout` from `state`; the step's metrics added to `metrics` (the rollout's)."""
-        stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
-        if self._local_sampler:  # each process's sampler counted its own tokens (nothing exchanged in its thread)
+        if self._local_sampler:  # each process's sampler counted its own tokens and bucketed its own rows' widths
             metrics["sampled_tokens"] = int(across_processes(metrics["sampled_tokens"]).sum())
+            widths = across_processes(np.array([rollout.prompt_tokens.shape[1], rollout.completion_tokens.shape[1]]))
+            rollout = rollout_lib.padded(rollout, *np.asarray(widths).reshape(-1, 2).max(0).tolist())
+        stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
         start = time.perf_counter()
         batch = self.advantages(state, rollout, stats, metrics)
         signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`

@@ -316,6 +316,24 @@ def concat_rollouts(parts: list[Trajectories], num_groups: int, group_size: int)
     )
 
 
+def padded(r: Trajectories, prompt_width: int, completion_width: int) -> Trajectories:
+    """`r` with its prompts left-padded to `prompt_width` and what follows them right-padded to `completion_width`
+    (no wider than they are: e.g. every process's rows to the widest process's, for one global batch)."""
+    p, c = prompt_width - r.prompt_tokens.shape[1], completion_width - r.completion_tokens.shape[1]
+    if p < 0 or c < 0:
+        raise ValueError(f"rows of widths ({r.prompt_tokens.shape[1]}, {r.completion_tokens.shape[1]}) cannot be "
+                         f"padded to ({prompt_width}, {completion_width})")
+    if not p and not c:
+        return r
+    left = lambda x, value=0: np.pad(x, ((0, 0), (p, 0)), constant_values=value)  # noqa: E731
+    right = lambda x, value=0: None if x is None else np.pad(x, ((0, 0), (0, c)), constant_values=value)  # noqa: E731
+    steps = None if r.steps is None else r.steps._replace(token_turns=right(r.steps.token_turns, -1))
+    return r._replace(prompt_tokens=left(r.prompt_tokens), prompt_mask=left(r.prompt_mask, False),
+                      completion_tokens=right(r.completion_tokens), completion_mask=right(r.completion_mask),
+                      sampler_logp=right(r.sampler_logp), completion_valid=right(r.completion_valid, False),
+                      steps=steps, token_versions=right(r.token_versions, -1))
+
+
 def completion_valid(r: Trajectories) -> np.ndarray:
     """bool[N, C]: the real tokens after each row's prompt (`Trajectories.completion_valid`)."""
     return r.completion_mask > 0 if r.completion_valid is None else r.completion_valid
