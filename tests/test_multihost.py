@@ -207,3 +207,115 @@ def test_two_processes_one_step_off_each_sampling_on_its_own_devices_train_like_
         assert restored.pop("__scored_rows__").size == 0 and restored.pop("__read__").size == 0
         for name in trained:
             np.testing.assert_array_equal(restored[name], trained[name], err_msg=f"process {i}: {name}")
+
+
+# One process of an environment run (GiGPO on two-turn episodes, through the rollout engine): the parameters
+# every process sees after training, and how many episodes this process ran, to an .npz.
+_EPISODES_WORKER = textwrap.dedent(
+    """
+    import sys
+
+    num_processes, process_id, port, run_dir, out = sys.argv[1:6]
+    num_processes, process_id = int(num_processes), int(process_id)
+
+    import jax
+
+    if num_processes > 1:
+        jax.distributed.initialize(f"127.0.0.1:{{port}}", num_processes=num_processes, process_id=process_id)
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    from jaxgrpo.config import apply_overrides, load_experiment
+    from jaxgrpo.envs import Step, register_environment
+    from jaxgrpo.models import Decoder, DecoderConfig, registry
+    from jaxgrpo.models.tokenizer import load_tokenizer
+    from jaxgrpo.train import Trainer, register_model_builder
+
+    class TwoTurns:  # a user message after the first turn; the second ends it, 1 for an even-length reply
+        failure_reward = 0.0
+
+        def reset(self, example):
+            return [{{"role": "user", "content": f"What is {{example['question']}}?"}}]
+
+        def step(self, action):
+            if not hasattr(self, "heard"):
+                self.heard = True
+                return Step([{{"role": "user", "content": "Say it again."}}], 0.0, False, {{}})
+            return Step(None, float(len(action) % 2 == 0), True, {{}})
+
+    tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
+
+    def build(dtype=jnp.float32, remat=True):
+        config = DecoderConfig(family="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
+        return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
+
+    register_model_builder("random-smollm2-vocab", build)
+    register_environment("two_turns", TwoTurns)
+    episodes = []
+    cfg = load_experiment({toy!r})
+    apply_overrides(cfg, ["model=random-smollm2-vocab", "environment.name=two_turns", "environment.max_turns=3",
+                          "environment.max_context=256", "advantage=gigpo", "prompts_per_step=4", "group_size=4",
+                          "sampling.max_new_tokens=8", "sampling.max_prompt_len=64", "steps=2", "warmup_sft_steps=0",
+                          "checkpoint_every=0", "task.num_eval_examples=2", "eval_every=2", "optimizer.lr=1e-3",
+                          "optimizer.eps=1e-6", "mesh.data=2", "mesh.fsdp=4", "run_dir=" + run_dir])
+    trainer = Trainer(cfg)
+    run = trainer.run_episodes
+    trainer.run_episodes = lambda examples, n, key, **kw: episodes.append(len(examples) * n) or run(examples, n, key, **kw)
+    trainer.run(progress=False)
+    params = multihost_utils.process_allgather(trainer.state.params, tiled=True)
+    flat = {{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
+    np.savez(out, **flat, __episodes__=np.array(episodes, np.int32))
+    """
+)
+
+
+def test_two_processes_run_their_own_environment_episodes_on_their_own_engines_like_one(tmp_path):
+    """GiGPO on two-turn episodes through the rollout engine, 2 hosts x 4 devices: each host runs its own half of
+    the step's groups on an engine of its own (its four devices, its copy of the weights), the steps' anchors and
+    returns gathered for the whole batch's advantages; the parameters equal the 1 x 8 run's (1e-5)."""
+    script = tmp_path / "episodes_worker.py"
+    script.write_text(_EPISODES_WORKER.format(toy=TOY))
+    multi, single = tmp_path / "multi", tmp_path / "single"
+    port = _free_port()
+    procs = {f"process {i}": _start(script, 2, i, port, multi, tmp_path / f"multi_{i}.npz", "", 4) for i in range(2)}
+    procs["single process"] = _start(script, 1, 0, 0, single, tmp_path / "single.npz", "", 8)
+    _wait(procs)
+    reference = _load(tmp_path / "single.npz")
+    trained, trained_1 = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    # Each host ran its own 2 groups x 4 episodes a step (one process: all 4 groups); every host runs the whole
+    # evaluation (2 greedy episodes, then 2 x eval_pass_k sampled) at steps 0 and 2.
+    np.testing.assert_array_equal(reference.pop("__episodes__"), [2, 8, 16, 16, 2, 8])
+    np.testing.assert_array_equal(trained.pop("__episodes__"), [2, 8, 8, 8, 2, 8])
+    np.testing.assert_array_equal(trained_1.pop("__episodes__"), [2, 8, 8, 8, 2, 8])
+    assert sorted(trained) == sorted(reference) and len(reference) > 2
+    for name in reference:
+        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
+    for name, value in trained_1.items():
+        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    records = read_jsonl(multi / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2] and all(np.isfinite(r["loss"]) for r in records)
+
+
+def test_two_processes_sample_through_engines_of_their_own_like_one(tmp_path):
+    """`sampling.engine=true` on 2 hosts x 4 devices: each host's engine (its four devices, its copy of the weights)
+    samples its own prompts; the parameters after two steps equal the 1 x 8 run's (1e-5)."""
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER.format(toy=TOY))
+    port = _free_port()
+    procs = {f"process {i}": _start(script, 2, i, port, tmp_path / "multi", tmp_path / f"multi_{i}.npz", "fresh", 4,
+                                    "sampling.engine=true") for i in range(2)}
+    procs["single process"] = _start(script, 1, 0, 0, tmp_path / "single", tmp_path / "single.npz", "fresh", 8,
+                                     "sampling.engine=true")
+    _wait(procs)
+    reference, trained = _load(tmp_path / "single.npz"), _load(tmp_path / "multi_0.npz")
+    np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
+    np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
+    np.testing.assert_array_equal(trained.pop("__read__"), [0, 1, 2, 3, 8, 9, 10, 11])
+    reference.pop("__read__")
+    for name in reference:
+        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)

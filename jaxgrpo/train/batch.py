@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
 from jaxgrpo.train import inputs as inputs_lib, stages
-from jaxgrpo.train.distributed import gather_rows, process_block
+from jaxgrpo.train.distributed import across_processes, gather_rows, process_block
 from jaxgrpo.train.rollout import RowStats, Trajectories, completion_valid, row_stats
 from jaxgrpo.train.step import TrainBatch
 
@@ -32,6 +33,26 @@ class Scorers(NamedTuple):
 TASK_IDS = {"strata_ids": "strata_id", "bundle_ids": "bundle_id"}
 
 
+def whole_steps(steps: inputs_lib.Steps | None, rows: int) -> inputs_lib.Steps | None:
+    """The whole batch's `Steps` from this host's (of its `rows` episode rows), gathered from every host: step rows
+    offset to the whole batch's, anchor ids numbered on after the hosts before (GiGPO groups steps by group and
+    anchor, and a group's episodes are one host's)."""
+    if steps is None or jax.process_count() == 1:
+        return steps
+    counts = across_processes(len(steps.rows)).astype(int)
+    anchors = across_processes(int(steps.anchor_ids.max(initial=-1)) + 1).astype(int)
+    here, most = jax.process_index(), int(counts.max())
+    ints = np.full((most, 3), -1, np.int32)
+    ints[:len(steps.rows)] = np.stack([steps.rows + here * rows, steps.turns,
+                                       steps.anchor_ids + anchors[:here].sum()], axis=1)
+    returns = np.zeros(most, np.float32)
+    returns[:len(steps.rows)] = steps.step_returns
+    whole = gather_rows({"ints": ints, "returns": returns})  # every host's, padded to `most` each
+    keep = np.concatenate([np.arange(count) + p * most for p, count in enumerate(counts)])
+    ints = whole["ints"][keep]
+    return inputs_lib.Steps(ints[:, 0], ints[:, 1], whole["returns"][keep], ints[:, 2], gather_rows(steps.token_turns))
+
+
 def batch_inputs(cfg: Config, rollout: Trajectories, stats: RowStats, reward_weights: np.ndarray,
                  tokens: dict[str, np.ndarray], rows: dict | None = None) -> inputs_lib.BatchInputs:
     """The whole batch's fields from this host's rollout, the whole batch's `RowStats` and this host's
@@ -46,7 +67,8 @@ def batch_inputs(cfg: Config, rollout: Trajectories, stats: RowStats, reward_wei
         num_groups=cfg.prompts_per_step, valid=stats.trains, lengths=stats.lengths.astype(np.float32),
         seq_logp=stats.seq_logp, mask=whole.get("mask"), sampler_logp=whole.get("sampler_logp"),
         trainer_logp=whole.get("trainer_logp"), values=whole.get("values"),
-        task_ids={**{name: whole[name] for name in local}, **(rows or {})}, steps=rollout.steps,
+        task_ids={**{name: whole[name] for name in local}, **(rows or {})},
+        steps=whole_steps(rollout.steps, len(rollout.rewards)),
     )
 
 

@@ -106,32 +106,11 @@ class Trainer:
         # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
         cfg = resolve_packing(cfg, attention_platform(mesh))
         validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
-        if cfg.sampling.engine and jax.process_count() > 1:
-            raise ConfigError("sampling.engine runs in one process for now; set sampling.engine=false for a "
-                              "multi-process run")
         if cfg.mesh.rollout_devices and mesh is not None:
             raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
                               "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
-        if cfg.max_staleness and jax.process_count() > 1:
-            # Each process samples its own prompts on devices of its own, with no collective between processes
-            # (a sampler beside the learner on shared devices would interleave the two threads' collectives in
-            # an order that differs between processes); the rounds of dynamic sampling and guidance agree
-            # across processes, which such a sampler does not do.
-            if cfg.partial_rollout_tokens:
-                raise ConfigError("partial_rollout_tokens runs in one process for now (its carried groups are not "
-                                  "split by process); set partial_rollout_tokens=0 for a multi-process run")
-            if not cfg.mesh.rollout_devices:
-                raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of "
-                                  "each process's own; set mesh.rollout_devices to a multiple of the "
-                                  f"{jax.process_count()} processes (e.g. {jax.process_count()})")
-            for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
-                if on:
-                    raise ConfigError(f"{what} agrees its sampling rounds across processes, which one-step-off "
-                                      f"sampling on each process's own devices does not do; turn {what} off, or "
-                                      "run max_staleness=0")
-        if cfg.environment is not None and jax.process_count() > 1:
-            raise ConfigError("environment episodes run through the rollout engine, in one process for now; run "
-                              "them in one process")
+        if jax.process_count() > 1:
+            _check_multi_process(cfg)
         # What the config names (task, rewards, model, context budget, mesh), then the data: before the model.
         task, reward_fns, _ = preflight.check(
             cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
@@ -146,10 +125,12 @@ class Trainer:
         split = cfg.mesh.rollout_devices
         learner_devices, sampler_devices = state_lib.split_devices(split) if split else (None, None)
         self.mesh = mesh or state_lib.make_mesh(cfg, learner_devices)
+        self._local_sampler = samples_locally(cfg)
+        if self._local_sampler and not split:  # the engine on this process's devices, time-shared with the learner
+            sampler_devices = jax.local_devices()
         #: The sampler's own devices (`mesh.rollout_devices`, the last ones; in a multi-process run this process's
         #: own share, where it samples its own prompts), or None: it shares `mesh`.
-        self.rollout_mesh = state_lib.rollout_mesh(sampler_devices) if split else None
-        self._local_sampler = bool(split) and jax.process_count() > 1
+        self.rollout_mesh = state_lib.rollout_mesh(sampler_devices) if sampler_devices else None
         if model is None:
             model, tokenizer = state_lib.build_model(cfg)
             preflight.check_budget(cfg, model.config)  # a model built in code: its window is known now
@@ -253,13 +234,14 @@ class Trainer:
         (`sampler_params`)."""
         return jax.tree.map(jnp.copy, params) if self._local_sampler else self.to_sampler(params)
 
-    def sampler_params(self, behaviour):
-        """The parameters the sampler samples `LoopState.behaviour` with: itself, or in a multi-process run its copy
-        on this process's sampler (made once per behaviour policy, by a collective: on the main thread)."""
-        if not self._local_sampler:
-            return behaviour
-        if self._view is None or self._view[0] is not behaviour:
-            self._view = (behaviour, self.to_sampler(behaviour))
+    def sampler_params(self, params):
+        """The parameters the sampler samples the policy of `params` (a state's, or its `behaviour`) with: `params`,
+        or where each process samples on its own devices (`samples_locally`) their copy there (made once per
+        policy, by a collective of the learner's mesh: on the main thread)."""
+        if not self._local_sampler or not self._on_learner(params):
+            return params
+        if self._view is None or self._view[0] is not params:
+            self._view = (params, self.to_sampler(params))
         return self._view[1]
 
     def _sampling_params(self):
@@ -327,8 +309,8 @@ class Trainer:
             context = e.max_context if e is not None else (
                 sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens * (2 if self.cfg.partial_rollout_tokens else 1))
             window = sampler.model_context_window(decoder)
-            self._engine = engine_lib.Engine(
-                decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size,
+            self._engine = engine_lib.Engine(  # a slot per sample of this process's share of the step
+                decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size // jax.process_count(),
                 max_context=context if window is None else min(context, window), decode_chunk=s.max_new_tokens,
                 mesh=_mesh_above_one(self.mesh if self._on_learner(params) else self.rollout_mesh))
         elif self._engine_params is not params:
@@ -354,7 +336,7 @@ class Trainer:
         return jax.tree.map(jnp.asarray, out)
 
     def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
-                     params=None):
+                     params=None, first_id: int = 0):
         """`num_samples` episodes of `cfg.environment` per example through the rollout engine (`engine`, the policy
         of `params`, default `loop_state`'s) in token space (`engine.multi_turn.rollout`): (trajectories
         example-major, stats)."""
@@ -367,7 +349,7 @@ class Trainer:
             return multi_turn.rollout(engine, self.chat_turns, lambda: envs.make_environment(e.name, **e.kwargs), examples,
                                       group_size=num_samples, max_turns=e.max_turns,
                                       turn_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
-                                      key=key, step_timeout=e.step_timeout)
+                                      key=key, step_timeout=e.step_timeout, first_id=first_id)
 
     def _environment_turns(self, examples):
         """`multi_turn.ChatTurns` of the tokenizer, checked on the environment's opening of the first example and
@@ -403,7 +385,8 @@ class Trainer:
         if state.behaviour is None:
             params, version = state.train.params, state.step
         else:
-            params, version = self.sampler_params(state.behaviour), max(state.step - 1, 0)
+            params, version = state.behaviour, max(state.step - 1, 0)
+        params = self.sampler_params(params)
         if self.cfg.partial_rollout_tokens:
             rollout, prompts, carried, versions, timings = partial_lib.collect(
                 self.cfg, key, prompts, state.partial, version, functools.partial(self.generate_tokens, params=params),
@@ -752,6 +735,31 @@ def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | Non
                 rows, plan = packing.plan_rows(rows, lengths, cfg.group_size, micro, attention_scale=attention_scale)
                 packed_shape, layout = (plan.rows, plan.length), ((plan.group_rows, plan.group_offsets),)
             yield rows.reshape(minibatch // micro, micro), packed_shape, layout
+
+
+def samples_locally(cfg: Config) -> bool:
+    """Whether each process of a multi-process run samples its own prompts on devices of its own, with nothing
+    exchanged between processes while it samples: one-step-off (on `mesh.rollout_devices`, beside the learner's
+    thread: two threads issuing collectives in an order that differs between processes would deadlock), and the
+    rollout engine and environment episodes (each process's engine admits its own requests, on its own devices)."""
+    return jax.process_count() > 1 and bool(cfg.max_staleness or cfg.sampling.engine or cfg.environment is not None)
+
+
+def _check_multi_process(cfg: Config) -> None:
+    """What a multi-process run cannot combine, in one line each."""
+    if cfg.partial_rollout_tokens:
+        raise ConfigError("partial_rollout_tokens runs in one process for now (its carried groups are not split by "
+                          "process); set partial_rollout_tokens=0 for a multi-process run")
+    if cfg.max_staleness and not cfg.mesh.rollout_devices:
+        raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of each "
+                          f"process's own; set mesh.rollout_devices to a multiple of the {jax.process_count()} "
+                          f"processes (e.g. {jax.process_count()})")
+    if samples_locally(cfg):  # the rounds of dynamic sampling and guidance are agreed across processes
+        for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
+            if on:
+                raise ConfigError(f"{what} agrees its sampling rounds across processes, which sampling on each "
+                                  f"process's own devices (one-step-off, sampling.engine, environments) does not "
+                                  f"do; turn {what} off, or those")
 
 
 def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:

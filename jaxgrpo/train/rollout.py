@@ -341,22 +341,26 @@ def completion_valid(r: Trajectories) -> np.ndarray:
 
 def collect_episodes(cfg: Config, key: jax.Array, prompts: PromptStream, run_episodes: Callable, tokenizer,
                      pad_id: int = 0) -> tuple[Trajectories, dict]:
-    """The step's `prompts_per_step` groups of environment episodes (one process).
+    """The step's `prompts_per_step` groups of environment episodes.
 
-    `run_episodes(examples, group_size, key)` -> (trajectories example-major, stats): `multi_turn.rollout`'s.
+    `run_episodes(examples, group_size, key, first_id=...)` -> (trajectories example-major, stats):
+    `multi_turn.rollout`'s.
     The rows hold each episode's opening as the prompt and everything after it as the completion, its
     observations valid (attended to) but out of the loss mask; the reward is the episode's, correct when it
-    is positive."""
+    is positive. In a multi-process run each process runs its own block of the groups (on its own engine), group
+    ids global."""
     g = cfg.group_size
-    examples = prompts.take(cfg.prompts_per_step)
+    block = process_block(cfg.prompts_per_step)
+    examples = prompts.take(cfg.prompts_per_step, block)
     t0 = time.perf_counter()
     with profiling.phase("sample"):
-        trajectories, stats = run_episodes(examples, g, key)
+        trajectories, stats = run_episodes(examples, g, key, first_id=block.start * g)  # ids as one process's
     timings = {"time_sample": time.perf_counter() - t0, "time_reward": 0.0, "sampling_rounds": 1,
                "sampled_tokens": int(stats.get("policy_tokens", 0))}
     timings.update({f"episode_{k}": float(v) / max(len(trajectories), 1) for k, v in stats.items()
                     if k not in ("episodes", "policy_tokens")})
-    return episodes_rollout(trajectories, examples, g, tokenizer, pad_id, cfg.environment.discount), timings
+    rollout = episodes_rollout(trajectories, examples, g, tokenizer, pad_id, cfg.environment.discount)
+    return rollout._replace(group_ids=rollout.group_ids + block.start), timings
 
 
 def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, pad_id: int = 0,
