@@ -119,19 +119,35 @@ def _load(path):
         return {k: f[k] for k in f.files}
 
 
+def _one_and_two_processes(tmp_path, script, mode="fresh", overrides=""):
+    """Runs `script` as 2 processes x 4 devices (run directory tmp_path/multi) and as 1 process x 8 devices
+    (tmp_path/single); returns the single process's record and each of the two processes'."""
+    port = _free_port()
+    procs = {f"process {i}": _start(script, 2, i, port, tmp_path / "multi", tmp_path / f"multi_{i}.npz", mode, 4,
+                                    overrides) for i in range(2)}
+    procs["single process"] = _start(script, 1, 0, 0, tmp_path / "single", tmp_path / "single.npz", mode, 8,
+                                     overrides)
+    _wait(procs)
+    return _load(tmp_path / "single.npz"), _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+
+
+def _assert_trained_alike(reference, trained, trained_1=None):
+    """Two processes' parameters equal one process's within 1e-5 (the all-reduce order differs), and each other's
+    exactly (every host holds the same global values)."""
+    assert sorted(trained) == sorted(reference) and len(reference) > 2
+    for name in reference:
+        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
+    for name, value in (trained_1 or {}).items():
+        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+
+
 def test_two_processes_train_save_and_restore_like_one(tmp_path):
     """2 steps on 2 hosts x 4 devices, each host reading only its own prompts, give the 1 x 8 run's
     parameters (1e-5); both hosts restore the checkpoint."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(toy=TOY))
-    multi, single = tmp_path / "multi", tmp_path / "single"
-    port = _free_port()
-    procs = {f"process {i}": _start(script, 2, i, port, multi, tmp_path / f"multi_{i}.npz", "fresh", 4) for i in range(2)}
-    procs["single process"] = _start(script, 1, 0, 0, single, tmp_path / "single.npz", "fresh", 8)
-    _wait(procs)
-
-    reference = _load(tmp_path / "single.npz")
-    trained, trained_1 = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    multi = tmp_path / "multi"
+    reference, trained, trained_1 = _one_and_two_processes(tmp_path, script)
     # Each host scored its half of the 8 groups x 8 samples of each step; one process scores all 64.
     np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
     np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
@@ -142,11 +158,7 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     np.testing.assert_array_equal(read_0, [0, 1, 2, 3, 8, 9, 10, 11])
     np.testing.assert_array_equal(read_1, [4, 5, 6, 7, 12, 13, 14, 15])
     assert not set(read_0) & set(read_1) and sorted([*read_0, *read_1]) == sorted(read)
-    assert sorted(trained) == sorted(reference) and len(reference) > 2
-    for name in reference:
-        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
-    for name, value in trained_1.items():  # both hosts hold the same global values
-        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    _assert_trained_alike(reference, trained, trained_1)
     assert int(trained["__step__"]) == 2
     # Only process 0 logs: one record per step, not one per host.
     assert [r["step"] for r in read_jsonl(multi / "metrics.jsonl")] == [1, 2]
@@ -175,25 +187,15 @@ def test_two_processes_one_step_off_each_sampling_on_its_own_devices_train_like_
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(toy=TOY))
     overrides = "max_staleness=1,mesh.rollout_devices=4,mesh.fsdp=2"
-    multi, single = tmp_path / "multi", tmp_path / "single"
-    port = _free_port()
-    procs = {f"process {i}": _start(script, 2, i, port, multi, tmp_path / f"multi_{i}.npz", "fresh", 4, overrides)
-             for i in range(2)}
-    procs["single process"] = _start(script, 1, 0, 0, single, tmp_path / "single.npz", "fresh", 8, overrides)
-    _wait(procs)
-    reference = _load(tmp_path / "single.npz")
-    trained, trained_1 = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    multi = tmp_path / "multi"
+    reference, trained, trained_1 = _one_and_two_processes(tmp_path, script, overrides=overrides)
     # Each host scored its own half of each step's rollout (the last step samples no next one).
     np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
     np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
     for record in (trained, trained_1, reference):
         record.pop("__read__")
     trained_1.pop("__scored_rows__")
-    assert sorted(trained) == sorted(reference) and len(reference) > 2
-    for name in reference:
-        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
-    for name, value in trained_1.items():
-        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    _assert_trained_alike(reference, trained, trained_1)
     records = read_jsonl(multi / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and [r["staleness_max"] for r in records] == [0, 1]
     # Overlap: step 2's rollout was sampled while step 1 learned.
@@ -224,38 +226,15 @@ _EPISODES_WORKER = textwrap.dedent(
         jax.distributed.initialize(f"127.0.0.1:{{port}}", num_processes=num_processes, process_id=process_id)
     jax.config.update("jax_default_matmul_precision", "highest")
 
-    import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
     from jax.experimental import multihost_utils
 
+    sys.path.insert(0, {root!r})
     from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.envs import Step, register_environment
-    from jaxgrpo.models import Decoder, DecoderConfig, registry
-    from jaxgrpo.models.tokenizer import load_tokenizer
-    from jaxgrpo.train import Trainer, register_model_builder
+    from jaxgrpo.train import Trainer
+    from tests.tiny_models import register_two_turn_episodes
 
-    class TwoTurns:  # a user message after the first turn; the second ends it, 1 for an even-length reply
-        failure_reward = 0.0
-
-        def reset(self, example):
-            return [{{"role": "user", "content": f"What is {{example['question']}}?"}}]
-
-        def step(self, action):
-            if not hasattr(self, "heard"):
-                self.heard = True
-                return Step([{{"role": "user", "content": "Say it again."}}], 0.0, False, {{}})
-            return Step(None, float(len(action) % 2 == 0), True, {{}})
-
-    tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
-
-    def build(dtype=jnp.float32, remat=True):
-        config = DecoderConfig(family="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
-        return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
-
-    register_model_builder("random-smollm2-vocab", build)
-    register_environment("two_turns", TwoTurns)
+    register_two_turn_episodes()
     episodes = []
     cfg = load_experiment({toy!r})
     apply_overrides(cfg, ["model=random-smollm2-vocab", "environment.name=two_turns", "environment.max_turns=3",
@@ -279,24 +258,15 @@ def test_two_processes_run_their_own_environment_episodes_on_their_own_engines_l
     the step's groups on an engine of its own (its four devices, its copy of the weights), the steps' anchors and
     returns gathered for the whole batch's advantages; the parameters equal the 1 x 8 run's (1e-5)."""
     script = tmp_path / "episodes_worker.py"
-    script.write_text(_EPISODES_WORKER.format(toy=TOY))
-    multi, single = tmp_path / "multi", tmp_path / "single"
-    port = _free_port()
-    procs = {f"process {i}": _start(script, 2, i, port, multi, tmp_path / f"multi_{i}.npz", "", 4) for i in range(2)}
-    procs["single process"] = _start(script, 1, 0, 0, single, tmp_path / "single.npz", "", 8)
-    _wait(procs)
-    reference = _load(tmp_path / "single.npz")
-    trained, trained_1 = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    script.write_text(_EPISODES_WORKER.format(toy=TOY, root=ROOT))
+    multi = tmp_path / "multi"
+    reference, trained, trained_1 = _one_and_two_processes(tmp_path, script, mode="")
     # Each host ran its own 2 groups x 4 episodes a step (one process: all 4 groups); every host runs the whole
     # evaluation (2 greedy episodes, then 2 x eval_pass_k sampled) at steps 0 and 2.
     np.testing.assert_array_equal(reference.pop("__episodes__"), [2, 8, 16, 16, 2, 8])
     np.testing.assert_array_equal(trained.pop("__episodes__"), [2, 8, 8, 8, 2, 8])
     np.testing.assert_array_equal(trained_1.pop("__episodes__"), [2, 8, 8, 8, 2, 8])
-    assert sorted(trained) == sorted(reference) and len(reference) > 2
-    for name in reference:
-        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
-    for name, value in trained_1.items():
-        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    _assert_trained_alike(reference, trained, trained_1)
     records = read_jsonl(multi / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and all(np.isfinite(r["loss"]) for r in records)
 
@@ -306,16 +276,9 @@ def test_two_processes_sample_through_engines_of_their_own_like_one(tmp_path):
     samples its own prompts; the parameters after two steps equal the 1 x 8 run's (1e-5)."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(toy=TOY))
-    port = _free_port()
-    procs = {f"process {i}": _start(script, 2, i, port, tmp_path / "multi", tmp_path / f"multi_{i}.npz", "fresh", 4,
-                                    "sampling.engine=true") for i in range(2)}
-    procs["single process"] = _start(script, 1, 0, 0, tmp_path / "single", tmp_path / "single.npz", "fresh", 8,
-                                     "sampling.engine=true")
-    _wait(procs)
-    reference, trained = _load(tmp_path / "single.npz"), _load(tmp_path / "multi_0.npz")
+    reference, trained, _ = _one_and_two_processes(tmp_path, script, overrides="sampling.engine=true")
     np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
     np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
     np.testing.assert_array_equal(trained.pop("__read__"), [0, 1, 2, 3, 8, 9, 10, 11])
     reference.pop("__read__")
-    for name in reference:
-        np.testing.assert_allclose(trained[name], reference[name], rtol=0, atol=1e-5, err_msg=name)
+    _assert_trained_alike(reference, trained)

@@ -11,45 +11,20 @@ from flax import nnx
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
-from jaxgrpo.envs import Step, environment_names, register_environment
 from jaxgrpo.envs.games import GuessNumber
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import Decoder, DecoderConfig, registry
 from jaxgrpo.models.tokenizer import load_tokenizer
 from jaxgrpo.train import Trainer, inputs, register_model_builder, stages
+from tests.tiny_models import register_two_turn_episodes
 
 TOY = os.path.join(os.path.dirname(__file__), "..", "experiments", "toy_sum.py")
 
 
-class TwoTurns:
-    """Answers the first turn with a user message; the second turn ends the episode, rewarded 1 when the policy's
-    text has an even length (so a group's episodes differ)."""
-
-    failure_reward = 0.0
-
-    def reset(self, example):
-        return [{"role": "user", "content": f"What is {example['question']}?"}]
-
-    def step(self, action):
-        if not hasattr(self, "heard"):
-            self.heard = True
-            return Step([{"role": "user", "content": "Say it again."}], 0.0, False, {})
-        return Step(None, float(len(action) % 2 == 0), True, {})
-
-
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
-
-    def build(dtype=jnp.float32, remat=True):
-        config = DecoderConfig(family="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                               num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
-        return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
-
-    register_model_builder("random-smollm2-vocab", build)
-    if "two_turns" not in environment_names():
-        register_environment("two_turns", TwoTurns)
+    register_two_turn_episodes()
     cfg = load_experiment(TOY)
     apply_overrides(cfg, [f"run_dir={tmp_path_factory.mktemp('episodes') / 'run'}", "model=random-smollm2-vocab",
                           "environment.name=two_turns", "environment.max_turns=3", "environment.max_context=256",

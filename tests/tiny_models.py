@@ -51,3 +51,45 @@ def write_hf_checkpoint(directory, config: dict, *, prefix: str = "model.", drop
     save_file(tensors, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(config))
     return tensors
+
+
+class TwoTurns:
+    """An environment of two turns: a user message answers the first; the second ends the episode, rewarded 1
+    when the policy's text has an even length (so a group's episodes differ)."""
+
+    failure_reward = 0.0
+
+    def reset(self, example):
+        return [{"role": "user", "content": f"What is {example['question']}?"}]
+
+    def step(self, action):
+        from jaxgrpo.envs import Step
+
+        if not hasattr(self, "heard"):
+            self.heard = True
+            return Step([{"role": "user", "content": "Say it again."}], 0.0, False, {})
+        return Step(None, float(len(action) % 2 == 0), True, {})
+
+
+def register_two_turn_episodes() -> None:
+    """Registers (once) the model `random-smollm2-vocab`, a tiny random Llama over SmolLM2's tokenizer (the
+    chat template environments need), and the environment `two_turns` (`TwoTurns`)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxgrpo.envs import environment_names, register_environment
+    from jaxgrpo.models import Decoder, registry
+    from jaxgrpo.models.tokenizer import load_tokenizer
+    from jaxgrpo.train import register_model_builder, state
+
+    if "random-smollm2-vocab" not in state.MODEL_BUILDERS:
+        tokenizer = load_tokenizer(registry.smollm2_135m_instruct())
+
+        def build(dtype=jnp.float32, remat=True):
+            config = DecoderConfig(family="llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True)
+            return Decoder(config, dtype=dtype, param_dtype=dtype, remat=remat, rngs=nnx.Rngs(0)), tokenizer
+
+        register_model_builder("random-smollm2-vocab", build)
+    if "two_turns" not in environment_names():
+        register_environment("two_turns", TwoTurns)
