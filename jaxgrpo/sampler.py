@@ -611,7 +611,7 @@ def generate(
         mesh of the model's parameters, if they are sharded).
       process_local: in a multi-process run, `prompts` and `prompt_ids` are only this process's
         `process_block` of a batch of `B * process_count` prompts (every process passes as many);
-        the others pass theirs. No effect in a single process.
+        the others pass theirs. No effect where the model's mesh is one process's devices.
 
     Returns:
       A `Generation` with B*G rows (with `process_local`, global arrays of all processes' rows,
@@ -640,9 +640,9 @@ def generate(
 
     graphdef, state = nnx.split(model)
     mesh = mesh if mesh is not None else _mesh_of(state)
-    distributed = process_local and jax.process_count() > 1
-    if distributed and mesh is None:
-        raise ValueError("process_local needs the model sharded on a mesh that spans the processes' devices")
+    # Rows are exchanged only where the model's mesh spans processes; on one process's devices its prompts are
+    # all the program sees (e.g. each process's own sampler, multi-process one-step-off).
+    distributed = process_local and mesh is not None and len({d.process_index for d in mesh.devices.flat}) > 1
     longest = max(len(p) for p in prompts)
     if distributed:  # one prompt bucket on every process, so all compile the same program
         longest = int(np.max(multihost_utils.process_allgather(np.int32(longest))))

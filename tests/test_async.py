@@ -259,3 +259,29 @@ def test_rows_padded_to_wider_widths_train_the_same(tmp_path):
     np.testing.assert_allclose(learner(broad, c + 8)[:, :c][mask], learner(narrow, c)[mask], atol=1e-5)
     with pytest.raises(ValueError, match="cannot be padded"):
         padded(rollout, p - 1, c)
+
+
+def test_groups_selected_and_joined_again_are_the_rollout(tmp_path):
+    """Dynamic sampling's bookkeeping: groups selected apart (`select_groups`) and joined again (`concat_rollouts`,
+    one part padded wider) give the rollout's rows, every field carried (the stamped versions too), regrouped."""
+    from jaxgrpo.train.rollout import concat_rollouts, padded, select_groups
+
+    trainer = Trainer(toy(tmp_path, "max_staleness=0"))
+    rollout, _, _ = trainer.rollout(trainer.loop_state)
+    g, groups = trainer.cfg.group_size, int(rollout.group_ids.max()) + 1
+    versions = np.arange(rollout.completion_tokens.size, dtype=np.int32).reshape(rollout.completion_tokens.shape)
+    rollout = rollout._replace(token_versions=versions)
+    p, c = rollout.prompt_tokens.shape[1], rollout.completion_tokens.shape[1]
+    first, rest = select_groups(rollout, np.arange(1)), select_groups(rollout, np.arange(1, groups))
+    assert len(first.rewards) == g and first.texts == rollout.texts[:g] and first.examples == rollout.examples[:g]
+    joined = concat_rollouts([padded(first, p + 4, c + 2), rest], groups, g)
+    again = padded(rollout, p + 4, c + 2)
+    for name, want, got in zip(rollout._fields, again, joined):
+        if isinstance(want, dict):
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=name)
+        elif isinstance(want, list) or want is None:
+            assert got == want, name
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    assert list(concat_rollouts([rest, first], groups - 1, g).group_ids) == list(np.repeat(np.arange(groups - 1), g))

@@ -39,18 +39,19 @@ def whole_steps(steps: inputs_lib.Steps | None, rows: int) -> inputs_lib.Steps |
     anchor, and a group's episodes are one host's)."""
     if steps is None or jax.process_count() == 1:
         return steps
-    counts = across_processes(len(steps.rows)).astype(int)
-    anchors = across_processes(int(steps.anchor_ids.max(initial=-1)) + 1).astype(int)
+    sizes = across_processes(np.array([len(steps.rows), int(steps.anchor_ids.max(initial=-1)) + 1])).astype(int)
+    counts, anchors = sizes[:, 0], sizes[:, 1]  # each host's steps and anchors
     here, most = jax.process_index(), int(counts.max())
-    ints = np.full((most, 3), -1, np.int32)
-    ints[:len(steps.rows)] = np.stack([steps.rows + here * rows, steps.turns,
-                                       steps.anchor_ids + anchors[:here].sum()], axis=1)
-    returns = np.zeros(most, np.float32)
-    returns[:len(steps.rows)] = steps.step_returns
-    whole = gather_rows({"ints": ints, "returns": returns})  # every host's, padded to `most` each
+    # A step is four int32 words (its return's float32 bits the last), so one exchange gathers them.
+    words = np.full((most, 4), -1, np.int32)
+    words[:len(steps.rows)] = np.stack([steps.rows + here * rows, steps.turns, steps.anchor_ids + anchors[:here].sum(),
+                                        steps.step_returns.astype(np.float32).view(np.int32)], axis=1)
+    # Every host's steps (padded to `most` each) and its rows' token turns.
+    whole = gather_rows({"steps": words, "token_turns": steps.token_turns})
     keep = np.concatenate([np.arange(count) + p * most for p, count in enumerate(counts)])
-    ints = whole["ints"][keep]
-    return inputs_lib.Steps(ints[:, 0], ints[:, 1], whole["returns"][keep], ints[:, 2], gather_rows(steps.token_turns))
+    words = whole["steps"][keep]
+    return inputs_lib.Steps(words[:, 0], words[:, 1], np.ascontiguousarray(words[:, 3]).view(np.float32), words[:, 2],
+                            whole["token_turns"])
 
 
 def batch_inputs(cfg: Config, rollout: Trajectories, stats: RowStats, reward_weights: np.ndarray,

@@ -244,6 +244,11 @@ class Trainer:
             self._view = (params, self.to_sampler(params))
         return self._view[1]
 
+    def _samples_on_own_devices(self, params) -> bool:
+        """Whether the policy of `params` samples on this process's own devices in a multi-process run (each
+        process's sampler, one-step-off), so that nothing is exchanged between processes while it samples."""
+        return self._local_sampler and not self._on_learner(params)
+
     def _sampling_params(self):
         """What `generate` and evaluation sample with by default: `loop_state`'s policy, on the sampler's devices
         when it has its own (moved once per update)."""
@@ -282,8 +287,6 @@ class Trainer:
         s = self.cfg.sampling
         params = self._sampling_params() if params is None else params
         budget = s.max_new_tokens if max_new_tokens is None else max_new_tokens
-        # On a process's own sampler (multi-process one-step-off) its prompts are all the program sees.
-        process_local = process_local and not (self._local_sampler and not self._on_learner(params))
         if s.engine:
             return self._generate_with_engine(prompts, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
                                               params=params, max_new_tokens=budget)
@@ -402,7 +405,7 @@ class Trainer:
             rollout, timings = rollout_lib.collect(
                 self.cfg, key, prompts, functools.partial(self.generate, params=params), self.tokenizer,
                 self.reward_fns, self.mesh, self._guide(state, params),
-                local=self._local_sampler and not self._on_learner(params))
+                local=self._samples_on_own_devices(params))
             timings = guidance.summarize(timings)
         rollout = rollout._replace(policy_version=np.full(len(rollout.rewards), version, np.int32))
         return rollout, state._replace(data_position=prompts.position), timings

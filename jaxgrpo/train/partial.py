@@ -92,21 +92,22 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, carried: Partial
     nxt = None
     if keep.any():
         nxt = Partial(positions[~finished_groups], carries[~finished_groups] + 1, tokens[keep], lengths[keep],
-                      logp[keep], versions[keep], done[keep], stopped[keep])
+                      logp[keep], versions[keep], stopped[keep])
     return batch, stream, nxt, versions, timings
 
 
 def _empty(limit: int) -> Partial:
     return Partial(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros((0, limit), np.int32),
                    np.zeros(0, np.int32), np.zeros((0, limit), np.float32), np.zeros((0, limit), np.int32),
-                   np.zeros(0, bool), np.zeros(0, bool))
+                   np.zeros(0, bool))
 
 
 def _rows(cfg: Config, tokens, lengths, logp, stopped, examples, g: int, tokenizer, reward_fns, prompt_ids,
           finished_groups) -> Trajectories:
     """The step's `Trajectories`: the finished groups scored and training, the others neither (valid and kept
     False: they train when they end)."""
-    heads = [prompt_ids(e) for e in examples for _ in range(g)]
+    rows_examples = [e for e in examples for _ in range(g)]
+    heads = [prompt_ids(e) for e in rows_examples]
     prompt_tokens, prompt_mask = sampler.left_pad(heads, sampler.bucket_length(max(map(len, heads))))
     mask = np.arange(tokens.shape[1])[None] < lengths[:, None]
     out = sampler.Generation(
@@ -114,9 +115,7 @@ def _rows(cfg: Config, tokens, lengths, logp, stopped, examples, g: int, tokeniz
         completion_mask=mask, logprobs=logp, policy_logprobs=logp,
         finish_reason=np.where(stopped, sampler.FINISH_STOP, sampler.FINISH_LENGTH).astype(np.int32),
         prompt_index=np.repeat(np.arange(len(examples)), g).astype(np.int32))
-    rows_examples = [e for e in examples for _ in range(g)]
-    group_ids = out.prompt_index
-    batch = scored(cfg, out, rows_examples, tokenizer, reward_fns, group_ids)
+    batch = scored(cfg, out, rows_examples, tokenizer, reward_fns, out.prompt_index)
     finished = np.repeat(finished_groups, g)
     return batch._replace(valid=batch.valid & finished, kept=finished,
                           rewards=np.where(finished, batch.rewards, 0.0).astype(np.float32),

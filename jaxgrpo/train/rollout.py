@@ -271,49 +271,50 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
 
 
 def select_groups(r: Trajectories, groups: np.ndarray) -> Trajectories:
-    """The rows of `r` whose group id is among `groups`."""
+    """The single-turn rows of `r` whose group id is among `groups`."""
+    if r.steps is not None:
+        raise ValueError("select_groups selects single-turn rows; episodes' steps are not selected")
     rows = np.flatnonzero(np.isin(r.group_ids, groups))
-    return Trajectories(
-        *(x[rows] for x in r[:6]), r.rewards[rows], {k: v[rows] for k, v in r.per_reward.items()},
-        r.correct[rows], r.valid[rows], r.kept[rows], r.group_ids[rows],
-        [r.texts[i] for i in rows], [r.examples[i] for i in rows],
-        None if r.completion_valid is None else r.completion_valid[rows],
-    )
+
+    def take(value):
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return {k: v[rows] for k, v in value.items()}
+        if isinstance(value, list):
+            return [value[i] for i in rows]
+        return value[rows]
+
+    return Trajectories(*(take(field) for field in r))
 
 
 def concat_rollouts(parts: list[Trajectories], num_groups: int, group_size: int) -> Trajectories:
-    """Concatenates rollouts (padding prompts to one length) and keeps the first `num_groups` groups."""
+    """Concatenates rollouts of single-turn rows (padded to the widest, `padded`) and keeps the first `num_groups`
+    groups, numbered from 0."""
     parts = [p for p in parts if len(p.rewards)]
+    if any(p.steps is not None for p in parts):
+        raise ValueError("concat_rollouts joins single-turn rows; episodes' steps are not concatenated")
+    if any(p.completion_valid is not None for p in parts):
+        parts = [p._replace(completion_valid=completion_valid(p)) for p in parts]
     width = max(p.prompt_tokens.shape[1] for p in parts)
     cwidth = max(p.completion_tokens.shape[1] for p in parts)
-
-    def left_pad(x, w):
-        return np.pad(x, ((0, 0), (w - x.shape[1], 0)))
-
-    def right_pad(x, w):
-        return np.pad(x, ((0, 0), (0, w - x.shape[1])))
-
+    parts = [padded(p, width, cwidth) for p in parts]
     n = num_groups * group_size
-    cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
+
+    def cat(values):
+        if any(v is None for v in values):
+            if not all(v is None for v in values):
+                raise ValueError("concat_rollouts joins rollouts that all carry a field or none do")
+            return None
+        if isinstance(values[0], dict):
+            return {k: cat([v[k] for v in values]) for k in values[0]}
+        if isinstance(values[0], list):
+            return sum(values, [])[:n]
+        return np.concatenate(values)[:n]
+
+    joined = Trajectories(*(cat(list(field)) for field in zip(*parts)))
     group_ids = np.repeat(np.arange(sum(len(p.rewards) for p in parts) // group_size), group_size)[:n]
-    return Trajectories(
-        cat([left_pad(p.prompt_tokens, width) for p in parts]),
-        cat([left_pad(p.prompt_mask, width) for p in parts]),
-        cat([right_pad(p.completion_tokens, cwidth) for p in parts]),
-        cat([right_pad(p.completion_mask, cwidth) for p in parts]),
-        cat([right_pad(p.sampler_logp, cwidth) for p in parts]),
-        cat([p.finished for p in parts]),
-        cat([p.rewards for p in parts]),
-        {k: cat([p.per_reward[k] for p in parts]) for k in parts[0].per_reward},
-        cat([p.correct for p in parts]),
-        cat([p.valid for p in parts]),
-        cat([p.kept for p in parts]),
-        group_ids.astype(np.int32),
-        sum((p.texts for p in parts), [])[:n],
-        sum((p.examples for p in parts), [])[:n],
-        None if all(p.completion_valid is None for p in parts) else cat([right_pad(completion_valid(p), cwidth)
-                                                                         for p in parts]),
-    )
+    return joined._replace(group_ids=group_ids.astype(np.int32))
 
 
 def padded(r: Trajectories, prompt_width: int, completion_width: int) -> Trajectories:

@@ -234,8 +234,13 @@ class Partial(NamedTuple):
     lengths: np.ndarray  # i32[rows]
     logp: np.ndarray  # f32[rows, C]: each token's log-prob under the policy that sampled it
     versions: np.ndarray  # i32[rows, C]: the policy version of each token, -1 on padding
-    done: np.ndarray  # bool[rows]: the row ended (a stop token, or the length limit)
     stopped: np.ndarray  # bool[rows]: the row ended on a stop token
+
+    @property
+    def done(self) -> np.ndarray:
+        """bool[rows]: the row ended, on a stop token or at the length limit (a group that may not be carried
+        again ends this step, so a carried row that ended did one of these)."""
+        return self.stopped | (self.lengths >= self.tokens.shape[1])
 
     def to_json(self) -> dict:
         """The checkpoint metadata's form (exact: float32 log-probs round-trip through JSON's doubles)."""
@@ -244,7 +249,7 @@ class Partial(NamedTuple):
     @classmethod
     def from_json(cls, data: dict) -> "Partial":
         dtypes = {"positions": np.int64, "carries": np.int32, "tokens": np.int32, "lengths": np.int32,
-                  "logp": np.float32, "versions": np.int32, "done": bool, "stopped": bool}
+                  "logp": np.float32, "versions": np.int32, "stopped": bool}
         return cls(**{name: np.asarray(data[name], dtype) for name, dtype in dtypes.items()})
 
 
