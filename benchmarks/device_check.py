@@ -484,7 +484,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     import jax
 
     from jaxgrpo.train import Trainer
-    from jaxgrpo.train.distributed import gather_rows
+    from jaxgrpo.distributed import gather_rows
     from jaxgrpo.train.rollout import row_stats
 
     cfg = train_config(model_name, shapes, packing, attention, remat, max_staleness)

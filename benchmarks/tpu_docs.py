@@ -598,7 +598,7 @@ def retrace(report: dict) -> list[str]:
 
     from jaxgrpo import compile as aot, train
     from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.models import memory_forms
+    from jaxgrpo.models import backend
 
     cfg = load_experiment(os.path.join(ROOT, report["experiment"]))
     apply_overrides(cfg, list(report.get("overrides") or []))
@@ -607,7 +607,7 @@ def retrace(report: dict) -> list[str]:
     chip, devices = aot.topology_devices(report["topology"])
     mesh, chips, skipped = train.make_mesh(cfg, devices), len(devices), []
     lower = {"update": aot.lower_update, "forward": aot.lower_forward}
-    with memory_forms.force_cpu_forms(bool(report.get("cpu_forms"))):
+    with backend.force_cpu_forms(bool(report.get("cpu_forms"))):
         abstract = aot.abstract_train_state(cfg, mesh)
         for program in report["programs"]:
             if program["program"] not in lower:

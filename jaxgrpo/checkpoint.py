@@ -29,6 +29,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxgrpo.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 #: The checkpoint item (beside `state` and `meta`) holding each array's checksum (`array_checksums`).
@@ -37,7 +39,7 @@ CHECKSUMS = "checksums"
 CHECKSUM_FORMAT = "jaxgrpo-array-checksums/murmur3-sum-2x32"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint could not be saved or restored; the message (one line) says why and what to do."""
 
 

@@ -4,7 +4,7 @@
 Every error a user can cause is one line on stderr, `jaxgrpo-<tool>: error: <what is wrong and what to do>`, with
 exit status 2 for a bad command line or config (found before anything is built) and 1 for what fails later (a run
 directory in use, data, a checkpoint, a disk). What counts as the user's is a family of exception types
-(`jaxgrpo.errors.user_errors`, and OSErrors naming a path: `jaxgrpo.errors.os_error_message`); any other exception
+(`jaxgrpo.errors.UserError`, and OSErrors naming a path: `jaxgrpo.errors.os_error_message`); any other exception
 is a bug and keeps its traceback. Ctrl-C prints `jaxgrpo-<tool>: interrupted` and exits with 130: the program leaves
 with `os._exit` once the run directory's lock is released and the output flushed, so the interpreter's teardown,
 which crashes while XLA's compiler threads are alive, never runs (`_entry_point`).
@@ -59,9 +59,9 @@ def _entry_point(prog: str) -> Callable:
                     os._exit(INTERRUPTED)
                 return INTERRUPTED
             except Exception as error:
-                from jaxgrpo.errors import os_error_message, user_errors
+                from jaxgrpo.errors import UserError, os_error_message
 
-                if isinstance(error, user_errors()):
+                if isinstance(error, UserError):
                     return _fail(prog, error, 1)
                 if isinstance(error, OSError) and os_error_message(error) is not None:
                     return _fail(prog, os_error_message(error), 1)
@@ -259,7 +259,7 @@ def kernels_main(argv: list[str] | None = None) -> int:
     import jaxgrpo
 
     if args.peer is not None:
-        from jaxgrpo.kernels import peers
+        from jaxgrpo.catalog import peers
 
         try:
             rows = peers.table(args.peer, mark_unavailable=True)

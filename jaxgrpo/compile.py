@@ -56,6 +56,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo.config import Config, resolve_packing, validate
+from jaxgrpo.distributed import BATCH_AXES
 
 GiB = 1 << 30
 
@@ -194,8 +195,7 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
 
 def _batch_shapes(cfg: Config) -> tuple[int, int, int, int]:
     """(micro-batches per minibatch, rows per micro-batch, prompt + completion length, completion length)."""
-    minibatch = cfg.batch_size // cfg.num_minibatches
-    micro = cfg.micro_batch_size or minibatch
+    minibatch, micro = cfg.minibatch_size, cfg.micro_batch_rows
     completion = cfg.sampling.max_new_tokens
     return minibatch // micro, micro, cfg.sampling.max_prompt_len + completion, completion
 
@@ -213,7 +213,7 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
 
     cfg = resolve_packing(cfg, target_platform(mesh))  # packing=None: the mesh's platform's default
     num_micro, micro, length, completion = _batch_shapes(cfg)
-    rows = NamedSharding(mesh, P(None, train.BATCH_AXES))
+    rows = NamedSharding(mesh, P(None, BATCH_AXES))
     tokens = lambda dtype: _sharded((num_micro, micro, length), dtype, rows)  # noqa: E731
     per_token = [_sharded((num_micro, micro, completion), jnp.float32, rows) for _ in range(6)]
     batch = train.TrainBatch(tokens(jnp.int32), tokens(jnp.bool_), tokens(jnp.int32), *per_token)
@@ -238,7 +238,7 @@ def lower_forward(cfg: Config, mesh, abstract: Abstract):
     from jaxgrpo import train
 
     _, _, length, completion = _batch_shapes(cfg)
-    rows = NamedSharding(mesh, P(train.BATCH_AXES))
+    rows = NamedSharding(mesh, P(BATCH_AXES))
 
     def forward(rest, params, tokens, attention, positions):
         policy = nnx.merge(abstract.graphdef, params, rest)
@@ -743,12 +743,12 @@ def _program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chip
 def compile_experiment(cfg: Config, topology: str, programs=DEFAULT_PROGRAMS, cpu_forms: bool = False,
                        calibrations=None) -> Report:
     """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
-    `cpu_forms` traces the decoder's CPU-specific forms (`memory_forms.force_cpu_forms`) too, to compare them.
+    `cpu_forms` traces the decoder's CPU-specific forms (`jaxgrpo.models.backend.force_cpu_forms`) too, to compare them.
     `calibrations`: the measured runs each estimate is compared with (`jaxgrpo.calibration.load`; default the
     committed ones, `calibration.MEASURED`)."""
-    from jaxgrpo.models import memory_forms
+    from jaxgrpo.models import backend
 
-    with memory_forms.force_cpu_forms(cpu_forms):
+    with backend.force_cpu_forms(cpu_forms):
         return _compile_experiment(cfg, topology, programs, calibrations)
 
 

@@ -32,7 +32,7 @@ import types
 import typing
 from typing import Any
 
-from jaxgrpo.errors import ConfigError
+from jaxgrpo.errors import ConfigError, UserError
 
 #: Parameter dtypes a policy can be built in (`jaxgrpo.train.state.build_model`).
 DTYPES = ("float32", "bfloat16")
@@ -41,7 +41,7 @@ STATE_DTYPES = ("float32", "bfloat16")
 #: Attention implementations `Config.attention` can name (`jaxgrpo.models.attention`: "auto" and its NAMES).
 ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "pallas_gpu", "cpu")
 #: The projections `LoraConfig.targets` can name: every projection weight of the decoder's blocks
-#: (`jaxgrpo.models.decoder.PROJECTIONS`, the same names; a test keeps them equal).
+#: (`jaxgrpo.models.config.PROJECTIONS`, the same names; a test keeps them equal).
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -281,6 +281,8 @@ class Config(_Fields):
     eval_pass_k: int = 4
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
+    #: Write every this many steps' metrics to metrics.jsonl and TensorBoard (and the last step's); the run's
+    #: checks (no signal, non-finite updates, collapse) see every step's.
     log_every: int = 1
     #: Stop the run (an error) after this many consecutive steps in which no row trains (every reward
     #: invalid, e.g. NaN, or every group filtered out): such a run learns nothing. 0 = never stop.
@@ -313,6 +315,16 @@ class Config(_Fields):
     def batch_size(self) -> int:
         """Sequences per step: prompts x group size."""
         return self.prompts_per_step * self.group_size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer update: the step's batch over `num_minibatches`."""
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def micro_batch_rows(self) -> int:
+        """Sequences per forward and backward: `micro_batch_size`, or the whole minibatch when it is 0."""
+        return self.micro_batch_size or self.minibatch_size
 
 
 #: `Config.packing=None` per platform, as measured (docs/gpu.md). A CPU scores packed rows faster (each prompt
@@ -443,7 +455,7 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
-class ExperimentError(Exception):
+class ExperimentError(UserError):
     """An experiment file failed to run: its message names the file, the line and the error."""
 
 
@@ -501,8 +513,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
             f"batch size prompts_per_step*group_size={cfg.batch_size} is not divisible by "
             f"num_minibatches={cfg.num_minibatches}; change one of them"
         )
-    minibatch = cfg.batch_size // cfg.num_minibatches
-    micro = cfg.micro_batch_size or minibatch
+    minibatch, micro = cfg.minibatch_size, cfg.micro_batch_rows
     if minibatch % micro:
         raise ConfigError(
             f"minibatch of {minibatch} sequences is not divisible by micro_batch_size={micro}; "

@@ -6,11 +6,12 @@ one line naming the problem and the fix. `jaxgrpo.cli` prints it as `jaxgrpo-<to
 exits with status 1 (2 for a bad command line or config, found before anything is built); an exception of
 any other type is a bug and keeps its traceback.
 
-The family (`user_errors`): `UserError` and its subclasses below, and the one-line errors other modules
-define for their own inputs (`jaxgrpo.config.ExperimentError`, `jaxgrpo.rundir.RunDirectoryError`,
-`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.loop.NoLearningSignal` and `NonFiniteUpdates`, `jaxgrpo.runs.RunReadError`,
-`jaxgrpo.export.ExportError`, `jaxgrpo.policy_eval.EvalSetupError`, `jaxgrpo.study.StudyError`, and the
-model loader's `UnsupportedConfigError` and `WeightFileError`). An `OSError` naming a file (a disk full, a
+The family is `UserError`: its subclasses below, and the one-line errors other modules define for their own
+inputs, each a `UserError` too (`jaxgrpo.config.ExperimentError`, `jaxgrpo.rundir.RunDirectoryError`,
+`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.loop.NoLearningSignal` and `NonFiniteUpdates`,
+`jaxgrpo.runs.RunReadError`, `jaxgrpo.export.ExportError`, `jaxgrpo.policy_eval.EvalSetupError`,
+`jaxgrpo.study.StudyError`, and the model loader's `UnsupportedConfigError` and `WeightFileError`), so this
+module, at the bottom of the package, imports none of them. An `OSError` naming a file (a disk full, a
 directory not writable, a path that does not exist) is the user's too: `os_error_message` says which.
 """
 
@@ -80,20 +81,6 @@ def device_memory_bytes(device) -> int | None:
         return None
     limit = (stats or {}).get("bytes_limit")
     return int(limit) if limit else None
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Every exception type a user's mistake raises (imported here, when an error is being reported)."""
-    from jaxgrpo import export, policy_eval, runs, study
-    from jaxgrpo.checkpoint import CheckpointError
-    from jaxgrpo.config import ExperimentError
-    from jaxgrpo.models import UnsupportedConfigError, WeightFileError
-    from jaxgrpo.rundir import RunDirectoryError
-    from jaxgrpo.train.loop import NoLearningSignal, NonFiniteUpdates
-
-    return (UserError, ExperimentError, RunDirectoryError, CheckpointError, NoLearningSignal, NonFiniteUpdates,
-            runs.RunReadError, export.ExportError, policy_eval.EvalSetupError, study.StudyError,
-            UnsupportedConfigError, WeightFileError)
 
 
 #: OSError numbers that say something about a path the user chose, not about the program.

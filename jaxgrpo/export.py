@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxgrpo.errors import UserError
 from jaxgrpo.models.config import DecoderConfig, RopeConfig
 
 #: jaxgrpo family -> (transformers model_type, architecture class).
@@ -40,7 +41,7 @@ HF_ARCHITECTURES = {
 DEFAULT_MAX_POSITIONS = 4096
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
     """A model cannot be exported; the message (one line) names the problem and what to do."""
 
 

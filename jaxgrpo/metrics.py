@@ -43,14 +43,16 @@ class MetricsWriter:
 
             self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
-    def write(self, step: int, metrics: Mapping[str, float], *, file: str = METRICS_FILE, prefix: str = "") -> dict:
-        """Appends one record; returns the record as written (floats only)."""
+    def write(self, step: int, metrics: Mapping[str, float], *, file: str = METRICS_FILE, prefix: str = "",
+              log: bool = True) -> dict:
+        """Appends one record; returns the record as written (floats only). `log=False` returns the record
+        without writing it (a step between two of `Config.log_every`)."""
         record = {"step": int(step)}
         for key, value in metrics.items():
             scalar = _scalar(value)
             if scalar is not None:
                 record[key] = scalar
-        if not self.enabled:
+        if not self.enabled or not log:
             return record
         self._append(os.path.join(self.run_dir, file), (json.dumps(record) + "\n").encode())
         if self._tb is not None:

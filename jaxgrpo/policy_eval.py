@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxgrpo import intervals
 from jaxgrpo.config import Config
+from jaxgrpo.errors import UserError
 
 
 @dataclasses.dataclass
@@ -80,7 +81,7 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     return EvalResult(metrics, records, len(examples), n)
 
 
-class EvalSetupError(ValueError):
+class EvalSetupError(UserError, ValueError):
     """The evaluation asked for cannot run (a split, a model, a run); the message is one line."""
 
 

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from jaxgrpo.config import Config
+from jaxgrpo.errors import UserError
 
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
@@ -52,7 +53,7 @@ RESUMABLE_KEYS = frozenset({
 })
 
 
-class RunDirectoryError(RuntimeError):
+class RunDirectoryError(UserError, RuntimeError):
     """The run directory cannot be used as asked; the message (one line) says why and what to do."""
 
 

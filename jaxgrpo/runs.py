@@ -15,12 +15,13 @@ import typing
 from typing import Any
 
 from jaxgrpo.config import Config, optional_section
+from jaxgrpo.errors import UserError
 
 CONFIG_FILE = "config.json"
 CHECKPOINTS = "checkpoints"
 
 
-class RunReadError(ValueError):
+class RunReadError(UserError, ValueError):
     """A run directory cannot be read back; the message (one line) names what is missing and what to do."""
 
 

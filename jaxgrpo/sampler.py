@@ -29,7 +29,7 @@ Shapes are bucketed (prompt length and completion length to powers of two >= 16)
 compiles a bounded number of times; `compilation_counts()` reports how many.
 
 Multi-host (`process_local=True`): each process passes only its own block of the batch's prompts
-(`jaxgrpo.train.distributed.process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
+(`jaxgrpo.distributed.process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
 padded prompts (small host arrays) are gathered so every process holds the whole batch's, and every
 process runs the same program on the global batch; the returned rows are global arrays, this
 process's block on its own devices (`process_sharding`, `jax.make_array_from_process_local_data`).
@@ -50,8 +50,9 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo.models import memory_forms, partitioning
-from jaxgrpo.train.distributed import global_rows
+from jaxgrpo.distributed import global_rows
+from jaxgrpo.models import backend as backends, partitioning
+from jaxgrpo.models.decoder import mask_positions
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,6 @@ FINISH_STOP = 1
 """`finish_reason` of a row that produced one of the stop tokens (the stop token is kept, masked in)."""
 FINISH_LENGTH = 2
 """`finish_reason` of a row that reached `max_new_tokens` without a stop token."""
-FINISH_REASON_NAMES = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
 
 MIN_BUCKET = 16
 
@@ -428,7 +428,7 @@ def prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_
     model = nnx.merge(graphdef, state)
     prompt_tokens = layout.constrain_rows(prompt_tokens)
     prompt_mask = layout.constrain_rows(prompt_mask)
-    positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=1) - 1, 0)
+    positions = mask_positions(prompt_mask)
     cache = layout.constrain_cache(model.init_cache(batch, prompt_len))
     hidden, prompt_cache = model.decode_step(prompt_tokens, positions, cache=cache, cache_index=0, kv_mask=prompt_mask)
     # Left padding puts every prompt's last token in the last column.
@@ -442,7 +442,7 @@ def prefill(graphdef, state, prompt_tokens, prompt_mask, keys, stop_tokens, max_
     def first_column(x, fill):
         return layout.constrain_rows(jnp.full((rows, n), fill, x.dtype).at[:, 0].set(x))
 
-    forms = memory_forms.for_program()
+    forms = backends.memory_for_program()
     return _DecodeState(
         step=jnp.int32(1),
         tokens=first_column(tokens, pad_id),
@@ -476,7 +476,7 @@ def decode_loop(graphdef, state, carry: _DecodeState, stop_tokens, max_new_token
     rows = carry.tokens.shape[0]
     # On CPU, bfloat16 weights packed once for the one-token products (cpu_matmul); None elsewhere.
     packed_weights = model.pack_weights()
-    forms = memory_forms.for_program()
+    forms = backends.memory_for_program()
 
     def keep_going(s: _DecodeState):
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -615,7 +615,7 @@ def generate(
 
     Returns:
       A `Generation` with B*G rows (with `process_local`, global arrays of all processes' rows,
-      this process's block on its own devices; `jaxgrpo.train.distributed.local_rows` copies it to the host).
+      this process's block on its own devices; `jaxgrpo.distributed.local_rows` copies it to the host).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, greedy=greedy)
     if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:

@@ -54,11 +54,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxgrpo import intervals
+from jaxgrpo.errors import UserError
 
 EVAL_PREFIX = "eval/"
 
 
-class StudyError(ValueError):
+class StudyError(UserError, ValueError):
     """A study file or its grid is wrong; the message (one line) names the problem and the fix."""
 
 
@@ -538,8 +539,3 @@ def _finite_or_none(tree: Any) -> Any:
         return [_finite_or_none(v) for v in tree]
     return None if isinstance(tree, float) and math.isnan(tree) else tree
 
-
-if __name__ == "__main__":  # `python -m jaxgrpo.study STUDY.py`, as `jaxgrpo-study` without an install
-    from jaxgrpo.cli import study_main
-
-    sys.exit(study_main())

@@ -338,7 +338,7 @@ def test_the_cpu_memory_forms_are_in_cpu_programs_only():
     The update also holds barriers of its own (`jax.checkpoint`'s, around recomputed log-prob chunks) and
     other bitcasts (the float tricks of `kernels/segments.py`): there the CPU forms are the bfloat16 bits and
     the barriers they add."""
-    from jaxgrpo.models import memory_forms
+    from jaxgrpo.models import backend
 
     _, tpu_devices = aot.topology_devices(ONE_HOST)
 
@@ -367,7 +367,7 @@ def test_the_cpu_memory_forms_are_in_cpu_programs_only():
         return bits, text.count("stablehlo.optimization_barrier")
 
     cpu = programs(jax.devices("cpu")[:1], "xla")
-    with memory_forms.force_cpu_forms(True):
+    with backend.force_cpu_forms(True):
         forced = programs(tpu_devices, "xla")
     for attention in ("xla", "pallas_tpu"):
         tpu = programs(tpu_devices, attention)

@@ -7,7 +7,8 @@ import re
 import pytest
 
 import jaxgrpo
-from jaxgrpo.kernels import demo, docs, registry
+from jaxgrpo.catalog import demo, docs
+from jaxgrpo.kernels import registry
 
 # The kernels of issue 2 (the baselines), by kind.
 BASELINE_KERNELS = {

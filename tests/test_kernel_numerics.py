@@ -23,8 +23,8 @@ from kernel_checks import OUTCOME_SHAPE, TOKEN_SHAPE, extreme_outcome_batches, e
 
 import jaxgrpo
 from jaxgrpo import kernels
+from jaxgrpo.catalog.docs import library_kernels
 from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.docs import library_kernels
 from jaxgrpo.kernels.kl import KL_KINDS
 
 

@@ -8,11 +8,11 @@ import pytest
 
 import jaxgrpo
 from jaxgrpo import kernels
-from jaxgrpo.kernels import method_catalog as mc
+from jaxgrpo.catalog import methods as mc
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 KERNEL_MODULES = ("catalog_advantages", "catalog_losses", "credit", "group_rewards", "selection", "experimental")
-REGENERATE = "python -m jaxgrpo.kernels.method_catalog"
+REGENERATE = "python -m jaxgrpo.catalog.methods"
 
 
 def _methods_md(shared_dir):

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.extend.core import jaxprs_in_params
 
-from jaxgrpo.models import Decoder, DecoderConfig, cpu_forms, memory_forms
+from jaxgrpo.models import Decoder, DecoderConfig, backend, cpu_forms, memory_forms
 from jaxgrpo.models.decoder import KVCache
 
 LLAMA = DecoderConfig(family="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -188,11 +188,11 @@ def test_bfloat16_weights_read_through_their_bits_have_the_plain_derivatives(rem
         logits = nnx.merge(graphdef, p)(tokens)
         return (jax.nn.log_softmax(logits)[..., 5]).sum()
 
-    assert memory_forms.for_program() is cpu_forms.FORMS
+    assert backend.memory_for_program() is cpu_forms.FORMS
     text = jax.jit(jax.value_and_grad(loss)).lower(params).as_text()
     assert "optimization_barrier" in text and "bitcast_convert" in text
     value, grads = jax.jit(jax.value_and_grad(loss))(params)
-    monkeypatch.setattr(memory_forms, "for_program", lambda: memory_forms.PLAIN)
+    monkeypatch.setattr(backend, "memory_for_program", lambda: memory_forms.PLAIN)
     text = jax.jit(jax.value_and_grad(loss)).lower(params).as_text()
     assert "optimization_barrier" not in text and "bitcast_convert" not in text
     plain_value, plain_grads = jax.jit(jax.value_and_grad(loss))(params)
@@ -226,6 +226,6 @@ def test_a_decode_step_loops_over_cache_chunks_only_when_several(capacity, loops
         return model(jnp.zeros((2, 1), jnp.int32), jnp.full((2, 1), 3), cache=cache, cache_index=index,
                      kv_mask=kv_mask)
 
-    assert (memory_forms.for_program().cache_chunk(capacity) < capacity) == loops  # the premise, on this CPU
+    assert (backend.memory_for_program().cache_chunk(capacity) < capacity) == loops  # the premise, on this CPU
     jaxpr = jax.make_jaxpr(step)(model, model.init_cache(2, capacity), jnp.int32(3))
     assert _has_while(jaxpr.jaxpr) == loops

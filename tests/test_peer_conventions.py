@@ -1,4 +1,4 @@
-"""Parity with the peers' conventions: every row of `jaxgrpo.kernels.peers` whose kernel this build has.
+"""Parity with the peers' conventions: every row of `jaxgrpo.catalog.peers` whose kernel this build has.
 
 For each row, our kernel with the row's options (and aggregation) is compared, on random inputs with
 uneven (right-padded) masks and uneven groups, with a numpy transcription of the peer's published
@@ -19,8 +19,8 @@ import pytest
 
 import jaxgrpo
 from jaxgrpo import kernels
+from jaxgrpo.catalog import docs, peers
 from jaxgrpo.cli import kernels_main
-from jaxgrpo.kernels import docs, peers
 from jaxgrpo.kernels.aggregation import AGGREGATION_MODES
 
 TOL = dict(rtol=1e-6, atol=1e-6)

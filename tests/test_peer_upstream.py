@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import jaxgrpo
-from jaxgrpo.kernels import peers
+from jaxgrpo.catalog import peers
 
 
 @dataclasses.dataclass(frozen=True)

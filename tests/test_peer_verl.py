@@ -17,7 +17,7 @@ import pytest
 
 import jaxgrpo
 from jaxgrpo import kernels
-from jaxgrpo.kernels import peers
+from jaxgrpo.catalog import peers
 
 ATOL = 1e-6
 N, T, GROUPS = 12, 7, 4

@@ -17,11 +17,11 @@ import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.train.warmup import supervised_warmup
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import packing
 from jaxgrpo.train import Trainer
 from jaxgrpo.train.loop import group_lengths
+from jaxgrpo.train.warmup import supervised_warmup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -276,6 +276,17 @@ def test_a_step_without_signal_trains_nothing_and_still_reports_its_samples(tmp_
     assert record["sampling_rounds"] == 2
     assert record["frac_trained_rows"] == 0.0 and record["grad_norm"] == 0.0
     assert record["reward_mean"] == 0.0 and record["accuracy"] == 0.0 and record["frac_all_wrong"] == 1.0
+
+
+def test_log_every_writes_every_nth_steps_metrics_and_the_last(tmp_path):
+    """`log_every=2` over 3 steps: metrics.jsonl holds steps 2 and 3; the run still returns (and checks) each."""
+    cfg = toy_config(tmp_path, "steps=3", "log_every=2", "warmup_sft_steps=0", "task.num_eval_examples=0",
+                     "checkpoint_every=0", "sampling.max_new_tokens=3")
+    history = Trainer(cfg).run(progress=False)
+    assert [r["step"] for r in history] == [1, 2, 3]
+    written = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in written] == [2, 3]
+    assert written[0] == history[1] and written[1] == history[2]
 
 
 def test_unbiased_kl_receives_the_sampling_log_probs(tmp_path):

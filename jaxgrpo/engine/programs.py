@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.engine.paged import PagedKVCache
-from jaxgrpo.models import memory_forms
+from jaxgrpo.models import backend as backends
 from jaxgrpo.sampler import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
     model = nnx.merge(graphdef, state)
     slots = lengths.shape[0]
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-    forms = memory_forms.for_program()
+    forms = backends.memory_for_program()
     packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
     prefix = prefix_mask = None
     if prefixes is not None:

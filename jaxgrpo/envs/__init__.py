@@ -29,32 +29,10 @@ higher/lower feedback).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
+from typing import Callable
 
-Message = dict  # {"role": str, "content": str}
-
-
-class Step(NamedTuple):
-    """What an environment returns for one policy turn."""
-
-    observation: list[Message] | None
-    reward: float
-    done: bool
-    info: dict = {}
-
-
-@runtime_checkable
-class Environment(Protocol):
-    """An episode's other side (see the module docstring)."""
-
-    failure_reward: float
-
-    def reset(self, example: Any) -> list[Message]:
-        ...
-
-    def step(self, action: str) -> Step:
-        ...
-
+from jaxgrpo.envs import games, sandbox, tools
+from jaxgrpo.envs.base import Environment, Message, Step
 
 _ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
 
@@ -79,8 +57,6 @@ def make_environment(name: str, **kwargs) -> Environment:
                          f"(register one with jaxgrpo.envs.register_environment)")
     return _ENVIRONMENTS[name](**kwargs)
 
-
-from jaxgrpo.envs import games, sandbox, tools  # noqa: E402 (the built-ins register themselves)
 
 register_environment("calculator", tools.calculator_environment)
 register_environment("tools", lambda **kwargs: tools.ToolEnvironment([tools.CALCULATOR, sandbox.PYTHON], **kwargs))

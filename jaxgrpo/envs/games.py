@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from jaxgrpo.envs import Message, Step
+from jaxgrpo.envs.base import Message, Step
 
 
 def last_integer(text: str) -> int | None:

@@ -19,7 +19,7 @@ import operator
 import re
 from typing import Any, Callable, Mapping, NamedTuple
 
-from jaxgrpo.envs import Message, Step
+from jaxgrpo.envs.base import Message, Step
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 

@@ -5,7 +5,8 @@ Importing this package registers every built-in kernel: the baselines
 catalog methods (catalog_advantages, catalog_losses, credit, group_rewards,
 selection), the kernels that complete the peers' registries (reward_scaling,
 sequence_losses, token_masks) and the documented reconstructions (experimental).
-`peers` maps the registries of verl, TRL and tunix to these kernels.
+The tables that document and compare them (the kernel reference, the method catalog, the peers' registries
+of verl, TRL and tunix, a short tour) are `jaxgrpo.catalog`'s, outside this package.
 """
 
 from jaxgrpo.kernels import segments

@@ -15,10 +15,12 @@ attention follows the configuration ("auto": the platform's).
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 from jaxgrpo.models import attention as attention_implementations
-from jaxgrpo.models import memory_forms
+from jaxgrpo.models import cpu_forms, cpu_kernels, memory_forms
+from jaxgrpo.models.partitioning import active_mesh
 
 
 class Backend(NamedTuple):
@@ -37,8 +39,31 @@ class Backend(NamedTuple):
                                           scale=scale, query_slot=query_slot, mesh=mesh)
 
 
+_FORCE_CPU_FORMS = [False]
+
+
+@contextlib.contextmanager
+def force_cpu_forms(enabled: bool = True):
+    """Within this context `memory_for_program()` gives the CPU forms whatever the target: to compile both and
+    compare (`jaxgrpo-compile --cpu-forms`)."""
+    previous, _FORCE_CPU_FORMS[0] = _FORCE_CPU_FORMS[0], enabled
+    try:
+        yield
+    finally:
+        _FORCE_CPU_FORMS[0] = previous
+
+
+def memory_for_program() -> memory_forms.MemoryForms:
+    """The memory forms of the program being traced: the CPU forms (`cpu_forms.FORMS`) for one that runs on CPUs
+    (the active mesh's devices say so: a CPU process compiling for a TPU topology gets the plain forms) or within
+    `force_cpu_forms`, else `memory_forms.PLAIN`."""
+    if _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh()):
+        return cpu_forms.FORMS
+    return memory_forms.PLAIN
+
+
 def for_program(attention: str, mesh) -> Backend:
     """The backend of a program laid out on `mesh` (None: the default devices) for a model configured with
     `attention` ("auto" or one of `jaxgrpo.models.attention.NAMES`)."""
     platform = attention_implementations.target_platform(mesh)
-    return Backend(memory_forms.for_program(), attention_implementations.resolve(attention, platform))
+    return Backend(memory_for_program(), attention_implementations.resolve(attention, platform))

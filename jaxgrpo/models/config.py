@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
+
+from jaxgrpo.errors import UserError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3_text")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -27,7 +29,7 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(UserError, ValueError):
     """A checkpoint asks for something this decoder does not implement."""
 
 
@@ -275,3 +277,25 @@ def from_gguf_metadata(metadata: Mapping[str, Any], vocab_size: int, tie_word_em
         config["final_logit_softcapping"] = get("final_logit_softcapping")
         config["attn_logit_softcapping"] = get("attn_logit_softcapping")
     return from_hf_config(config)
+
+
+class Projection(NamedTuple):
+    """A projection weight of a block: the module holding it, its logical axes after the layer axis, and how many
+    of its leading axes its product contracts (the rest are the output's)."""
+
+    module: str
+    axes: tuple[str, ...]
+    contracted: int
+
+
+#: The projection weights of every block (`Block.attn` and `Block.mlp`), by name: the matrices the layers multiply
+#: activations by, and so what LoRA adapts (`jaxgrpo.models.lora`) and the CPU decode packs (`cpu_forms`).
+PROJECTIONS: dict[str, Projection] = {
+    "q": Projection("attn", ("embed", "heads", "head_dim"), 1),
+    "k": Projection("attn", ("embed", "kv_heads", "head_dim"), 1),
+    "v": Projection("attn", ("embed", "kv_heads", "head_dim"), 1),
+    "o": Projection("attn", ("heads", "head_dim", "embed"), 2),
+    "gate": Projection("mlp", ("embed", "mlp"), 1),
+    "up": Projection("mlp", ("embed", "mlp"), 1),
+    "down": Projection("mlp", ("mlp", "embed"), 1),
+}

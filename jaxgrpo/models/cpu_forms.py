@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.models import cpu_matmul
-from jaxgrpo.models.decoder import PROJECTIONS
+from jaxgrpo.models.config import PROJECTIONS
 from jaxgrpo.models.memory_forms import PLAIN, MemoryForms
 from jaxgrpo.models.partitioning import active_mesh
 

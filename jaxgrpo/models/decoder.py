@@ -70,13 +70,13 @@ import numpy as np
 from flax import nnx
 
 from jaxgrpo.models import attention as attention_implementations
+from jaxgrpo.models import backend as backends
 from jaxgrpo.models import memory_forms
 from jaxgrpo.models.attention import AttentionLayout
-from jaxgrpo.models.backend import Backend
-from jaxgrpo.models.backend import for_program as backend_for_program
 from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
 from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask  # noqa: F401 (re-exported)
-from jaxgrpo.models.config import DecoderConfig, RopeConfig
+from jaxgrpo.models.backend import Backend
+from jaxgrpo.models.config import PROJECTIONS, DecoderConfig, RopeConfig
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
@@ -128,6 +128,14 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
+def mask_positions(mask):
+    """int32 positions of rows of `mask` [B, T] (left padded, or with gaps such as an episode's padding): each real
+    token's count of real tokens before it, 0 before the first. A numpy mask gives numpy positions (host-side
+    batches), a jax one jax positions (inside programs)."""
+    xp = np if isinstance(mask, np.ndarray) else jnp
+    return xp.maximum(xp.cumsum(xp.asarray(mask).astype(xp.int32), axis=1) - 1, 0).astype(xp.int32)
+
+
 def positions_from_mask(attention_mask: jax.Array | None, segment_ids: jax.Array | None, length: int) -> jax.Array:
     """Default positions [B, T]: count of earlier real tokens (left padding) or offset within the segment."""
     index = jnp.arange(length)
@@ -138,7 +146,7 @@ def positions_from_mask(attention_mask: jax.Array | None, segment_ids: jax.Array
         segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
         return (index - segment_start).astype(jnp.int32)
     if attention_mask is not None:
-        return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+        return mask_positions(jnp.asarray(attention_mask))
     return jnp.broadcast_to(index, (1, length)).astype(jnp.int32)
 
 
@@ -187,28 +195,6 @@ def _merge_blocks(a, b):
     top = jnp.maximum(a[0], b[0])
     scale_a, scale_b = jnp.exp(a[0] - top), jnp.exp(b[0] - top)
     return top, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a[..., None] + b[2] * scale_b[..., None]
-
-
-class Projection(NamedTuple):
-    """A projection weight of a block: the module holding it, its logical axes after the layer axis, and how many
-    of its leading axes its product contracts (the rest are the output's)."""
-
-    module: str
-    axes: tuple[str, ...]
-    contracted: int
-
-
-#: The projection weights of every block (`Block.attn` and `Block.mlp`), by name: the matrices the layers multiply
-#: activations by, and so what LoRA adapts (`jaxgrpo.models.lora`) and the CPU decode packs (`cpu_forms`).
-PROJECTIONS: dict[str, Projection] = {
-    "q": Projection("attn", ("embed", "heads", "head_dim"), 1),
-    "k": Projection("attn", ("embed", "kv_heads", "head_dim"), 1),
-    "v": Projection("attn", ("embed", "kv_heads", "head_dim"), 1),
-    "o": Projection("attn", ("heads", "head_dim", "embed"), 2),
-    "gate": Projection("mlp", ("embed", "mlp"), 1),
-    "up": Projection("mlp", ("embed", "mlp"), 1),
-    "down": Projection("mlp", ("mlp", "embed"), 1),
-}
 
 
 def _projection_weight(module: nnx.Module, name: str):
@@ -542,12 +528,12 @@ class Decoder(nnx.Module):
         None, which changes nothing.
 
         An XLA computation, run once before the loop (a copy of the weights, 270 MB for SmolLM2)."""
-        return memory_forms.for_program().pack_weights(self)
+        return backends.memory_for_program().pack_weights(self)
 
     @jax.named_scope("unembed")
     def logits_from_hidden(self, hidden: jax.Array, packed_weights: PackedWeights | None = None) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
-        forms = memory_forms.for_program()
+        forms = backends.memory_for_program()
         if packed_weights is not None:
             logits = forms.product("...e,ev->...v", hidden.astype(self.dtype), packed_weights.unembedding, self.dtype)
         elif self.config.tie_word_embeddings:
@@ -580,7 +566,7 @@ class Decoder(nnx.Module):
     def backend(self, mesh=None) -> Backend:
         """This model's backend in a program laid out on `mesh` (None: the default devices): the program's
         memory forms and this model's attention implementation there (`jaxgrpo.models.backend`)."""
-        return backend_for_program(self.attention, mesh)
+        return backends.for_program(self.attention, mesh)
 
     def forward(self, tokens: jax.Array, positions: jax.Array, layout: AttentionLayout, *,
                 packed_weights: PackedWeights | None = None) -> jax.Array:

@@ -39,7 +39,8 @@ import numpy as np
 import qwix
 from flax import nnx
 
-from jaxgrpo.models.decoder import PROJECTIONS, Decoder
+from jaxgrpo.models.config import PROJECTIONS
+from jaxgrpo.models.decoder import Decoder
 from jaxgrpo.models.partitioning import DEFAULT_RULES, Rules, logical_to_mesh_spec, variable_sharding
 
 #: What a LoRA run may adapt: every projection weight of the decoder's blocks.

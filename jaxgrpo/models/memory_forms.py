@@ -10,22 +10,17 @@ CPUs they are written differently. The decoder makes those accesses through a `M
 * `jaxgrpo.models.cpu_forms.FORMS`: the XLA:CPU forms (bits behind optimization barriers, custom-JVP
   slices, 32-slot cache chunks, packed weights), each with the measurement that justifies it.
 
-`for_program()` picks them for the program being traced: the CPU forms when it runs on CPUs (the active
-mesh's devices say so: a CPU process compiling for a TPU topology gets the plain forms), the plain forms
-elsewhere. `force_cpu_forms(True)` traces the CPU forms on any target, to compile both and compare
-(`jaxgrpo-compile --cpu-forms`). Values and derivatives are the same with either.
+`jaxgrpo.models.backend.memory_for_program()` picks them for the program being traced (the CPU forms when it
+runs on CPUs); values and derivatives are the same with either.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.models import cpu_kernels
-from jaxgrpo.models.partitioning import active_mesh
 
 
 class MemoryForms(NamedTuple):
@@ -90,25 +85,3 @@ PLAIN = MemoryForms(
     unembedding_table=lambda table, hidden: (table, hidden),
     pack_weights=lambda model: None,
 )
-
-_FORCE_CPU_FORMS = [False]
-
-
-@contextlib.contextmanager
-def force_cpu_forms(enabled: bool = True):
-    """Within this context `for_program()` gives the CPU forms whatever the target (see the module docstring)."""
-    previous, _FORCE_CPU_FORMS[0] = _FORCE_CPU_FORMS[0], enabled
-    try:
-        yield
-    finally:
-        _FORCE_CPU_FORMS[0] = previous
-
-
-def for_program() -> MemoryForms:
-    """The forms of the program being traced: the CPU forms for one that runs on CPUs (or within
-    `force_cpu_forms`), else `PLAIN`."""
-    if _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh()):
-        from jaxgrpo.models import cpu_forms  # it builds on this module's interface
-
-        return cpu_forms.FORMS
-    return PLAIN

@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jaxgrpo.distributed import BATCH_AXES
+
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
 DEFAULT_RULES: Rules = (
@@ -110,12 +112,12 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Shard the leading (batch) axis over the mesh's `data` and `fsdp` axes, replicate the rest."""
-    axes = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
+    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
     return NamedSharding(mesh, PartitionSpec(axes or None))
 
 
-#: Mesh axes an activation's batch dimension is split over (in this order, those the mesh has).
-ACTIVATION_BATCH_AXES = ("data", "fsdp")
+#: Mesh axes an activation's batch dimension is split over (in this order, those the mesh has): the batch's.
+ACTIVATION_BATCH_AXES = BATCH_AXES
 #: Mesh axes the residual stream's sequence dimension is split over between the tensor-parallel
 #: matmuls (sequence parallelism, Korthikanti et al. 2022), so it is not replicated over `model`.
 ACTIVATION_SEQUENCE_AXES = ("model",)

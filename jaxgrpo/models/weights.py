@@ -17,10 +17,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxgrpo.errors import UserError
 from jaxgrpo.models.config import DecoderConfig
 
 
-class WeightFileError(OSError):
+class WeightFileError(UserError, OSError):
     """A weight file is missing, unreadable or lacks a tensor the architecture needs."""
 
 

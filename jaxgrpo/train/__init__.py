@@ -7,10 +7,10 @@
 * `inputs`, `stages`: the fields a kernel can read and the stages that select kernels by name.
 * `trackers`: stateful kernels, their per-prompt state kept in `TrainState.kernel_state`.
 * `warmup`, `evaluation`: supervised warm-up batches; held-out accuracy and pass@k.
-* `distributed`: every multi-host helper.
 * `loop`: `Trainer`, which runs a `Config`.
 
-Submodules load on first use (`jaxgrpo.sampler` imports `distributed` without the rest).
+Submodules load on first use, so a module that needs one part (e.g. `stages`) does not load the loop's.
+Multi-host helpers are `jaxgrpo.distributed`, below the sampler.
 """
 
 import importlib
@@ -23,7 +23,6 @@ _EXPORTS = {
     "adapt": "state", "trainable": "state",
     "TrainBatch": "step", "Objective": "step", "make_update_fn": "step", "make_loss_fn": "step",
     "completion_outputs": "step",
-    "BATCH_AXES": "distributed",
     "Trajectories": "rollout", "RowStats": "rollout", "PromptStream": "rollout",
 }
 

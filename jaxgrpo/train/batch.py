@@ -15,8 +15,9 @@ import numpy as np
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
+from jaxgrpo.distributed import across_processes, gather_rows, process_block
+from jaxgrpo.models.decoder import mask_positions
 from jaxgrpo.train import inputs as inputs_lib, stages
-from jaxgrpo.train.distributed import across_processes, gather_rows, process_block
 from jaxgrpo.train.rollout import RowStats, Trajectories, completion_valid, row_stats
 from jaxgrpo.train.step import TrainBatch
 
@@ -104,7 +105,7 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
         stats = gather_rows(row_stats(rollout))
     tokens = np.concatenate([rollout.prompt_tokens, rollout.completion_tokens], axis=1).astype(np.int32)
     attention = np.concatenate([rollout.prompt_mask, completion_valid(rollout)], axis=1)
-    positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int32)
+    positions = mask_positions(attention)
     valid = rollout.trains
     if cfg.loss_mask:
         keep = kernels.get("mask", cfg.loss_mask)(

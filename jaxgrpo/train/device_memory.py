@@ -35,8 +35,7 @@ PROGRAMS = ("update", "warm-up update", "sampler", "scoring forward")
 def smaller_micro_batch(cfg: Config, num_devices: int | None = None) -> int | None:
     """The largest micro-batch below the current one that the config still accepts (it divides the minibatch,
     holds whole groups under packing, splits over the devices), or None where there is none."""
-    minibatch = cfg.batch_size // cfg.num_minibatches
-    micro = cfg.micro_batch_size or minibatch
+    minibatch, micro = cfg.minibatch_size, cfg.micro_batch_rows
     for candidate in range(micro - 1, 0, -1):
         if minibatch % candidate:
             continue
@@ -57,7 +56,7 @@ def suggestions(cfg: Config, program: str, num_devices: int | None = None) -> li
     if program in ("update", "warm-up update"):
         found = []
         if program == "update":
-            micro = cfg.micro_batch_size or cfg.batch_size // cfg.num_minibatches
+            micro = cfg.micro_batch_rows
             smaller = smaller_micro_batch(cfg, num_devices)
             if smaller is not None:
                 found.append(f"micro_batch_size={smaller} (now {micro})")

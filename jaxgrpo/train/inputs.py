@@ -14,13 +14,15 @@ and its provider named.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
 from jaxgrpo import kernels
-from jaxgrpo.config import Config
+
+if TYPE_CHECKING:  # a type only: the config validates its stages (`check_config`), not the other way round
+    from jaxgrpo.config import Config
 
 ROW, GROUP, TOKEN, STATIC, LOSS = "row [N]", "group [num_groups]", "token [N, T]", "static int", "loss (in the update)"
 STEP = "step [S] (one row per policy turn of an episode)"

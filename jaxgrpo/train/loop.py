@@ -51,8 +51,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import profiling, sampler
-from jaxgrpo.errors import ConfigError
 from jaxgrpo.config import Config, resolve_packing, validate
+from jaxgrpo.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
+from jaxgrpo.errors import ConfigError, UserError
 from jaxgrpo.models import packing, partitioning
 from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
@@ -61,7 +62,6 @@ from jaxgrpo.train import evaluation, guidance, health, stages, trackers
 from jaxgrpo.train import partial as partial_lib, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
-from jaxgrpo.train.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.train.rollout import PromptStream, RowStats, Trajectories, group_stats, row_stats
 from jaxgrpo.train.state import LoopState, Policy
 from jaxgrpo.train.step import TrainBatch
@@ -70,11 +70,11 @@ Array = jax.Array
 logger = logging.getLogger(__name__)
 
 
-class NoLearningSignal(RuntimeError):
+class NoLearningSignal(UserError, RuntimeError):
     """Consecutive steps trained no row (`Config.max_steps_without_signal`); the message says what to check."""
 
 
-class NonFiniteUpdates(RuntimeError):
+class NonFiniteUpdates(UserError, RuntimeError):
     """Consecutive steps had updates not applied for a non-finite loss, gradient or result
     (`Config.max_nonfinite_steps`); the message says what to change."""
 
@@ -641,7 +641,7 @@ class Trainer:
                     state, metrics = self.step(state, last=state.step + 1 == cfg.steps)
                     self.loop_state = state
                     done = state.step
-                    record = writer.write(done, metrics)
+                    record = writer.write(done, metrics, log=done % cfg.log_every == 0 or done == cfg.steps)
                     history.append(record)
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",

@@ -2,7 +2,7 @@
 
 Everything here is host side (numpy and Python reward functions) around the jitted sampler. In a
 multi-host run each process samples and scores its own block of the step's prompt groups
-(`jaxgrpo.train.distributed`); group ids are global.
+(`jaxgrpo.distributed`); group ids are global.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 
 from jaxgrpo import kernels, profiling, sampler
 from jaxgrpo.config import Config
+from jaxgrpo.distributed import across_processes, local_rows, process_block, to_host
 from jaxgrpo.train import inputs as inputs_lib
-from jaxgrpo.train.distributed import across_processes, local_rows, process_block, to_host
 
 
 class Trajectories(NamedTuple):

@@ -25,14 +25,16 @@ anything is compiled.
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from jaxgrpo import kernels
-from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.train import inputs as inputs_lib, trackers
+
+if TYPE_CHECKING:  # a type only: the config validates its stages (`check_config`), not the other way round
+    from jaxgrpo.config import Config
 
 
 class Stage(NamedTuple):

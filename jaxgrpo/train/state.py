@@ -193,7 +193,7 @@ def rollout_mesh(devices: Sequence) -> jax.sharding.Mesh:
 def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:
     """The state at step 0 for `params` laid out on `mesh`: every leaf on the mesh, scalars replicated,
     so the jitted update sees one input type."""
-    from jaxgrpo.train.distributed import on_mesh
+    from jaxgrpo.distributed import on_mesh
 
     with jax.set_mesh(mesh):
         opt_state = optimizer.init(params)

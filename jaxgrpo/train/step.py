@@ -21,12 +21,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
+from jaxgrpo.distributed import BATCH_AXES
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.models import packing
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 from jaxgrpo.train import inputs as inputs_lib
-from jaxgrpo.train.distributed import BATCH_AXES
 from jaxgrpo.train.state import Policy, TrainState
 
 Array = jax.Array

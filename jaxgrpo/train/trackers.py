@@ -15,16 +15,18 @@ bit for bit. Each step:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import kernels
-from jaxgrpo.config import Config
+from jaxgrpo.distributed import gather_rows
 from jaxgrpo.kernels.segments import masked_mean
-from jaxgrpo.train.distributed import gather_rows
+
+if TYPE_CHECKING:  # a type only: the config validates its stages (`check_config`), not the other way round
+    from jaxgrpo.config import Config
 
 #: The key of the training examples holding their position in the training split (added when tracking).
 PROMPT_INDEX = "prompt_index"

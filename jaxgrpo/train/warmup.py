@@ -15,8 +15,9 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import sampler
+from jaxgrpo.distributed import BATCH_AXES
+from jaxgrpo.models.decoder import mask_positions
 from jaxgrpo.train import device_memory, state as state_lib, step as step_lib
-from jaxgrpo.train.distributed import BATCH_AXES
 from jaxgrpo.train.rollout import PromptStream
 from jaxgrpo.train.step import TrainBatch
 
@@ -58,7 +59,7 @@ def supervised_batch(prompts: list[list[int]], answers: list[list[int]], pad_id:
         tokens[i, width : width + len(a)] = a
         attention[i, width - len(p) : width + len(a)] = True
         mask[i, : len(a)] = 1.0 if masks is None else masks[i]
-    positions = np.maximum(np.cumsum(attention, 1) - 1, 0).astype(np.int32)
+    positions = mask_positions(attention)
     zeros = np.zeros_like(mask)
     return TrainBatch(*(x[None] for x in (tokens, attention, positions, mask, zeros, zeros, zeros, zeros, zeros)))
 

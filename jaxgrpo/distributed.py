@@ -7,7 +7,7 @@ process's block on its own devices (`process_sharding`). The sampler builds its 
 and the trainer gathers small per-row numbers (`gather_rows`) so every host computes the same
 advantages and metrics. In a single process every helper is the identity (or all rows).
 
-This module imports nothing else of jaxgrpo, so the sampler and the trainer can both use it.
+This module imports nothing else of jaxgrpo, so the models, the sampler and the trainer can all use it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A short tour of the kernels: `python -m jaxgrpo.kernels.demo`.
+"""A short tour of the kernels: `python -m jaxgrpo.catalog.demo`.
 
 4 prompts x G = 8 completions with random binary rewards (each prompt has its
 own success rate; the last is always solved), the advantages of several
@@ -66,7 +66,7 @@ def row(label: str, values, fmt: str = "{:+6.2f}") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxgrpo.kernels.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m jaxgrpo.catalog.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -7,7 +7,7 @@ make it equal, and, for a policy loss whose normalization the peer fixes, the
 aggregation mode. A row without a kernel says so (`ours is None`) and why.
 
     jaxgrpo-kernels --peer verl        # the table, with what this build lacks
-    jaxgrpo.kernels.peers.coverage("trl")
+    jaxgrpo.catalog.peers.coverage("trl")
 
 Option values are numbers, with two symbols for sizes that depend on the batch:
 `"T"` is the padded completion length (`mask.shape[1]`, verl's default

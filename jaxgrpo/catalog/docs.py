@@ -1,12 +1,12 @@
 """Generates `docs/kernels.md`, the kernel reference, from the registry.
 
-    python -m jaxgrpo.kernels.docs            # writes docs/kernels.md
-    python -m jaxgrpo.kernels.docs --check    # exits 1 if docs/kernels.md is stale
+    python -m jaxgrpo.catalog.docs            # writes docs/kernels.md
+    python -m jaxgrpo.catalog.docs --check    # exits 1 if docs/kernels.md is stale
 
 One table per kernel kind (name, paper, the first line of the docstring, the
 signature with its defaults), then the aggregation modes, the KL kinds, the
 public functions that are not registry entries, and the peer coverage: one
-table per peer library (`jaxgrpo.kernels.peers`), with the commit read. The output is a pure function
+table per peer library (`jaxgrpo.catalog.peers`), with the commit read. The output is a pure function
 of the library's code: kernels are listed in `list_kernels` order (kind, then
 name), and kernels registered from outside the `jaxgrpo` package (a notebook,
 a test) are left out, so the file does not depend on who imported what.
@@ -22,10 +22,11 @@ import sys
 from typing import Callable
 
 from jaxgrpo import kernels
-from jaxgrpo.kernels import aggregation, peers, registry
+from jaxgrpo.catalog import peers
+from jaxgrpo.kernels import aggregation, registry
 from jaxgrpo.kernels.kl import KL_KINDS
 
-COMMAND = "python -m jaxgrpo.kernels.docs"
+COMMAND = "python -m jaxgrpo.catalog.docs"
 DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "kernels.md")
 
 #: Public functions of `jaxgrpo.kernels` that are not registry entries, in the order shown.
@@ -187,7 +188,7 @@ def _pin(peer) -> str:
 
 
 def peer_coverage() -> list[str]:
-    """The "Peer coverage" section: one table per peer of `jaxgrpo.kernels.peers`.
+    """The "Peer coverage" section: one table per peer of `jaxgrpo.catalog.peers`.
 
     It lists every row whether or not this build registers the kernel, so the
     text depends on the coverage data only (`jaxgrpo-kernels --peer NAME` marks
