@@ -234,7 +234,8 @@ class Config(_Fields):
     max_sampling_rounds: int = 3
     #: DAPO overlong shaping in tokens (0 disables): penalty in the last `overlong_cache_len` tokens.
     overlong_cache_len: int = 0
-    #: PPO with a value head and GAE (the advantage estimator is then unused).
+    #: PPO with a value head and GAE: GAE is the advantage, so the host stages (reward_shaping, advantage,
+    #: token_credit, row_weights) stay at their defaults (another is refused, not ignored).
     value_head: bool = False
     value_coef: float = 0.5
     gae_gamma: float = 1.0

@@ -179,6 +179,15 @@ def test_one_completion_per_prompt_is_allowed_for_advantages_that_need_no_group(
     validate(apply_overrides(Config(), ["group_size=1", *overrides]))
 
 
+@pytest.mark.parametrize("override, named", [("advantage=rloo", "advantage='rloo'"),
+                                             ("token_credit=importance_correction", "token_credit="),
+                                             ("advantage_kwargs={'eps': 0.001}", "advantage_kwargs=")])
+def test_a_value_head_refuses_the_group_advantage_stages_it_would_ignore(override, named):
+    """GAE over the value head is the advantage: a host stage set beside it is refused, not silently skipped."""
+    line = _rejected("value_head=true", override)
+    assert "value_head=true computes the advantages by GAE" in line and named in line and "value_head=false" in line
+
+
 def test_mesh_takes_the_remaining_devices_on_one_axis_only():
     assert "at most one mesh axis may be -1" in _rejected("mesh.fsdp=-1")
     validate(apply_overrides(Config(), ["mesh.data=2", "mesh.fsdp=-1"]))

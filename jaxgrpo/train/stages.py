@@ -24,6 +24,7 @@ anything is compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -95,6 +96,8 @@ def info_of(cfg: Config, stage: Stage):
 def check_config(cfg: Config) -> None:
     """Each stage names a kernel of its kinds that can run in the loop, and its keyword arguments are the
     kernel's hyper-parameters."""
+    if cfg.value_head:
+        _check_value_head(cfg)
     for stage in STAGES:
         found = info_of(cfg, stage)
         if found is None:
@@ -139,6 +142,18 @@ def check_config(cfg: Config) -> None:
             raise ConfigError(f"{stage.field} {getattr(cfg, stage.field)!r} needs {', '.join(missing)}; set "
                              f"{stage.kwargs_field}={{{', '.join(repr(m) + ': ...' for m in missing)}}}")
     check_group_size(cfg)
+
+
+def _check_value_head(cfg: Config) -> None:
+    """A value head computes the advantages by GAE (`batch.gae_advantages`), so the host stages of a group advantage
+    do not run: one set besides its default is refused rather than ignored."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.name in HOST_STAGES}
+    ignored = [f"{name}={getattr(cfg, name)!r}" for name in HOST_STAGES if getattr(cfg, name) != defaults[name]]
+    ignored += [f"{name}_kwargs={getattr(cfg, name + '_kwargs')!r}" for name in HOST_STAGES
+                if getattr(cfg, name + "_kwargs")]
+    if ignored:
+        raise ConfigError(f"value_head=true computes the advantages by GAE over the value head, so {', '.join(ignored)} "
+                          f"would not run; drop {'it' if len(ignored) == 1 else 'them'}, or set value_head=false")
 
 
 def check_group_size(cfg: Config) -> None:
