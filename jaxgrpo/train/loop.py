@@ -100,27 +100,9 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
-        from jaxgrpo.errors import ConfigError
         from jaxgrpo.train import preflight
 
-        # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
-        cfg = resolve_packing(cfg, attention_platform(mesh))
-        validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
-        if cfg.mesh.rollout_devices and mesh is not None:
-            raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
-                              "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
-        if jax.process_count() > 1:
-            _check_multi_process(cfg)
-        # What the config names (task, rewards, model, context budget, mesh), then the data: before the model.
-        task, reward_fns, _ = preflight.check(
-            cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
-            num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
-        train_examples = preflight.load_split(cfg, task, cfg.task.train_split)
-        stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
-        if cfg.guidance is not None:
-            guidance.check(task, train_examples, jax.process_count())
-        eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
-                         if cfg.task.num_eval_examples else [])
+        cfg, task, reward_fns, train_examples, eval_examples = _checked(cfg, model, task, reward_fns, mesh)
         self._cfg = cfg
         split = cfg.mesh.rollout_devices
         learner_devices, sampler_devices = state_lib.split_devices(split) if split else (None, None)
@@ -622,17 +604,9 @@ class Trainer:
                         print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
                 self.loop_state = state  # what evaluation samples from
                 evaluating = bool(self.eval_examples and cfg.eval_every)
-                if cfg.environment is not None:
-                    evaluate = functools.partial(evaluation.evaluate_episodes, cfg, self.run_episodes, self.eval_examples)
-                else:
-                    evaluate = functools.partial(evaluation.evaluate, cfg, self.generate, self.tokenizer,
-                                                 self.reward_fns, self.eval_examples)
                 if state.step == 0 and evaluating:
-                    writer.write(0, evaluate(0), file=EVAL_FILE, prefix="eval/")
-                history = []
-                without_signal = []  # why each of the consecutive steps without a learning signal had none
-                nonfinite = 0  # consecutive steps with an update not applied (non-finite)
-                warned = set()  # the kinds of collapse already warned about (each once)
+                    writer.write(0, self._evaluate(0), file=EVAL_FILE, prefix="eval/")
+                history, watch = [], RunWatch(cfg, warn=writer.enabled)
                 bar = _progress(range(state.step, cfg.steps), enabled=progress and writer.enabled,
                                 initial=state.step, total=cfg.steps)
                 for _ in bar:
@@ -646,24 +620,10 @@ class Trainer:
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
                                         s_per_step=f"{record['time_step']:.1f}")
-                    # Partial rollouts: a step whose groups are all still going is neither a signal nor its absence.
-                    if record.get("rows_carried", 0) < cfg.batch_size:
-                        reason = no_signal_reason(record)
-                        without_signal = without_signal + [reason] if reason else []
-                        if without_signal:
-                            check_signal(cfg, done, without_signal, warn=writer.enabled)
-                    nonfinite = nonfinite + 1 if record["skipped_nonfinite"] else 0
-                    if nonfinite:
-                        check_finite(cfg, done, nonfinite, record, warn=writer.enabled)
-                    for sign in health.collapse_warnings(history, entropy_floor=cfg.collapse_entropy,
-                                                         window=cfg.collapse_window,
-                                                         max_new_tokens=cfg.sampling.max_new_tokens):
-                        if sign.kind not in warned and writer.enabled:
-                            logger.warning(sign.message)
-                        warned.add(sign.kind)
+                    watch.after(done, history)
                     if evaluating and (done % cfg.eval_every == 0 or done == cfg.steps):
                         with profiling.phase("evaluate"):
-                            writer.write(done, evaluate(done), file=EVAL_FILE, prefix="eval/")
+                            writer.write(done, self._evaluate(done), file=EVAL_FILE, prefix="eval/")
                     if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
                         with profiling.phase("checkpoint"):
                             state_lib.save(checkpointer, state)
@@ -678,6 +638,13 @@ class Trainer:
                     tracer.close()
                 checkpointer.close()
                 writer.close()
+
+    def _evaluate(self, step: int) -> dict:
+        """The held-out metrics of the policy after `step` steps (`evaluation.evaluate`, or `evaluate_episodes`
+        with an environment)."""
+        if self.cfg.environment is not None:
+            return evaluation.evaluate_episodes(self.cfg, self.run_episodes, self.eval_examples, step)
+        return evaluation.evaluate(self.cfg, self.generate, self.tokenizer, self.reward_fns, self.eval_examples, step)
 
     def _tracer(self, start: int, count: int, *, write: bool) -> profiling.StepTracer:
         """A tracer of the `count` steps after step `start + 1` (the run's first, which compiles)."""
@@ -748,6 +715,32 @@ def samples_locally(cfg: Config) -> bool:
     return jax.process_count() > 1 and bool(cfg.max_staleness or cfg.sampling.engine or cfg.environment is not None)
 
 
+def _checked(cfg: Config, model, task, reward_fns, mesh):
+    """What a `Trainer` is given, checked before anything is built: the config (its packing settled for the
+    platform), what it names (task, rewards, model, context budget, mesh), then the data and the fields the
+    stages' kernels read. Returns (cfg, task, reward_fns, train examples, held-out examples)."""
+    from jaxgrpo.train import preflight
+
+    # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
+    cfg = resolve_packing(cfg, attention_platform(mesh))
+    validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
+    if cfg.mesh.rollout_devices and mesh is not None:
+        raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
+                          "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
+    if jax.process_count() > 1:
+        _check_multi_process(cfg)
+    task, reward_fns, _ = preflight.check(
+        cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
+        num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
+    train_examples = preflight.load_split(cfg, task, cfg.task.train_split)
+    stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
+    if cfg.guidance is not None:
+        guidance.check(task, train_examples, jax.process_count())
+    eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
+                     if cfg.task.num_eval_examples else [])
+    return cfg, task, reward_fns, train_examples, eval_examples
+
+
 def _check_multi_process(cfg: Config) -> None:
     """What a multi-process run cannot combine, in one line each."""
     if cfg.partial_rollout_tokens:
@@ -807,6 +800,36 @@ NO_SIGNAL = {
         "dynamic_sampling=true, more varied rewards or a larger group_size)",
     ),
 }
+
+
+class RunWatch:
+    """The run's checks after each step (`Trainer.run`): a streak of steps without a learning signal
+    (`check_signal`), a streak of updates not applied (`check_finite`), and each sign of collapse warned of once
+    (`health.collapse_warnings`). `warn`: this process speaks for the run (process 0)."""
+
+    def __init__(self, cfg: Config, *, warn: bool):
+        self.cfg, self.warn = cfg, warn
+        self.without_signal: list[str] = []  # why each of the consecutive steps without a learning signal had none
+        self.nonfinite = 0  # consecutive steps with an update not applied (non-finite)
+        self.warned: set[str] = set()  # the kinds of collapse already warned about
+
+    def after(self, step: int, history: list[dict]) -> None:
+        """Checks step `step`, whose record is `history[-1]`; raises where a streak reaches its limit."""
+        cfg, record = self.cfg, history[-1]
+        # Partial rollouts: a step whose groups are all still going is neither a signal nor its absence.
+        if record.get("rows_carried", 0) < cfg.batch_size:
+            reason = no_signal_reason(record)
+            self.without_signal = self.without_signal + [reason] if reason else []
+            if self.without_signal:
+                check_signal(cfg, step, self.without_signal, warn=self.warn)
+        self.nonfinite = self.nonfinite + 1 if record["skipped_nonfinite"] else 0
+        if self.nonfinite:
+            check_finite(cfg, step, self.nonfinite, record, warn=self.warn)
+        for sign in health.collapse_warnings(history, entropy_floor=cfg.collapse_entropy, window=cfg.collapse_window,
+                                             max_new_tokens=cfg.sampling.max_new_tokens):
+            if sign.kind not in self.warned and self.warn:
+                logger.warning(sign.message)
+            self.warned.add(sign.kind)
 
 
 def no_signal_reason(record: dict) -> str | None:
