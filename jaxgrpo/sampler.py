@@ -571,6 +571,29 @@ def model_context_window(model, context_window: int | None = None) -> int | None
     return None
 
 
+def _checked_request(model, prompts, num_samples, max_new_tokens, key, sampling: SamplingParams, prompt_ids, pad_id,
+                     context_window):
+    """`generate`'s arguments checked, each error one line: (prompts as token lists, i32[B] prompt ids, the key)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if key is None:
+        if not sampling.greedy:
+            raise ValueError("key is required to sample (pass jax.random.key(seed)), or set greedy=True")
+        key = jax.random.key(0)
+    vocab_size = model.config.vocab_size
+    prompts = _check_prompts(prompts, vocab_size, model_context_window(model, context_window), int(max_new_tokens))
+    if prompt_ids is None:
+        prompt_ids = np.arange(len(prompts), dtype=np.int32)
+    prompt_ids = np.asarray(prompt_ids, np.int32).reshape(-1)
+    if prompt_ids.shape[0] != len(prompts):
+        raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} entries but there are {len(prompts)} prompts")
+    if not 0 <= pad_id < vocab_size:
+        raise ValueError(f"pad_id must be a token id in [0, {vocab_size}), got {pad_id}")
+    return prompts, prompt_ids, key
+
+
 def generate(
     model: nnx.Module,
     prompts: Sequence[Sequence[int]],
@@ -618,26 +641,8 @@ def generate(
       this process's block on its own devices; `jaxgrpo.distributed.local_rows` copies it to the host).
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, greedy=greedy)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if key is None:
-        if not sampling.greedy:
-            raise ValueError("key is required to sample (pass jax.random.key(seed)), or set greedy=True")
-        key = jax.random.key(0)
-    config = model.config
-    window = model_context_window(model, context_window)
-    prompts = _check_prompts(prompts, config.vocab_size, window, int(max_new_tokens))
-    batch = len(prompts)
-    if prompt_ids is None:
-        prompt_ids = np.arange(batch, dtype=np.int32)
-    prompt_ids = np.asarray(prompt_ids, np.int32).reshape(-1)
-    if prompt_ids.shape[0] != batch:
-        raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} entries but there are {batch} prompts")
-    if not 0 <= pad_id < config.vocab_size:
-        raise ValueError(f"pad_id must be a token id in [0, {config.vocab_size}), got {pad_id}")
-
+    prompts, prompt_ids, key = _checked_request(model, prompts, num_samples, max_new_tokens, key, sampling, prompt_ids,
+                                                pad_id, context_window)
     graphdef, state = nnx.split(model)
     mesh = mesh if mesh is not None else _mesh_of(state)
     # Rows are exchanged only where the model's mesh spans processes; on one process's devices its prompts are
@@ -656,23 +661,17 @@ def generate(
         # so every process runs the program (and gets the numbers) of one process with the same devices.
         tokens, mask, prompt_ids = multihost_utils.process_allgather((tokens, mask.astype(np.int32), prompt_ids), tiled=True)
         mask = np.asarray(mask).astype(bool)  # gathered as int32
-        batch = len(prompt_ids)
     else:
         row_tokens, row_mask = (jnp.repeat(jnp.asarray(x), num_samples, axis=0) for x in (tokens, mask))
     keys = row_keys(key, prompt_ids, num_samples)
     final = _run(graphdef, state, tokens, mask, keys, stop_tokens, max_new_tokens, pad_id, layout)
 
     n = max_new_tokens
-    completion_mask = jnp.arange(n) < final.lengths[:, None]
     return Generation(
-        prompt_tokens=row_tokens,
-        prompt_mask=row_mask,
-        completion_tokens=final.tokens[:, :n],
-        completion_mask=completion_mask,
-        logprobs=final.logprobs[:, :n],
-        policy_logprobs=final.policy_logprobs[:, :n],
-        finish_reason=final.finish_reason,
-        prompt_index=jnp.repeat(jnp.arange(batch, dtype=jnp.int32), num_samples),
+        prompt_tokens=row_tokens, prompt_mask=row_mask, completion_tokens=final.tokens[:, :n],
+        completion_mask=jnp.arange(n) < final.lengths[:, None], logprobs=final.logprobs[:, :n],
+        policy_logprobs=final.policy_logprobs[:, :n], finish_reason=final.finish_reason,
+        prompt_index=jnp.repeat(jnp.arange(len(prompt_ids), dtype=jnp.int32), num_samples),  # every process's
     )
 
 
