@@ -139,7 +139,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from jaxgrpo.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.config import Config, resolve_packing
     from jaxgrpo.errors import ConfigError
-    from jaxgrpo.metrics import EVAL_FILE, plot_run, read_jsonl
+    from jaxgrpo.metrics import plot_run
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.train import preflight
     from jaxgrpo.train.loop import NoLearningSignal, NonFiniteUpdates, Trainer
@@ -170,17 +170,25 @@ def train_main(argv: list[str] | None = None) -> int:
         print(f"jaxgrpo-train: error: {storage_error_message(cfg.run_dir, e)}", file=sys.stderr)
         return 1
     if jax.process_index() == 0:
-        eval_path = os.path.join(cfg.run_dir, EVAL_FILE)
-        if os.path.exists(eval_path):
-            evals = read_jsonl(eval_path)
-            first, last = evals[0], evals[-1]
-            keys = [k for k in last if k != "step"]
-            print("held-out evaluation: " + ", ".join(
-                f"{k} {first.get(k, float('nan')):.3f} (step {first['step']}) -> {last[k]:.3f} (step {last['step']})" for k in keys))
-        print(f"metrics: {os.path.join(cfg.run_dir, 'metrics.jsonl')} (TensorBoard: {os.path.join(cfg.run_dir, 'tensorboard')})")
-        print(f"curves: {os.path.dirname(plots[0]) if plots else '(none)'}")
-        print(f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}")
+        _print_run_summary(cfg.run_dir, plots)
     return 0
+
+
+def _print_run_summary(run_dir: str, plots: list[str]) -> None:
+    """What a finished `jaxgrpo-train` run prints: its held-out evaluation from first to last, and where its
+    metrics, curves and checkpoints are."""
+    from jaxgrpo.metrics import EVAL_FILE, read_jsonl
+
+    eval_path = os.path.join(run_dir, EVAL_FILE)
+    if os.path.exists(eval_path):
+        evals = read_jsonl(eval_path)
+        first, last = evals[0], evals[-1]
+        keys = [k for k in last if k != "step"]
+        print("held-out evaluation: " + ", ".join(
+            f"{k} {first.get(k, float('nan')):.3f} (step {first['step']}) -> {last[k]:.3f} (step {last['step']})" for k in keys))
+    print(f"metrics: {os.path.join(run_dir, 'metrics.jsonl')} (TensorBoard: {os.path.join(run_dir, 'tensorboard')})")
+    print(f"curves: {os.path.dirname(plots[0]) if plots else '(none)'}")
+    print(f"checkpoints: {os.path.join(run_dir, 'checkpoints')}")
 
 
 @_entry_point("jaxgrpo-compile")
@@ -347,7 +355,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from jaxgrpo import policy_eval, runs
-    from jaxgrpo.config import Config, apply_overrides, validate
+    from jaxgrpo.config import apply_overrides, validate
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
     # Everything is checked here, in one line each, before a model is built.
@@ -357,20 +365,7 @@ def eval_main(argv: list[str] | None = None) -> int:
             cfg = runs.read_config(run_dir)
             step = runs.choose_step(run_dir, args.step)
         else:
-            if os.path.isdir(args.target) and os.path.isdir(os.path.join(args.target, runs.CHECKPOINTS)):
-                raise runs.RunReadError(f"{args.target} holds checkpoints but no config.json; it is not a complete run "
-                                        "directory")
-            if args.step is not None:
-                raise runs.RunReadError("--step needs a run directory; a model is evaluated as it is")
-            cfg, step = Config(), 0
-            cfg.model = args.target
-            cfg.task.num_eval_examples = 200
-            from jaxgrpo.train.state import MODEL_BUILDERS
-
-            if cfg.model not in MODEL_BUILDERS:
-                from jaxgrpo.models import load_config
-
-                load_config(cfg.model)  # a missing or unsupported model fails here, not after a long build
+            cfg, step = _model_eval_config(args.target, args.step), 0
         if args.task and args.task != cfg.task.name:
             cfg.task.name, cfg.task.kwargs = args.task, {}
         apply_overrides(cfg, args.set)
@@ -412,6 +407,27 @@ def eval_main(argv: list[str] | None = None) -> int:
         print(f"  {name:16s} {interval.format()}  (95% interval, {how})")
     print(f"completions: {out}")
     return 0
+
+
+def _model_eval_config(target: str, step: int | None):
+    """`jaxgrpo-eval`'s config for a model (not a run directory): the defaults with `target` as the model and 200
+    questions; a directory of checkpoints without its config, a --step, or a model that does not load are refused."""
+    from jaxgrpo import runs
+    from jaxgrpo.config import Config
+    from jaxgrpo.train.state import MODEL_BUILDERS
+
+    if os.path.isdir(target) and os.path.isdir(os.path.join(target, runs.CHECKPOINTS)):
+        raise runs.RunReadError(f"{target} holds checkpoints but no config.json; it is not a complete run directory")
+    if step is not None:
+        raise runs.RunReadError("--step needs a run directory; a model is evaluated as it is")
+    cfg = Config()
+    cfg.model = target
+    cfg.task.num_eval_examples = 200
+    if cfg.model not in MODEL_BUILDERS:
+        from jaxgrpo.models import load_config
+
+        load_config(cfg.model)  # a missing or unsupported model fails here, not after a long build
+    return cfg
 
 
 @_entry_point("jaxgrpo-study")
