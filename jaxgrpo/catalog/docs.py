@@ -142,6 +142,14 @@ def render() -> str:
             name = f"`{i.name}`" + (" (experimental)" if i.experimental else "")
             out.append(f"| {name} | {_cell(i.paper)} | {_cell(i.summary)} | `{_cell(signature(i.fn))}` |")
 
+    out += _aggregation_kl_and_other_functions()
+    out += peer_coverage()
+    return "\n".join(out) + "\n"
+
+def _aggregation_kl_and_other_functions() -> list[str]:
+    """docs/kernels.md's sections after the registry's kinds: the aggregation modes, the KL kinds, and the public
+    functions that are not registry entries."""
+    out: list[str] = []
     formulas = aggregation_formulas()
     out += [
         "",
@@ -177,8 +185,8 @@ def render() -> str:
     for name in FUNCTIONS:
         fn = getattr(kernels, name)
         out.append(f"| `{fn.__module__}.{name}` | {_cell(summary(fn))} | `{_cell(signature(fn))}` |")
-    out += peer_coverage()
-    return "\n".join(out) + "\n"
+    return out
+
 
 
 def _pin(peer) -> str:

@@ -257,6 +257,8 @@ def _log_mean_exp_per_group(x: Array, group_ids: Array, num_groups: int, rows: A
     return jnp.where(n > 0, peak + jnp.log(safe), 0.0)
 
 
+# Over 80 lines (105) on purpose, the longest kernel: DisCO's objective (scores, the negatives' log-mean-exp, the
+# KL trust region and its squared hinge) reads as the paper's equations, in one place.
 @register_loss("disco", paper=_DISCO, ranges={
     "score": ("one of logL, Lratio", "the score function of a completion"),
     "tau": ("> 0", "the temperature of the negatives' log-mean-exp; None: the paper's for the score"),
