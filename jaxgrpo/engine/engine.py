@@ -414,19 +414,7 @@ class Engine:
         hold them all.
         """
         requests = list(requests)
-        prompts = [self._check_request(r) for r in requests]
-        if len({r.id for r in requests}) != len(requests):
-            raise ValueError("request ids must be unique among the requests in flight; two requests share an id")
-        free = {d: self._free_slots(d) for d in range(self.num_shards)}
-        if len(requests) > sum(map(len, free.values())):
-            raise ValueError(f"{len(requests)} requests but {sum(map(len, free.values()))} free slots; release "
-                             f"sequences or wait")
-        shards = self._place(requests, prompts)
-        if shards is None:
-            unclaimed = sum(self._unclaimed_blocks(d) for d in range(self.num_shards))
-            raise ValueError(f"{len(requests)} requests may need {self._blocks_needed(requests)} blocks but {unclaimed} "
-                             f"are free{' over the data shards' if self.num_shards > 1 else ''}; release sequences "
-                             f"or wait")
+        prompts, free, shards = self._admission(requests)
         if not requests:
             return []
         # One prefill row per distinct (shard, prompt), the rows of shard d at [d * per_shard, (d + 1) * per_shard);
@@ -486,14 +474,37 @@ class Engine:
                 self._slots[slot] = sequence
                 self._sequences[requests[i].id] = sequence
         if any(copies):
-            # Each shard's copies in its part of two id arrays; padding copies the null block onto itself.
-            size = bucket_length(max(map(len, copies)), 1)
-            sources, destinations = np.zeros((2, self.num_shards, size), np.int32)
-            for shard, pairs in enumerate(copies):
-                if pairs:
-                    sources[shard, :len(pairs)], destinations[shard, :len(pairs)] = zip(*pairs)
-            self.cache = _copy_jit(self.cache, sources.reshape(-1), destinations.reshape(-1), mesh=self.mesh)
+            self._copy_blocks(copies)
         return [r.id for r in requests]
+
+    def _admission(self, requests: list[Request]):
+        """(each request's prompt, each shard's free slots, the shard each request goes to), or a one-line error
+        (a malformed request, a repeated id, too few free slots or blocks) before the cache is touched."""
+        prompts = [self._check_request(r) for r in requests]
+        if len({r.id for r in requests}) != len(requests):
+            raise ValueError("request ids must be unique among the requests in flight; two requests share an id")
+        free = {d: self._free_slots(d) for d in range(self.num_shards)}
+        if len(requests) > sum(map(len, free.values())):
+            raise ValueError(f"{len(requests)} requests but {sum(map(len, free.values()))} free slots; release "
+                             f"sequences or wait")
+        shards = self._place(requests, prompts)
+        if shards is None:
+            unclaimed = sum(self._unclaimed_blocks(d) for d in range(self.num_shards))
+            raise ValueError(f"{len(requests)} requests may need {self._blocks_needed(requests)} blocks but {unclaimed} "
+                             f"are free{' over the data shards' if self.num_shards > 1 else ''}; release sequences "
+                             f"or wait")
+        return prompts, free, shards
+
+    def _copy_blocks(self, copies: list[list[tuple[int, int]]]) -> None:
+        """Copies blocks within each shard's part of the cache: `copies[shard]` its (source, destination) pairs (a
+        prompt's partial last block, copied for each request after the first: copy-on-write)."""
+        # Each shard's copies in its part of two id arrays; padding copies the null block onto itself.
+        size = bucket_length(max(map(len, copies)), 1)
+        sources, destinations = np.zeros((2, self.num_shards, size), np.int32)
+        for shard, pairs in enumerate(copies):
+            if pairs:
+                sources[shard, :len(pairs)], destinations[shard, :len(pairs)] = zip(*pairs)
+        self.cache = _copy_jit(self.cache, sources.reshape(-1), destinations.reshape(-1), mesh=self.mesh)
 
     def decode(self, max_steps: int | None = None) -> dict[int, Completion]:
         """Run decode steps until every live sequence has stopped (or `max_steps` steps); returns them by id.
