@@ -142,7 +142,8 @@ def train_main(argv: list[str] | None = None) -> int:
     from jaxgrpo.metrics import plot_run
     from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.train import preflight
-    from jaxgrpo.train.loop import NoLearningSignal, NonFiniteUpdates, Trainer
+    from jaxgrpo.train.health import NoLearningSignal, NonFiniteUpdates
+    from jaxgrpo.train.loop import Trainer
 
     try:  # the task, rewards, model, context budget and mesh the config names, before anything is built
         preflight.check(cfg, num_devices=jax.device_count(), num_processes=jax.process_count())

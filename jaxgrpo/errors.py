@@ -8,7 +8,7 @@ any other type is a bug and keeps its traceback.
 
 The family is `UserError`: its subclasses below, and the one-line errors other modules define for their own
 inputs, each a `UserError` too (`jaxgrpo.config.ExperimentError`, `jaxgrpo.rundir.RunDirectoryError`,
-`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.loop.NoLearningSignal` and `NonFiniteUpdates`,
+`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.health.NoLearningSignal` and `NonFiniteUpdates`,
 `jaxgrpo.runs.RunReadError`, `jaxgrpo.export.ExportError`, `jaxgrpo.policy_eval.EvalSetupError`,
 `jaxgrpo.study.StudyError`, and the model loader's `UnsupportedConfigError` and `WeightFileError`), so this
 module, at the bottom of the package, imports none of them. An `OSError` naming a file (a disk full, a

@@ -59,7 +59,7 @@ def collapse_warnings(caplog) -> list[str]:
     """The loop's collapse warnings (`jaxgrpo.train.health`) among the captured log records."""
     signs = ("may have collapsed", "without a stop token")
     return [r.getMessage() for r in caplog.records
-            if r.name == "jaxgrpo.train.loop" and any(s in r.getMessage() for s in signs)]
+            if r.name == "jaxgrpo.train.health" and any(s in r.getMessage() for s in signs)]
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -68,7 +68,7 @@ def test_mean_reward_rises_on_the_toy_task(method, tmp_path, caplog):
     and the run gives no collapse warning. (The toy's 60 steps raise it by 0.28-0.35 from the first 15 steps'
     mean to the last 15's; 40 by 0.25-0.30 from the first 10's to the last 10's.)"""
     cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", *METHODS[method])
-    with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.loop"):
+    with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.health"):
         history = Trainer(cfg).run(progress=False)
     assert collapse_warnings(caplog) == []
     accuracy = np.array([h["accuracy"] for h in history])
@@ -106,7 +106,7 @@ def test_a_run_driven_to_collapse_warns_once_of_each_sign(tmp_path, caplog):
     one line naming the step and a fix, and the run goes on."""
     cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=8", "optimizer.lr=0.1",
                      "collapse_window=3", "max_steps_without_signal=0")
-    with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.loop"):
+    with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.health"):
         history = Trainer(cfg).run(progress=False)
     assert len(history) == 8 and max(h["entropy"] for h in history[-3:]) < 0.1
     entropy, truncation = (w for w in sorted(collapse_warnings(caplog), key=lambda m: "entropy" not in m))

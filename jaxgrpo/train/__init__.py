@@ -16,7 +16,7 @@ Multi-host helpers are `jaxgrpo.distributed`, below the sampler.
 import importlib
 
 _EXPORTS = {
-    "Trainer": "loop", "NoLearningSignal": "loop", "NonFiniteUpdates": "loop",
+    "Trainer": "loop", "NoLearningSignal": "health", "NonFiniteUpdates": "health",
     "TrainState": "state", "Policy": "state", "ValueHead": "state", "make_optimizer": "state",
     "build_model": "state", "make_mesh": "state", "register_model_builder": "state", "MODEL_BUILDERS": "state",
     "LoopState": "state", "rollout_mesh": "state",

@@ -53,30 +53,22 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxgrpo import profiling, sampler
 from jaxgrpo.config import Config, resolve_packing, validate
 from jaxgrpo.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
-from jaxgrpo.errors import ConfigError, UserError
+from jaxgrpo.errors import ConfigError
 from jaxgrpo.models import packing, partitioning
 from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
-from jaxgrpo.train import evaluation, guidance, health, stages, trackers
+from jaxgrpo.train import evaluation, guidance, stages, trackers
 from jaxgrpo.train import partial as partial_lib, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
 from jaxgrpo.train import warmup as warmup_lib
+from jaxgrpo.train.health import RunWatch
 from jaxgrpo.train.rollout import PromptStream, RowStats, Trajectories, group_stats, row_stats
 from jaxgrpo.train.state import LoopState, Policy
 from jaxgrpo.train.step import TrainBatch
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
-
-
-class NoLearningSignal(UserError, RuntimeError):
-    """Consecutive steps trained no row (`Config.max_steps_without_signal`); the message says what to check."""
-
-
-class NonFiniteUpdates(UserError, RuntimeError):
-    """Consecutive steps had updates not applied for a non-finite loss, gradient or result
-    (`Config.max_nonfinite_steps`); the message says what to change."""
 
 
 class Trainer:
@@ -783,100 +775,6 @@ def rows_with_signal(batch: TrainBatch) -> np.ndarray:
     """bool[n]: the rows of (this host's) batch that train with a non-zero advantage on some token: the rows the
     policy-gradient term learns from."""
     return np.any((np.asarray(batch.advantages) != 0) & (np.asarray(batch.completion_mask) > 0), axis=-1)
-
-
-#: Why a step has no learning signal: (what the step did, the metric that shows it, the cause and fix an error names).
-NO_SIGNAL = {
-    "no_row": (
-        "trained no row", "frac_trained_rows=0: every reward invalid or every group filtered out",
-        "every reward was invalid (NaN: check the reward functions and that the task's examples have answers) or "
-        "dynamic sampling found no group with differing rewards",
-    ),
-    "zero_advantage": (
-        "trained only rows whose advantage is zero",
-        "frac_signal_rows=0: within every group the rewards were equal, so the update has no learning signal",
-        "every row's advantage was zero: the rewards were equal within every group (a reward that is the same "
-        "for every completion, groups of one, or a task the policy always or never solves; try "
-        "dynamic_sampling=true, more varied rewards or a larger group_size)",
-    ),
-}
-
-
-class RunWatch:
-    """The run's checks after each step (`Trainer.run`): a streak of steps without a learning signal
-    (`check_signal`), a streak of updates not applied (`check_finite`), and each sign of collapse warned of once
-    (`health.collapse_warnings`). `warn`: this process speaks for the run (process 0)."""
-
-    def __init__(self, cfg: Config, *, warn: bool):
-        self.cfg, self.warn = cfg, warn
-        self.without_signal: list[str] = []  # why each of the consecutive steps without a learning signal had none
-        self.nonfinite = 0  # consecutive steps with an update not applied (non-finite)
-        self.warned: set[str] = set()  # the kinds of collapse already warned about
-
-    def after(self, step: int, history: list[dict]) -> None:
-        """Checks step `step`, whose record is `history[-1]`; raises where a streak reaches its limit."""
-        cfg, record = self.cfg, history[-1]
-        # Partial rollouts: a step whose groups are all still going is neither a signal nor its absence.
-        if record.get("rows_carried", 0) < cfg.batch_size:
-            reason = no_signal_reason(record)
-            self.without_signal = self.without_signal + [reason] if reason else []
-            if self.without_signal:
-                check_signal(cfg, step, self.without_signal, warn=self.warn)
-        self.nonfinite = self.nonfinite + 1 if record["skipped_nonfinite"] else 0
-        if self.nonfinite:
-            check_finite(cfg, step, self.nonfinite, record, warn=self.warn)
-        for sign in health.collapse_warnings(history, entropy_floor=cfg.collapse_entropy, window=cfg.collapse_window,
-                                             max_new_tokens=cfg.sampling.max_new_tokens):
-            if sign.kind not in self.warned and self.warn:
-                logger.warning(sign.message)
-            self.warned.add(sign.kind)
-
-
-def no_signal_reason(record: dict) -> str | None:
-    """The key of `NO_SIGNAL` for a step's metrics, or None for a step with a learning signal."""
-    if record["frac_trained_rows"] == 0:
-        return "no_row"
-    if record["frac_signal_rows"] == 0:
-        return "zero_advantage"
-    return None
-
-
-def check_signal(cfg: Config, step: int, reasons: list[str], *, warn: bool) -> None:
-    """Warns of a step without a learning signal (no row trained, or only zero advantages); raises `NoLearningSignal`
-    at `max_steps_without_signal` such steps in a row. `reasons`: the `NO_SIGNAL` key of each of those steps."""
-    limit, count = cfg.max_steps_without_signal, len(reasons)
-    if limit and count >= limit:
-        if len(set(reasons)) == 1:
-            what, _, cause = NO_SIGNAL[reasons[0]]
-        else:
-            what = "had no learning signal, training no row or only rows whose advantage is zero"
-            cause = "; or ".join(NO_SIGNAL[r][2] for r in sorted(set(reasons)))
-        raise NoLearningSignal(
-            f"steps {step - count + 1}-{step} {what} ({count} in a row, max_steps_without_signal={limit}): {cause}; "
-            "fix that, or set max_steps_without_signal=0 to train on regardless"
-        )
-    if warn:
-        what, shown, _ = NO_SIGNAL[reasons[-1]]
-        logger.warning("step %d %s (%s); %d such step(s) in a row%s", step, what, shown, count,
-                       f", the run stops at {limit}" if limit else "")
-
-
-def check_finite(cfg: Config, step: int, count: int, record: dict, *, warn: bool) -> None:
-    """Warns of a step with updates not applied (non-finite); raises `NonFiniteUpdates` at `max_nonfinite_steps`
-    such steps in a row."""
-    limit = cfg.max_nonfinite_steps
-    if limit and count >= limit:
-        raise NonFiniteUpdates(
-            f"steps {step - count + 1}-{step} each had an update with a non-finite loss, gradient or result ({count} "
-            f"in a row, max_nonfinite_steps={limit}); those updates were not applied: lower optimizer.lr, check the "
-            "rewards for huge values, or train in float32; set max_nonfinite_steps=0 to keep skipping them"
-        )
-    if warn:
-        updates = cfg.num_epochs * cfg.num_minibatches
-        logger.warning("step %d: %d of %d update(s) not applied: loss %s, grad_norm %s (a non-finite loss, gradient "
-                       "or result; the state is as before them); %d such step(s) in a row%s", step,
-                       int(record["skipped_nonfinite"]), updates, record["loss"], record["grad_norm"], count,
-                       f", the run stops at {limit}" if limit else "")
 
 
 def _progress(iterable, *, enabled: bool, initial: int, total: int):
