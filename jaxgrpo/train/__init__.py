@@ -1,4 +1,4 @@
-"""Training: the state a checkpoint holds, the pure jitted update, rollouts, multi-host helpers, the loop.
+"""Training: the state a checkpoint holds, the pure jitted update, rollouts, the run's health checks, the loop.
 
 * `state`: `TrainState`, the policy (LoRA-adapted with `adapt`), the optimizer, the mesh, checkpoints.
 * `step`: the pure update `(TrainState, TrainBatch) -> (TrainState, metrics)` and its loss.
@@ -7,6 +7,7 @@
 * `inputs`, `stages`: the fields a kernel can read and the stages that select kernels by name.
 * `trackers`: stateful kernels, their per-prompt state kept in `TrainState.kernel_state`.
 * `warmup`, `evaluation`: supervised warm-up batches; held-out accuracy and pass@k.
+* `health`: the run's checks after each step (no learning signal, updates not applied, signs of collapse).
 * `loop`: `Trainer`, which runs a `Config`.
 
 Submodules load on first use, so a module that needs one part (e.g. `stages`) does not load the loop's.
