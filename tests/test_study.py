@@ -71,7 +71,9 @@ def test_bad_grid_key_is_refused_before_anything_runs(tmp_path, capsys):
 
 
 def _runner_command(path, out, *extra):
-    return [sys.executable, "-m", "jaxgrpo.study", path, "--out", out, *extra]
+    """`jaxgrpo-study PATH --out OUT` run from this checkout (the console script's function, no install needed)."""
+    return [sys.executable, "-c", "import sys; from jaxgrpo.cli import study_main; sys.exit(study_main())", path,
+            "--out", out, *extra]
 
 
 def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
