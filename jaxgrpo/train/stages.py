@@ -147,10 +147,9 @@ def check_config(cfg: Config) -> None:
 def _check_value_head(cfg: Config) -> None:
     """A value head computes the advantages by GAE (`batch.gae_advantages`), so the host stages of a group advantage
     do not run: one set besides its default is refused rather than ignored."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.name in HOST_STAGES}
-    # advantage="gae" names what runs (the registered GAE kernel), so it is no stage ignored.
-    ignored = [f"{name}={getattr(cfg, name)!r}" for name in HOST_STAGES
-               if getattr(cfg, name) not in (defaults[name], "gae" if name == "advantage" else defaults[name])]
+    accepted = {f.name: (f.default,) for f in dataclasses.fields(cfg) if f.name in HOST_STAGES}
+    accepted["advantage"] += ("gae",)  # names what runs (the registered GAE kernel): no stage ignored
+    ignored = [f"{name}={getattr(cfg, name)!r}" for name in HOST_STAGES if getattr(cfg, name) not in accepted[name]]
     ignored += [f"{name}_kwargs={getattr(cfg, name + '_kwargs')!r}" for name in HOST_STAGES
                 if getattr(cfg, name + "_kwargs")]
     if ignored:
