@@ -4,7 +4,10 @@
 engine built as `Trainer._generate_with_engine` builds it) instead of `sampler.generate`. This times one such
 call both ways on the same prompts, after a warm-up call of each (compilation excluded), alternating, and
 reports medians, their ratio, and the engine's host-side share: the seconds its Python spends outside the
-device programs (admission, block tables, bookkeeping), from `cProfile` over one extra call.
+device programs (admission, block tables, bookkeeping), from `cProfile` over one extra call. Both draw a token
+with the same key (prompt id, sample, index in the completion), so it also reports the share of the timed
+calls' completions that are identical both ways: below 1 only where the two paths' logits differ enough to
+move a draw.
 
     python benchmarks/engine_vs_generate.py [--model toy|smollm2] [--prompts 8] [--samples 8]
                                             [--max-new-tokens 16] [--prompt-len 64 192] [--repeats 5]
@@ -64,11 +67,15 @@ def main() -> None:
     for fn in ways.values():  # warm-up: compile
         fn(jax.random.key(0))
     times = {name: [] for name in ways}
+    identical = []
     for r in range(args.repeats):
+        outs = {}
         for name in (ways if r % 2 == 0 else reversed(list(ways))):
             start = time.perf_counter()
-            ways[name](jax.random.key(r + 1))
+            outs[name] = ways[name](jax.random.key(r + 1))
             times[name].append(time.perf_counter() - start)
+        tokens = [np.asarray(outs[name].completion_tokens) for name in ways]
+        identical += list((tokens[0] == tokens[1]).all(axis=1))
 
     profile = cProfile.Profile()
     start = time.perf_counter()
@@ -88,6 +95,7 @@ def main() -> None:
         print(f"  {name:9s} median {statistics.median(values):.3f} s  (min {min(values):.3f}, max {max(values):.3f})")
     ratios = [e / s for e, s in zip(times["engine"], times["generate"])]
     print(f"  engine / generate: median ratio {statistics.median(ratios):.2f} (pairs {', '.join(f'{x:.2f}' for x in ratios)})")
+    print(f"  identical completions (same key both ways): {np.mean(identical):.3f} of {len(identical)}")
     print(f"  engine call under cProfile: {total:.3f} s, of which ~{max(total - device, 0):.3f} s host Python outside "
           "jax calls; top host functions:")
     stats.sort_stats("tottime").print_stats(8)

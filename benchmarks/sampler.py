@@ -1,10 +1,11 @@
 """Sampler benchmarks on SmolLM2-135M-Instruct (float32 by default, this machine's CPU or accelerator).
 
 1. Throughput: 8 prompts x G=4 samples (batch 32), 64-token prompts, 128 new tokens, plain
-   sampling at temperature 1 with no stop token (every row generates all 128 tokens), against
-   transformers' `generate` with torch on the same GGUF weights. Runs alternate in this process;
-   the table reports medians of generated tokens/s (prefill included on both sides) and the
-   median of the per-pair ratios.
+   sampling at temperature 1 with no stop token (every row generates all 128 tokens), through
+   `sampler.generate` (one fixed batch) and the rollout engine (`jaxgrpo.engine`: one engine of 32
+   slots kept across calls, as the trainer keeps its own; the same draws), against transformers'
+   `generate` with torch on the same GGUF weights. Runs alternate in this process; the table reports
+   medians of generated tokens/s (prefill included on every side) and the medians of the per-run ratios.
 2. Capacity: the per-step decode time with a cache of capacity 1024 versus 256 for the same live
    length (64-token prompts, batch 32): (time for 36 tokens - time for 4 tokens) / 32.
 3. Floor: what one decode step's weight products cost with the kernels a decode uses (the packed
@@ -66,6 +67,17 @@ def time_ours(model, prompts: np.ndarray, seed: int) -> float:
     return elapsed
 
 
+def time_engine(engine, prompts: np.ndarray, seed: int) -> float:
+    from jaxgrpo.engine import generate_groups
+
+    start = time.perf_counter()
+    rollout = generate_groups(engine, prompts.tolist(), num_samples=SAMPLES, max_new_tokens=NEW_TOKENS,
+                              sampling=sampler.SamplingParams(temperature=1.0), key=jax.random.key(seed))
+    elapsed = time.perf_counter() - start
+    assert int(rollout.completion_mask.sum()) == PROMPTS * SAMPLES * NEW_TOKENS
+    return elapsed
+
+
 def time_torch(hf_model, prompts: np.ndarray, seed: int) -> float:
     import torch
 
@@ -98,13 +110,20 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
                                                         dtype=getattr(torch, TORCH_DTYPE or DTYPE))
         hf_model.eval()
         time_torch(hf_model, prompts, 0)  # warm-up
+    from jaxgrpo.engine import Engine
+
+    engine = Engine(model, num_slots=PROMPTS * SAMPLES, max_context=PROMPT_LENGTH + NEW_TOKENS,
+                    decode_chunk=NEW_TOKENS)
     time_ours(model, prompts, 0)  # compiles
-    ours, theirs = [], []
+    time_engine(engine, prompts, 0)
+    ours, engines, theirs = [], [], []
     for repeat in range(repeats):
         ours.append(tokens / time_ours(model, prompts, repeat + 1))
+        engines.append(tokens / time_engine(engine, prompts, repeat + 1))
         if hf_model is not None:
             theirs.append(tokens / time_torch(hf_model, prompts, repeat + 1))
-        print(f"  run {repeat}: jaxgrpo {ours[-1]:.0f} tok/s" + (f", transformers {theirs[-1]:.0f} tok/s" if theirs else ""), flush=True)
+        print(f"  run {repeat}: jaxgrpo.sampler {ours[-1]:.0f} tok/s, jaxgrpo.engine {engines[-1]:.0f} tok/s"
+              + (f", transformers {theirs[-1]:.0f} tok/s" if theirs else ""), flush=True)
     print(f"\n### Throughput: SmolLM2-135M-Instruct, {PROMPTS} prompts x G={SAMPLES}, {PROMPT_LENGTH}-token prompts, "
           f"{NEW_TOKENS} new tokens, {DTYPE}"
           + (f" (transformers in {TORCH_DTYPE})" if TORCH_DTYPE not in (None, DTYPE) else "")
@@ -112,13 +131,17 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
     print("| sampler | generated tokens/s (median) |")
     print("|---|---|")
     print(f"| jaxgrpo.sampler (jax {jax.__version__}) | {statistics.median(ours):.0f} |")
+    print(f"| jaxgrpo.engine, 32 slots | {statistics.median(engines):.0f} |")
+    print(f"| ratio engine / sampler (median of {repeats} runs) | {statistics.median(e / o for e, o in zip(engines, ours)):.2f}x |")
     if theirs:
         import torch
         import transformers
 
         ratio = statistics.median(o / t for o, t in zip(ours, theirs))
         print(f"| transformers {transformers.__version__} generate (torch {torch.__version__}) | {statistics.median(theirs):.0f} |")
-        print(f"| **ratio jaxgrpo / transformers (median of {repeats} alternating pairs)** | **{ratio:.2f}x** |")
+        print(f"| **ratio jaxgrpo.sampler / transformers (median of {repeats} alternating runs)** | **{ratio:.2f}x** |")
+        ratio = statistics.median(e / t for e, t in zip(engines, theirs))
+        print(f"| **ratio jaxgrpo.engine / transformers (median of {repeats} alternating runs)** | **{ratio:.2f}x** |")
         return PROMPTS * SAMPLES / statistics.median(theirs)
     return None
 

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxgrpo import sampler
-from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request
+from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request, generate_groups
 from jaxgrpo.engine.engine import plan_prefix_rows
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler import SamplingParams
@@ -66,6 +66,26 @@ def test_stop_tokens_end_completions_as_generate_does():
         np.testing.assert_array_equal(c.tokens, np.asarray(reference.completion_tokens)[row][mask[row]])
         assert c.finish_reason == ("stop" if c.tokens[-1] == stop else "length")
     assert completions[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("family, sampling", [("llama", SAMPLED), ("llama", TRUNCATED),
+                                              ("gemma3", SamplingParams(temperature=0.9, min_p=0.05))],
+                         ids=["llama-plain", "llama-top_k_top_p", "gemma3-min_p"])
+def test_sampled_groups_equal_generate_token_for_token(family, sampling):
+    # generate_groups counts each request's draws from its completion's start (draw_origin = the prompt's
+    # length), so sample g of prompt b draws with the fixed-batch sampler's keys: the same tokens, through 4
+    # slots (admission as others finish) and with dataset prompt ids.
+    ids = [11, 4, 7]
+    expected = sampler.generate(random_model(family), PROMPTS, num_samples=3, max_new_tokens=NEW_TOKENS,
+                                key=jax.random.key(5), temperature=sampling.temperature, top_k=sampling.top_k,
+                                top_p=sampling.top_p, min_p=sampling.min_p, stop_tokens=(1, 2, 3), prompt_ids=ids)
+    out = generate_groups(_engine(family), PROMPTS, num_samples=3, max_new_tokens=NEW_TOKENS, sampling=sampling,
+                          key=jax.random.key(5), stop_tokens=(1, 2, 3), prompt_ids=ids)
+    for name in ("completion_tokens", "completion_mask", "finish_reason", "prompt_tokens", "prompt_index"):
+        np.testing.assert_array_equal(np.asarray(getattr(out, name)), np.asarray(getattr(expected, name)), err_msg=name)
+    for name in ("logprobs", "policy_logprobs"):
+        np.testing.assert_allclose(np.asarray(getattr(out, name)), np.asarray(getattr(expected, name)), atol=1e-5)
+    assert len(np.unique(np.asarray(out.completion_tokens), axis=0)) > 3  # the draws differ between samples
 
 
 def _long_tailed_requests(count, seed=0):
@@ -300,6 +320,8 @@ def test_bad_requests_get_one_line_errors_and_leave_the_sequences_in_flight_alon
         engine.prefill(_requests([PROMPTS[1]], samples=1))
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
         engine.prefill([Request(id=8, prompt=[3], max_new_tokens=0)])
+    with pytest.raises(ValueError, match=r"draw_origin must be an int in \[0, 2\] \(the prompt's length at most\), got 3"):
+        engine.prefill([Request(id=8, prompt=[3, 4], max_new_tokens=2, draw_origin=3)])
     with pytest.raises(ValueError, match="create the Engine with key="):
         Engine(random_model("llama"), max_context=32).prefill([Request(id=0, prompt=[3], max_new_tokens=2,
                                                                       sampling=SAMPLED)])

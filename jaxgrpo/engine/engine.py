@@ -27,9 +27,11 @@ cache and samples the next token; `release(id)` frees the slot and blocks and re
 `log_softmax(logits / temperature)` (what a trainer recomputes) and the engine's policy `version` when it
 was drawn. `update_weights(model)` swaps the weights in place (no copy) and bumps the version.
 
-**Randomness.** The token at position p of request `id` is drawn with `fold_in(fold_in(key, id), p)`: it
-does not depend on the slot, the admission order, the slot count or the other rows, so the same requests
-give the same tokens however they are scheduled, wherever the logits agree.
+**Randomness.** The token at position p of request `id` is drawn with `fold_in(fold_in(key, id), p - o)`, `o`
+its request's `draw_origin`: it does not depend on the slot, the admission order, the slot count or the
+other rows, so the same requests give the same tokens however they are scheduled, wherever the logits agree.
+With `o` the prompt's length (as `generate_groups` sets it), draw t of sample g of prompt b is
+`sampler.row_keys`'s and `sampler.step_keys`'s: the fixed-batch sampler's, token for token.
 
 Everything runs through the decoder's cached call (`Decoder.decode_step`) on dense views of the
 blocks (`jaxgrpo.engine.paged`: each shared prefix once, each row's own positions), the XLA reference math
@@ -70,6 +72,10 @@ class Request:
       max_new_tokens: the most tokens to sample (>= 1).
       sampling: the distribution to draw from.
       stop_tokens: ids that end the completion (kept in it), at most `STOP_SLOTS`.
+      draw_origin: the position whose token is draw 0 of the request's random stream (see the module
+        docstring): 0 counts draws from the sequence's start, so a sequence continued by `extend` draws what a
+        request with its whole history as the prompt (and the same id and origin) would; the prompt's length
+        counts them from the completion's start, as `sampler.generate` draws.
     """
 
     id: int
@@ -77,6 +83,7 @@ class Request:
     max_new_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop_tokens: tuple[int, ...] = ()
+    draw_origin: int = 0
 
 
 @dataclasses.dataclass
@@ -346,6 +353,10 @@ class Engine:
             raise ConfigError(f"request {request.id}: needs {need} blocks of {self.block_size} but the cache has "
                               f"{self.blocks_per_shard - 1}{' per data shard' if self.num_shards > 1 else ''}; raise num_blocks or "
                               f"lower max_new_tokens")
+        origin = request.draw_origin
+        if isinstance(origin, bool) or not isinstance(origin, (int, np.integer)) or not 0 <= origin <= len(prompt):
+            raise ValueError(f"request {request.id}: draw_origin must be an int in [0, {len(prompt)}] (the prompt's "
+                             f"length at most), got {origin!r}")
         if len(set(request.stop_tokens)) > STOP_SLOTS:
             raise ValueError(f"request {request.id}: at most {STOP_SLOTS} stop tokens, got {len(set(request.stop_tokens))}")
         if not request.sampling.greedy and not self._keyed:
@@ -391,8 +402,10 @@ class Engine:
                 self._prompt_of_block[shard, block] = key
 
     @staticmethod
-    def _ids(requests: Iterable[Request | None]) -> np.ndarray:
-        return np.array([0 if r is None else r.id for r in requests], np.int32)
+    def _streams(requests: Sequence[Request | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's request id and draw origin (what its random stream is keyed by; 0 for an empty row)."""
+        return (np.array([0 if r is None else r.id for r in requests], np.int32),
+                np.array([0 if r is None else r.draw_origin for r in requests], np.int32))
 
     @staticmethod
     def _sampling_choice(requests: Sequence[Request | None]) -> tuple[tuple[SamplingParams, ...], np.ndarray]:
@@ -450,7 +463,7 @@ class Engine:
         samplings, choice = self._sampling_choice(owner)
         self.cache, new_tokens, logprobs, policy_logprobs = _forward_jit(
             self._graphdef, self._state, self.cache, self._tables(rows), cached, tokens, counts, sample_rows,
-            self.key, self._ids(owner), choice, width=bucket_length(cached.max()) if cached.any() else 0,
+            self.key, *self._streams(owner), choice, width=bucket_length(cached.max()) if cached.any() else 0,
             samplings=samplings, mesh=self.mesh)
         new_tokens, logprobs, policy_logprobs = jax.device_get((new_tokens, logprobs, policy_logprobs))
 
@@ -554,7 +567,7 @@ class Engine:
         lengths[sequence.shard], counts[sequence.shard] = sequence.length, len(new)
         self.cache, token, logprob, policy_logprob = _forward_jit(
             self._graphdef, self._state, self.cache, self._tables(rows), lengths, padded, counts,
-            np.array([sequence.shard], np.int32), self.key, self._ids([request]), choice, width=width,
+            np.array([sequence.shard], np.int32), self.key, *self._streams([request]), choice, width=width,
             samplings=samplings, mesh=self.mesh)
         for t in tokens:
             sequence.tokens.append(t)
@@ -633,7 +646,7 @@ class Engine:
         self.cache, final = _decode_jit(
             self._graphdef, self._state, self.cache, self._tables(running), lengths, pending,
             np.array([s is not None for s in running]), remaining, stop, self.key,
-            self._ids([None if s is None else s.request for s in running]), choice, np.int32(exit_after), prefixes,
+            *self._streams([None if s is None else s.request for s in running]), choice, np.int32(exit_after), prefixes,
             width=width, steps=steps, samplings=samplings, mesh=self.mesh, prefix_width=prefix_width)
         ran, new_lengths, tokens, logprobs, policy_logprobs = jax.device_get(
             (final.step, final.lengths, final.tokens, final.logprobs, final.policy_logprobs))
@@ -700,18 +713,20 @@ def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sam
                     prompt_ids: Sequence[int] | None = None, pad_id: int = 0) -> Generation:
     """`num_samples` completions of each prompt through `engine`, as `sampler.generate` returns them.
 
-    Sample g of prompt b is request `prompt_ids[b] * G + g` (default ids 0..B-1): its draws depend on that id
-    and its positions only. Rows are prompt-major and padded as `sampler.Generation` says (prompts left-padded
-    to their bucket, completions right-padded with `pad_id` to `max_new_tokens`); `logprobs` are the behaviour
-    log-probs, `policy_logprobs` the untruncated ones.
+    Sample g of prompt b is request `prompt_ids[b] * G + g` (default ids 0..B-1) with its draws counted from the
+    completion's start: they depend on that id and the token's index in the completion only, and are
+    `sampler.generate`'s (`row_keys`, `step_keys`), so both sample the same tokens wherever the logits agree.
+    Rows are prompt-major and padded as `sampler.Generation` says (prompts left-padded to their bucket,
+    completions right-padded with `pad_id` to `max_new_tokens`); `logprobs` are the behaviour log-probs,
+    `policy_logprobs` the untruncated ones.
     """
     prompts = [_token_list(p) for p in prompts]
     g, n = int(num_samples), int(max_new_tokens)
     ids = np.arange(len(prompts)) if prompt_ids is None else np.asarray(prompt_ids, np.int64).reshape(-1)
     if len(ids) != len(prompts):
         raise ValueError(f"prompt_ids has {len(ids)} entries but there are {len(prompts)} prompts")
-    requests = [Request(id=int(i) * g + j, prompt=p, max_new_tokens=n, sampling=sampling, stop_tokens=tuple(stop_tokens))
-                for i, p in zip(ids, prompts) for j in range(g)]
+    requests = [Request(id=int(i) * g + j, prompt=p, max_new_tokens=n, sampling=sampling, stop_tokens=tuple(stop_tokens),
+                        draw_origin=len(p)) for i, p in zip(ids, prompts) for j in range(g)]
     completions = engine.generate(requests, key=key)
     rows = len(completions)
     tokens = np.full((rows, n), pad_id, np.int32)

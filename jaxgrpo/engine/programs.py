@@ -38,9 +38,10 @@ def compilation_counts() -> dict[str, int]:
     return dict(_COMPILATIONS)
 
 
-def _draw(base_keys, positions, logits, samplings: tuple[SamplingParams, ...], choice):
-    """Each row's token from `logits` [R, V] under `samplings[choice[r]]`, keyed by (its base key, position)."""
-    keys = jax.vmap(jax.random.fold_in)(base_keys, positions)
+def _draw(base_keys, indices, logits, samplings: tuple[SamplingParams, ...], choice):
+    """Each row's token from `logits` [R, V] under `samplings[choice[r]]`, keyed by (its base key, its draw index:
+    the token's position less its request's `draw_origin`)."""
+    keys = jax.vmap(jax.random.fold_in)(base_keys, indices)
     draws = [sample_tokens(keys, logits, params) for params in samplings]
     if len(draws) == 1:
         return draws[0]
@@ -88,12 +89,13 @@ def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
     return last, cache
 
 
-def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, choice, *, width,
-             samplings, mesh):
+def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, origins, choice, *,
+             width, samplings, mesh):
     """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
 
     Sample row i draws from row `sample_rows[i]`'s logits (the G samples of one prompt share its prefill),
-    at that row's next position. Returns (cache, tokens, logprobs, policy_logprobs), the last three [I].
+    at that row's next position, keyed by request `ids[i]` and that position less `origins[i]`. Returns (cache,
+    tokens, logprobs, policy_logprobs), the last three [I].
     """
     _COMPILATIONS["forward"] += 1
     logger.info("compiling engine forward: %d rows x %d tokens after %d cached, %d draws",
@@ -103,7 +105,7 @@ def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_row
     logits = model.logits_from_hidden(last[sample_rows])
     positions = (lengths + counts)[sample_rows]
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-    return (cache, *_draw(base_keys, positions, logits, samplings, choice))
+    return (cache, *_draw(base_keys, positions - origins, logits, samplings, choice))
 
 
 class _DecodeCarry(NamedTuple):
@@ -130,8 +132,8 @@ class SharedPrefixes(NamedTuple):
     starts: jax.Array  # int32 [R]
 
 
-def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, choice,
-            exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
+def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, origins,
+            choice, exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
     """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
 
     The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds
@@ -172,7 +174,7 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
         live = c.running.astype(jnp.int32)
         lengths = c.lengths + live
         logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
-        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths, logits, samplings, choice)
+        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths - origins, logits, samplings, choice)
         stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
         remaining = c.remaining - live
         ended = c.running & (stopped | (remaining <= 0))
@@ -240,10 +242,10 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
     with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
         prefill = _forward_jit.trace(
             graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
-            rows(prefill_rows), replicated(draws), key, replicated(draws), replicated(draws), width=0,
+            rows(prefill_rows), replicated(draws), key, replicated(draws), replicated(draws), replicated(draws), width=0,
             samplings=samplings, mesh=mesh)
         decode = _decode_jit.trace(
             graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
             rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
-            rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)
+            rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)
     return {"engine prefill": prefill, "engine decode": decode}

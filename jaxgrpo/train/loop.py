@@ -746,8 +746,8 @@ def _check_multi_process(cfg: Config) -> None:
         for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
             if on:
                 raise ConfigError(f"{what} agrees its sampling rounds across processes, which sampling on each "
-                                  f"process's own devices (one-step-off, sampling.engine, environments) does not "
-                                  f"do; turn {what} off, or those")
+                                  f"process's own devices (the rollout engine, one-step-off, environments) does "
+                                  f"not do; set sampling.engine=false (and max_staleness=0), or turn {what} off")
 
 
 def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:
