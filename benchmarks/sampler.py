@@ -35,6 +35,7 @@ from flax import nnx
 
 import jaxgrpo.models
 from jaxgrpo import sampler
+from jaxgrpo.engine import Engine, generate_groups
 from jaxgrpo.models import cpu_forms, cpu_matmul, registry
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
@@ -68,8 +69,6 @@ def time_ours(model, prompts: np.ndarray, seed: int) -> float:
 
 
 def time_engine(engine, prompts: np.ndarray, seed: int) -> float:
-    from jaxgrpo.engine import generate_groups
-
     start = time.perf_counter()
     rollout = generate_groups(engine, prompts.tolist(), num_samples=SAMPLES, max_new_tokens=NEW_TOKENS,
                               sampling=sampler.SamplingParams(temperature=1.0), key=jax.random.key(seed))
@@ -110,8 +109,6 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
                                                         dtype=getattr(torch, TORCH_DTYPE or DTYPE))
         hf_model.eval()
         time_torch(hf_model, prompts, 0)  # warm-up
-    from jaxgrpo.engine import Engine
-
     engine = Engine(model, num_slots=PROMPTS * SAMPLES, max_context=PROMPT_LENGTH + NEW_TOKENS,
                     decode_chunk=NEW_TOKENS)
     time_ours(model, prompts, 0)  # compiles

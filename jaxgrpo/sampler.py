@@ -79,6 +79,13 @@ def compilation_counts() -> dict[str, int]:
 # Sampling distribution
 
 
+def is_int_in(value, low: int, high: int | None = None) -> bool:
+    """Whether `value` is an integer (Python or NumPy; not a bool) in [low, high] (no upper bound without `high`):
+    the check of every count and index argument of the sampler and the engine."""
+    return (not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= low
+            and (high is None or value <= high))
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How tokens are drawn from the logits. Hashable: it is a static argument of the jitted loop.
@@ -105,7 +112,7 @@ class SamplingParams:
         temperature, top_p, min_p = float(self.temperature), float(self.top_p), float(self.min_p)
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+        if not is_int_in(self.top_k, 0):
             raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
@@ -574,9 +581,9 @@ def model_context_window(model, context_window: int | None = None) -> int | None
 def _checked_request(model, prompts, num_samples, max_new_tokens, key, sampling: SamplingParams, prompt_ids, pad_id,
                      context_window):
     """`generate`'s arguments checked, each error one line: (prompts as token lists, i32[B] prompt ids, the key)."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+    if not is_int_in(num_samples, 1):
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    if not is_int_in(max_new_tokens, 1):
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if key is None:
         if not sampling.greedy:

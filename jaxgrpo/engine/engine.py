@@ -55,7 +55,7 @@ from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.engine.programs import _POOL, STOP_SLOTS, SharedPrefixes, _copy_jit, _decode_jit, _forward_jit
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.sampler import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams, bucket_length, left_pad
+from jaxgrpo.sampler import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams, bucket_length, is_int_in, left_pad
 from jaxgrpo.sampler import model_context_window
 
 logger = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class Engine:
                  num_blocks: int | None = None, key: jax.Array | None = None, decode_chunk: int = 8,
                  refill: int | None = None, mesh: jax.sharding.Mesh | None = None):
         for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if not is_int_in(value, 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if mesh is not None and "data" not in mesh.axis_names:
             raise ValueError(f"the engine's mesh needs a 'data' axis to split its slots over; got axes {mesh.axis_names}")
@@ -343,7 +343,7 @@ class Engine:
             raise ValueError(f"request {request.id}: the prompt is empty; every prompt needs at least one token")
         if min(prompt) < 0 or max(prompt) >= self.config.vocab_size:
             raise ValueError(f"request {request.id}: token ids outside [0, {self.config.vocab_size})")
-        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+        if not is_int_in(budget, 1):
             raise ValueError(f"request {request.id}: max_new_tokens must be an int >= 1, got {budget!r}")
         if len(prompt) + budget > self.max_context:
             raise ConfigError(f"request {request.id}: {len(prompt)} prompt tokens + max_new_tokens={budget} exceed the "
@@ -353,10 +353,9 @@ class Engine:
             raise ConfigError(f"request {request.id}: needs {need} blocks of {self.block_size} but the cache has "
                               f"{self.blocks_per_shard - 1}{' per data shard' if self.num_shards > 1 else ''}; raise num_blocks or "
                               f"lower max_new_tokens")
-        origin = request.draw_origin
-        if isinstance(origin, bool) or not isinstance(origin, (int, np.integer)) or not 0 <= origin <= len(prompt):
+        if not is_int_in(request.draw_origin, 0, len(prompt)):
             raise ValueError(f"request {request.id}: draw_origin must be an int in [0, {len(prompt)}] (the prompt's "
-                             f"length at most), got {origin!r}")
+                             f"length at most), got {request.draw_origin!r}")
         if len(set(request.stop_tokens)) > STOP_SLOTS:
             raise ValueError(f"request {request.id}: at most {STOP_SLOTS} stop tokens, got {len(set(request.stop_tokens))}")
         if not request.sampling.greedy and not self._keyed:
@@ -544,7 +543,7 @@ class Engine:
         tokens = _token_list(tokens)
         if tokens and (min(tokens) < 0 or max(tokens) >= self.config.vocab_size):
             raise ValueError(f"extend({sequence_id}): token ids outside [0, {self.config.vocab_size})")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        if not is_int_in(max_new_tokens, 1):
             raise ValueError(f"extend({sequence_id}): max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         new = [sequence.pending] + tokens  # the stopping token enters the cache with them
         end = sequence.length + len(new) + max_new_tokens
