@@ -33,7 +33,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels.losses import MAX_LOG_RATIO
+from jaxgrpo.kernels.losses.common import MAX_LOG_RATIO
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.segments import fill_masked
 from jaxgrpo.kernels.validation import check_token_inputs

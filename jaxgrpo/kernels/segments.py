@@ -294,3 +294,79 @@ def masked_standardize(
     else:
         white = (scaled - m) / (_safe_sqrt(var) + scaled_eps(eps, k, x.dtype))
     return jnp.where(jnp.asarray(mask) != 0, white, 0.0)
+
+
+# --------------------------------------------------------- order within groups
+# Rows ordered inside their groups, and dense ids of sub-groups: what the median, rank, quantile and
+# sub-group estimators share (MC-GRPO, GiGPO, Stratified GRPO, SEED-GRPO, RiskPO).
+
+
+def sorted_rows_within_groups(x: Array, group_ids: Array, num_groups: int, valid: Array):
+    """Rows sorted by (group, value, row index), invalid rows last; ties keep batch order.
+
+    Returns:
+      order: i32[N] row indices in sorted order.
+      start: i32[num_groups] position in `order` where each group begins.
+      n: i32[num_groups] valid rows per group.
+    """
+    key = jnp.where(valid, group_ids, num_groups)
+    rows = jnp.arange(x.shape[0], dtype=jnp.int32)
+    order = jnp.lexsort((rows, x, key))
+    n = count(group_ids, num_groups, valid, jnp.int32)
+    return order, jnp.cumsum(n) - n, n
+
+
+def lower_median_rows(x: Array, group_ids: Array, num_groups: int, valid: Array):
+    """The row holding each group's lower median (as `torch.median`): i32[num_groups], and bool[num_groups] non-empty.
+
+    For an odd count this is the middle element; for an even count the lower of
+    the two middle ones. Among equal values the first in batch order is taken.
+    """
+    order, start, n = sorted_rows_within_groups(x, group_ids, num_groups, valid)
+    pos = jnp.clip(start + (n - 1) // 2, 0, x.shape[0] - 1)
+    return order[pos], n > 0
+
+
+def joint_segment_ids(primary: Array, secondary: Array, valid: Array) -> Array:
+    """Dense segment ids in [0, N) of the (primary, secondary) pairs of valid rows.
+
+    Rows share an id exactly when both ids match; invalid rows get ids of their
+    own keys after every valid pair (use them with `valid` so they are ignored).
+    Unlike `primary * num_secondary + secondary`, the number of segments is N,
+    whatever the ranges of the ids.
+    """
+    n = primary.shape[0]
+    rows = jnp.arange(n, dtype=jnp.int32)
+    invalid = (~valid).astype(jnp.int32)
+    order = jnp.lexsort((rows, secondary, primary, invalid))
+    p, s, inv = primary[order], secondary[order], invalid[order]
+    new = jnp.concatenate([jnp.ones((1,), bool), (p[1:] != p[:-1]) | (s[1:] != s[:-1]) | (inv[1:] != inv[:-1])])
+    sorted_ids = jnp.cumsum(new.astype(jnp.int32)) - 1
+    return jnp.zeros((n,), jnp.int32).at[order].set(sorted_ids)
+
+
+def rank_within_groups(group_ids: Array, num_groups: int, valid: Array) -> Array:
+    """Position of each valid row among its group's valid rows, in batch order (0, 1, ...); -1 if invalid."""
+    n_rows = group_ids.shape[0]
+    rows = jnp.arange(n_rows, dtype=jnp.int32)
+    key = jnp.where(valid, group_ids, num_groups)
+    order = jnp.lexsort((rows, key))
+    n = count(group_ids, num_groups, valid, jnp.int32)
+    start = jnp.cumsum(n) - n
+    sorted_rank = rows - jnp.take(start, key[order], mode="clip")
+    rank = jnp.zeros((n_rows,), jnp.int32).at[order].set(sorted_rank)
+    return jnp.where(valid, rank, -1)
+
+
+def quantile_within_groups(x: Array, group_ids: Array, num_groups: int, valid: Array, q: float) -> Array:
+    """The q-quantile of each group's valid values, linear interpolation (`torch.quantile`); 0 if empty."""
+    order, start, n = sorted_rows_within_groups(x, group_ids, num_groups, valid)
+    xs = x[order]
+    last = x.shape[0] - 1
+    pos = q * jnp.maximum(n - 1, 0).astype(x.dtype)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    frac = pos - lo.astype(x.dtype)
+    x_lo = xs[jnp.clip(start + lo, 0, last)]
+    x_hi = xs[jnp.clip(start + hi, 0, last)]
+    return jnp.where(n > 0, x_lo + frac * (x_hi - x_lo), 0.0)

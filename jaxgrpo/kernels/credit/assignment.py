@@ -1,9 +1,11 @@
-"""Token and segment credit assignment: TW-GRPO weights, PURE min-form, Rank-GRPO, segment scatter.
+"""Token, segment and rank credit assignment (kind "credit"): TW-GRPO, PURE, Rank-GRPO, segments, GRPO-VPS.
 
 Kernels of kind "credit" turn group, step or segment information into per-token
 weights or advantages `[N, T]` (Rank-GRPO: per-rank `[N, K]`, with helpers to
 move between ranks and tokens). They are pure: every extra input (token
-distributions, step rewards, segment boundaries, rank ids) is an array argument.
+distributions, step rewards, segment boundaries, rank ids, probe probabilities)
+is an array argument. The importance weights of a sampler/trainer mismatch,
+also of kind "credit", are in `importance`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages import STD_DDOF, STD_EPS
-from jaxgrpo.kernels.losses import log_ratio
+from jaxgrpo.kernels.advantages.common import STD_DDOF, STD_EPS
+from jaxgrpo.kernels.losses.common import log_ratio
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.validation import (
     check_floating,
+    check_group_ids,
     check_integer,
+    check_num_groups,
     check_outcome_inputs,
     check_rank,
     check_same_shape,
@@ -25,6 +29,7 @@ from jaxgrpo.kernels.validation import (
 )
 
 Array = jax.Array
+
 
 _TW_GRPO = "Reinforcing Video Reasoning with Focused Thinking (2025)"
 _PURE = "Stop Summation: Min-Form Credit Assignment Is All Process Reward Model Needs for Reasoning (2025)"
@@ -35,7 +40,7 @@ _SEGMENT = (
 )
 
 
-# --------------------------------------------------------------------------- TW-GRPO
+# --------------------------------------------------------------------- TW-GRPO
 
 
 def minmax_token_weights(divergence, position_mask, *, alpha: float = 1.7) -> Array:
@@ -103,7 +108,7 @@ def tw_grpo_weights(token_logprobs, group_ids, *, num_groups: int, mask, valid=N
     return jnp.where(valid[:, None] & (mask > 0), segments.gather(weights, group_ids), 0.0)
 
 
-# --------------------------------------------------------------------------- PURE
+# ------------------------------------------------------------------------ PURE
 
 
 @register("credit", "pure_min_form", paper=_PURE,
@@ -149,7 +154,7 @@ def pure_min_form(process_rewards, step_mask, *, temperature: float = 0.1, mask=
     return returns
 
 
-# --------------------------------------------------------------------------- Rank-GRPO
+# ------------------------------------------------------------------- Rank-GRPO
 
 
 def rank_rewards(hits, *, reward: str = "dcg") -> Array:
@@ -225,7 +230,7 @@ def rank_token_values(rank_values, rank_ids) -> Array:
     return jnp.einsum("ntk,nk->nt", one_hot, rank_values)
 
 
-# --------------------------------------------------------------------------- segments
+# -------------------------------------------------------------------- segments
 
 
 @register("credit", "segment_advantages", paper=_SEGMENT,
@@ -266,13 +271,78 @@ def segment_advantages(boundaries, values, mask) -> Array:
     return jnp.where((segment >= 0) & (mask > 0), per_token, 0.0)
 
 
-__all__ = [
-    "minmax_token_weights",
-    "pure_min_form",
-    "rank_grpo",
-    "rank_level_ratio",
-    "rank_rewards",
-    "rank_token_values",
-    "segment_advantages",
-    "tw_grpo_weights",
-]
+# ----------------------------------------------------------- GRPO-VPS progress
+
+
+_VPS = "GRPO-VPS: Enhancing Group Relative Policy Optimization with Verifiable Process Supervision for Effective Reasoning (2026)"
+
+
+@register("credit", "experimental/grpo_vps_progress", paper=_VPS,
+          loop="needs a probing pass (the answer probability after each reasoning segment, GRPO-VPS)",
+          ranges={"progress_coef": ("any", "c, the weight of each segment's probe progress")})
+def grpo_vps_progress(
+    advantages,
+    probe_probs,
+    segment_ids,
+    mask,
+    *,
+    progress_coef: float = 1.0,
+    center: bool = False,
+    group_ids=None,
+    num_groups: int | None = None,
+) -> Array:
+    """GRPO-VPS (reconstruction): outcome advantage plus each segment's probe progress, per token.
+
+    Delta_{i,k} = P_{i,k+1} - P_{i,k}, where P_{i,k} = P(correct answer | prompt,
+    first k segments of response i) is the probe probability at segment
+    boundary k (P_{i,0}: prompt only); then
+        A_{i,t} = A_i + c * Delta_{i, seg(t)}.
+    With `center=True`, Delta is first centered by its mean over the valid
+    segments of the same group (a group-relative progress).
+
+    Reconstructed from the abstract of "GRPO-VPS: Enhancing Group Relative
+    Policy Optimization with Verifiable Process Supervision" (2025) ("probe the
+    probability of the correct answer at each segment; segment-wise progress
+    refines the trajectory-level advantage"). Unverified: the additive
+    combination, c = 1, and the centering. c = 0 broadcasts A_i to its tokens.
+
+    Args:
+      advantages: f32[N] outcome advantages (e.g. GRPO's).
+      probe_probs: f32[N, K+1] probe probabilities at the K+1 boundaries.
+      segment_ids: i32[N, T] segment k in [0, K) of each token.
+      mask: f32[N, T].
+      group_ids, num_groups: needed only for `center=True`.
+
+    Returns:
+      f32[N, T] token advantages, zero where masked.
+    """
+    mask = jnp.asarray(mask)
+    check_token_inputs(mask=mask.astype(jnp.float32))
+    mask = mask.astype(jnp.float32)
+    advantages = check_floating("advantages", advantages)
+    n, t = mask.shape
+    if advantages.shape != (n,):
+        raise ValueError(f"advantages must have shape [N]=[{n}], got {tuple(advantages.shape)}")
+    probe_probs = check_floating("probe_probs", probe_probs)
+    check_rank("probe_probs", probe_probs, 2, "[N, K+1]")
+    if probe_probs.shape[0] != n or probe_probs.shape[1] < 2:
+        raise ValueError(f"probe_probs must have shape [N, K+1]=[{n}, >=2], got {tuple(probe_probs.shape)}")
+    segment_ids = check_integer("segment_ids", segment_ids)
+    if segment_ids.shape != (n, t):
+        raise ValueError(f"segment_ids must have shape [N, T]=[{n}, {t}] like mask, got {tuple(segment_ids.shape)}")
+    num_segments = probe_probs.shape[1] - 1
+    delta = probe_probs[:, 1:] - probe_probs[:, :-1]  # [N, K]
+    if center:
+        if group_ids is None or num_groups is None:
+            raise ValueError("center=True needs group_ids=i32[N] and num_groups")
+        group_ids = check_integer("group_ids", group_ids)
+        group_ids, in_range = check_group_ids(group_ids, check_num_groups(num_groups))
+        # Mean progress of segment k over the group's rows (segments are aligned by index); a row whose
+        # group id is out of range (under jit) neither enters a mean nor is centered.
+        group_mean = segments.sum(delta, group_ids, num_groups, in_range) / jnp.maximum(
+            segments.count(group_ids, num_groups, in_range)[:, None], 1
+        )
+        delta = delta - jnp.where(in_range[:, None], group_mean[group_ids], 0.0)
+    seg = jnp.clip(segment_ids, 0, num_segments - 1)
+    token_delta = jnp.take_along_axis(delta, seg, axis=1)
+    return jnp.where(mask > 0, advantages[:, None] + progress_coef * token_delta, 0.0)
