@@ -17,11 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxgrpo.kernels import catalog_advantages as ca
+from jaxgrpo.kernels import advantages as ca
 from jaxgrpo.kernels.advantages import dr_grpo, grpo
 from jaxgrpo.kernels.aggregation import AGGREGATION_MODES, aggregate
-from jaxgrpo.kernels.losses import ppo_clip
+from jaxgrpo.kernels.losses import opmd_loss, ppo_clip, rec
+from jaxgrpo.kernels.masks import mc_grpo_pivot_mask
 from jaxgrpo.kernels.registry import info
+from jaxgrpo.kernels.selection import dgpo_question_weights
 from tests.kernel_checks import assert_sharded_matches
 
 
@@ -58,13 +60,13 @@ def _kernel_table():
 
     return {
         "mc_grpo": lambda b: ca.mc_grpo(b["rewards"], b["group_ids"], **base(b)),
-        "mc_grpo_pivot_mask": lambda b: ca.mc_grpo_pivot_mask(b["rewards"], b["group_ids"], **base(b)),
+        "mc_grpo_pivot_mask": lambda b: mc_grpo_pivot_mask(b["rewards"], b["group_ids"], **base(b)),
         "bnpo": lambda b: ca.bnpo(b["rewards"], b["group_ids"], **base(b)),
         "gdpo": lambda b: ca.gdpo(b["rewards_k"], b["group_ids"], **base(b)),
         "ngrpo": lambda b: ca.ngrpo(b["rewards"], b["group_ids"], **base(b)),
         "krpo": lambda b: ca.krpo(b["rewards"], b["group_ids"], **base(b)),
         "dgpo": lambda b: ca.dgpo(b["rewards"], b["group_ids"], **base(b)),
-        "dgpo_question_weights": lambda b: ca.dgpo_question_weights(b["rewards"], b["group_ids"], **base(b)),
+        "dgpo_question_weights": lambda b: dgpo_question_weights(b["rewards"], b["group_ids"], **base(b)),
         "gigpo": lambda b: ca.gigpo(
             b["rewards"], b["group_ids"], **base(b), step_returns=b["step_returns"], anchor_ids=b["anchor_ids"], num_anchors=3
         ),
@@ -170,11 +172,11 @@ def test_mc_grpo_golden():
     # METHODS.md: r=[0.1,0.5,0.9] -> median .5, MAD .4 -> A=+-0.4/0.401=+-0.9975, pivot (median) dropped.
     r, g = f32(0.1, 0.5, 0.9), i32(0, 0, 0)
     close(run(ca.mc_grpo, r, g, num_groups=1), [-0.9975, 0.0, 0.9975])
-    np.testing.assert_array_equal(run(ca.mc_grpo_pivot_mask, r, g, num_groups=1), [True, False, True])
+    np.testing.assert_array_equal(run(mc_grpo_pivot_mask, r, g, num_groups=1), [True, False, True])
     # Binary [1,0,0,1,1]: median 1, MAD 0 -> A=(r-1)/1e-3; one "1" (the first in batch order) is the pivot.
     r, g = f32(1, 0, 0, 1, 1), i32(0, 0, 0, 0, 0)
     close(run(ca.mc_grpo, r, g, num_groups=1), [0, -1000, -1000, 0, 0], atol=1e-3)
-    np.testing.assert_array_equal(run(ca.mc_grpo_pivot_mask, r, g, num_groups=1), [False, True, True, True, True])
+    np.testing.assert_array_equal(run(mc_grpo_pivot_mask, r, g, num_groups=1), [False, True, True, True, True])
 
 
 def test_mc_grpo_hand_case_ties_even_groups_and_invalid_rows():
@@ -188,13 +190,13 @@ def test_mc_grpo_hand_case_ties_even_groups_and_invalid_rows():
     valid = jnp.asarray([True] * 7 + [False, True, True])
     close(run(ca.mc_grpo, r, g, num_groups=2, valid=valid), [0.999, -0.999, 0, 7.992, 0, 1.998, -0.999, 0, 0.999, 0], atol=1e-3)
     np.testing.assert_array_equal(
-        run(ca.mc_grpo_pivot_mask, r, g, num_groups=2, valid=valid), [True, True, True, True, False, True, True, False, True, False]
+        run(mc_grpo_pivot_mask, r, g, num_groups=2, valid=valid), [True, True, True, True, False, True, True, False, True, False]
     )
 
 
 def test_mc_grpo_pivot_mask_drops_exactly_one_row_per_nonempty_group():
     b = example_batch()
-    mask = run(ca.mc_grpo_pivot_mask, b["rewards"], b["group_ids"], num_groups=NUM_GROUPS, valid=b["valid"])
+    mask = run(mc_grpo_pivot_mask, b["rewards"], b["group_ids"], num_groups=NUM_GROUPS, valid=b["valid"])
     dropped = np.asarray(b["valid"] & ~mask)
     for group in range(NUM_GROUPS):
         rows = np.asarray(b["group_ids"]) == group
@@ -340,7 +342,7 @@ def test_dgpo_golden():
     # acc=[.25,.75], T=2 -> w=2 softmax([-.125,-.375])=[1.124,0.876].
     r = f32(1, 0, 0, 0, 1, 1, 1, 0)
     g = i32(0, 0, 0, 0, 1, 1, 1, 1)
-    close(run(ca.dgpo_question_weights, r, g, num_groups=2), [1.1244] * 4 + [0.8756] * 4)
+    close(run(dgpo_question_weights, r, g, num_groups=2), [1.1244] * 4 + [0.8756] * 4)
 
 
 def test_dgpo_hand_case():
@@ -360,12 +362,12 @@ def test_dgpo_question_weights_constant_groups_and_invalid_rows():
     r = f32(1, 0, 1, 1, 0, 0)
     g = i32(0, 0, 1, 1, 2, 2)
     valid = jnp.asarray([True, True, True, True, True, False])
-    close(run(ca.dgpo_question_weights, r, g, num_groups=3, valid=valid), [1, 1, 1, 1, 1, 0])
+    close(run(dgpo_question_weights, r, g, num_groups=3, valid=valid), [1, 1, 1, 1, 1, 0])
     # Varying groups acc=[1/3, 2/3] and a constant group: weights 2 softmax([-1/6,-1/3]) = [1.0832, 0.9168], 1.
     # (softmax: 1/(1+e^{-1/6})=.54159)
     r = f32(1, 0, 0, 1, 1, 0, 1, 1)
     g = i32(0, 0, 0, 1, 1, 1, 2, 2)
-    close(run(ca.dgpo_question_weights, r, g, num_groups=3), [1.0832] * 3 + [0.9168] * 3 + [1, 1])
+    close(run(dgpo_question_weights, r, g, num_groups=3), [1.0832] * 3 + [0.9168] * 3 + [1, 1])
 
 
 # --------------------------------------------------------------------------- #
@@ -550,13 +552,13 @@ def test_rec_loss_masks_and_detaches_the_ratio():
     logp = jnp.full((2, 1), math.log(0.5), jnp.float32)
     old = jnp.full((2, 1), math.log(0.25), jnp.float32)
     adv, mask = f32(1.0, -1.0), jnp.ones((2, 1), jnp.float32)
-    loss, metrics = run(ca.rec, logp, old, adv, mask)
+    loss, metrics = run(rec, logp, old, adv, mask)
     close(loss[:, 0], [0.0, -0.69315])
     close(metrics["clip_fraction"], 0.5)
-    close(run(ca.rec, logp, old, adv, mask, clip_mode="two_sided")[0][:, 0], [0.0, 0.0])
-    close(run(ca.rec, logp, old, adv, mask, clip_mode="none")[0][:, 0], [0.69315, -0.69315])
+    close(run(rec, logp, old, adv, mask, clip_mode="two_sided")[0][:, 0], [0.0, 0.0])
+    close(run(rec, logp, old, adv, mask, clip_mode="none")[0][:, 0], [0.69315, -0.69315])
     # The gradient is -A on kept tokens (no importance weight, ratio detached) and 0 on masked ones.
-    grad = jax.jit(jax.grad(lambda lp: ca.rec(lp, old, adv, mask)[0].sum()))(logp)
+    grad = jax.jit(jax.grad(lambda lp: rec(lp, old, adv, mask)[0].sum()))(logp)
     close(grad[:, 0], [0.0, 1.0])
 
 
@@ -564,9 +566,9 @@ def test_opmd_loss():
     # l = -A log pi / (1 + tau): A=1, pi=.5, tau=1 -> .34657; gradient -A/(1+tau) = -.5.
     logp = jnp.full((1, 2), math.log(0.5), jnp.float32)
     mask = f32(1, 0)[None]
-    loss, _ = run(ca.opmd_loss, logp, logp, f32(1.0), mask)
+    loss, _ = run(opmd_loss, logp, logp, f32(1.0), mask)
     close(loss, [[0.34657, 0.0]])
-    close(jax.jit(jax.grad(lambda lp: ca.opmd_loss(lp, logp, f32(1.0), mask)[0].sum()))(logp), [[-0.5, 0.0]])
+    close(jax.jit(jax.grad(lambda lp: opmd_loss(lp, logp, f32(1.0), mask)[0].sum()))(logp), [[-0.5, 0.0]])
 
 
 # --------------------------------------------------------------------------- #
@@ -618,10 +620,10 @@ def fixed_token_batches(draw, n=6, t=5):
 
 
 _LOSSES = {
-    "rec_one_sided": jax.jit(lambda *a: ca.rec(*a)),
-    "rec_two_sided": jax.jit(lambda *a: ca.rec(*a, clip_mode="two_sided")),
-    "rec_none": jax.jit(lambda *a: ca.rec(*a, clip_mode="none")),
-    "opmd": jax.jit(lambda *a: ca.opmd_loss(*a)),
+    "rec_one_sided": jax.jit(lambda *a: rec(*a)),
+    "rec_two_sided": jax.jit(lambda *a: rec(*a, clip_mode="two_sided")),
+    "rec_none": jax.jit(lambda *a: rec(*a, clip_mode="none")),
+    "opmd": jax.jit(lambda *a: opmd_loss(*a)),
 }
 
 

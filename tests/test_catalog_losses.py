@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jaxgrpo.kernels import catalog_losses as cl
-from jaxgrpo.kernels.advantages import grpo
+from jaxgrpo.kernels import losses as cl
+from jaxgrpo.kernels.advantages import grpo, hapo
 from jaxgrpo.kernels.aggregation import AGGREGATION_MODES, aggregate
 from jaxgrpo.kernels.losses import ppo_clip
 from jaxgrpo.kernels.registry import get, get_loss
@@ -150,22 +150,22 @@ def test_hapo_advantage_golden():
 
 def test_hapo_advantage_own_cases_and_fallback():
     # r = [1, 0, 0], lengths [2, 1, 1]: mu = 2/4 = 0.5, sigma^2 = (2*.25 + .25 + .25)/4 = 0.25 -> A = [1, -1, -1].
-    adv = cl.hapo(jnp.array([1.0, 0.0, 0.0]), jnp.array([0, 0, 0]), num_groups=1, lengths=jnp.array([2, 1, 1]))
+    adv = hapo(jnp.array([1.0, 0.0, 0.0]), jnp.array([0, 0, 0]), num_groups=1, lengths=jnp.array([2, 1, 1]))
     np.testing.assert_allclose(adv, [1.0, -1.0, -1.0], rtol=1e-5)
     # r = [1, 0], lengths [1, 99]: mu = 0.01, sigma = sqrt(0.0099) = 0.0995 -> A_1 = 9.95 >= 5: GRPO fallback.
     rewards, ids = jnp.array([1.0, 0.0]), jnp.array([0, 0])
-    adv = cl.hapo(rewards, ids, num_groups=1, lengths=jnp.array([1, 99]))
+    adv = hapo(rewards, ids, num_groups=1, lengths=jnp.array([1, 99]))
     np.testing.assert_allclose(adv, grpo(rewards, ids, num_groups=1), rtol=1e-6)
 
 
 def test_hapo_advantage_equal_lengths_reduce_to_population_std_grpo():
     rewards = jnp.array([0.3, 1.0, 0.0, 0.5, 0.5, 0.9])
     ids = jnp.array([0, 0, 0, 1, 1, 1])
-    adv = cl.hapo(rewards, ids, num_groups=2, lengths=jnp.full(6, 7))
+    adv = hapo(rewards, ids, num_groups=2, lengths=jnp.full(6, 7))
     np.testing.assert_allclose(adv, grpo(rewards, ids, num_groups=2, std_ddof=0), rtol=1e-5, atol=1e-6)
 
 
-_hapo_jit = jax.jit(lambda r, i, v, n: cl.hapo(r, i, num_groups=6, valid=v, lengths=n))
+_hapo_jit = jax.jit(lambda r, i, v, n: hapo(r, i, num_groups=6, valid=v, lengths=n))
 
 
 @settings(max_examples=30, deadline=None)
@@ -378,7 +378,7 @@ def test_hapo_advantage_sharded_matches_unsharded(mesh_2x4):
         "lengths": jnp.array([3, 9, 1, 4, 4, 2, 7, 5]),
         "valid": jnp.array([True] * 7 + [False]),
     }
-    assert_sharded_matches(cl.hapo, arrays, mesh_2x4, num_groups=4)
+    assert_sharded_matches(hapo, arrays, mesh_2x4, num_groups=4)
 
 
 def test_loss_errors_name_the_argument():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jaxgrpo.kernels import group_rewards as gr
+from jaxgrpo.kernels import reward_shaping as gr
 from jaxgrpo.kernels import selection as sel
 from jaxgrpo.kernels.advantages import dr_grpo, grpo
 from jaxgrpo.kernels.registry import get

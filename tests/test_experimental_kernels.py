@@ -9,11 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxgrpo
-from jaxgrpo.kernels import experimental as ex
 from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages import grpo
-from jaxgrpo.kernels.losses import gspo_token, ppo_clip, reinforce
-from jaxgrpo.kernels.token import gae
+from jaxgrpo.kernels.advantages import a_grae, grpo, spo_advantage
+from jaxgrpo.kernels.credit import gae, grpo_vps_progress, t_ppo_egae
+from jaxgrpo.kernels.losses import aepo_entropy, aepo_temperature_update, dhpo, etr_clip, gspo_token, ppo_clip, reinforce
+from jaxgrpo.kernels.reward_shaping import conciser_length_reward, grpo_lambda
+from jaxgrpo.kernels.selection import (
+    SPOTrackerState,
+    spo_priority,
+    spo_tracker_init,
+    spo_value_tracker,
+    trapo_selection,
+)
 from tests.kernel_checks import assert_sharded_matches, outcome_batches, token_batches
 
 FAST = settings(max_examples=20, deadline=None)
@@ -71,14 +78,14 @@ def token_batches_with_advantages(draw):
 
 
 # Jitted once per module with the hyper-parameters static, so hypothesis examples reuse compilations.
-_spo_update = jax.jit(ex.spo_value_tracker)
-_spo_priority = jax.jit(ex.spo_priority)
-_spo_advantage = jax.jit(ex.spo_advantage, static_argnames=("num_groups",))
+_spo_update = jax.jit(spo_value_tracker)
+_spo_priority = jax.jit(spo_priority)
+_spo_advantage = jax.jit(spo_advantage, static_argnames=("num_groups",))
 _grpo = jax.jit(grpo, static_argnames=("num_groups",))
-_a_grae = jax.jit(ex.a_grae, static_argnames=("num_groups", "positive_scale", "difficulty_strength"))
-_vps = jax.jit(ex.grpo_vps_progress, static_argnames=("progress_coef",))
-_grpo_lambda = jax.jit(ex.grpo_lambda, static_argnames=("num_groups", "top_fraction"))
-_conciser = jax.jit(ex.conciser_length_reward, static_argnames=("num_groups", "length_coef"))
+_a_grae = jax.jit(a_grae, static_argnames=("num_groups", "positive_scale", "difficulty_strength"))
+_vps = jax.jit(grpo_vps_progress, static_argnames=("progress_coef",))
+_grpo_lambda = jax.jit(grpo_lambda, static_argnames=("num_groups", "top_fraction"))
+_conciser = jax.jit(conciser_length_reward, static_argnames=("num_groups", "length_coef"))
 
 
 def _random_tokens(seed, n=8, t=5):
@@ -110,7 +117,7 @@ def test_etr_hand_case_wide_range_for_large_advantage_in_high_variance_group():
     # l = -min(-0.5, -0.9) = 0.9.
     logp = jnp.log(jnp.array([[1.5], [0.5]], jnp.float32))
     old = jnp.zeros((2, 1), jnp.float32)
-    loss, metrics = ex.etr_clip(logp, old, jnp.array([2.0, -1.0]), jnp.ones((2, 1)), group_variance=jnp.array([0.25, 0.0]))
+    loss, metrics = etr_clip(logp, old, jnp.array([2.0, -1.0]), jnp.ones((2, 1)), group_variance=jnp.array([0.25, 0.0]))
     _close(loss[:, 0], [-2.8, 0.9], atol=1e-5)
     _close(metrics["clip_fraction"], 1.0)
     # Same row under plain ppo_clip (eps 0.2): rho = 1.5 clipped at 1.2 -> -2.4.
@@ -118,9 +125,9 @@ def test_etr_hand_case_wide_range_for_large_advantage_in_high_variance_group():
 
 
 _ppo_clip = jax.jit(ppo_clip)
-_etr = jax.jit(lambda lp, old, adv, m, var: ex.etr_clip(lp, old, adv, m, group_variance=var))
+_etr = jax.jit(lambda lp, old, adv, m, var: etr_clip(lp, old, adv, m, group_variance=var))
 _etr_off = jax.jit(
-    lambda lp, old, adv, m, var: ex.etr_clip(
+    lambda lp, old, adv, m, var: etr_clip(
         lp, old, adv, m, group_variance=var, advantage_elasticity=0.0, variance_elasticity=0.0
     )
 )
@@ -142,7 +149,7 @@ def test_etr_sharded_matches_unsharded(mesh_2x4):
     logp, old, adv, mask = _random_tokens(0, n=16)
     var = jnp.linspace(0, 0.25, 16, dtype=jnp.float32)
     assert_sharded_matches(
-        ex.etr_clip, dict(logp=logp, old_logp=old, advantages=adv, mask=mask, group_variance=var), mesh_2x4, atol=1e-5
+        etr_clip, dict(logp=logp, old_logp=old, advantages=adv, mask=mask, group_variance=var), mesh_2x4, atol=1e-5
     )
 
 
@@ -159,8 +166,8 @@ def test_dhpo_reduces_to_ppo_clip_and_gspo_token_in_value_and_gradient():
         (dict(token_weight=1.0), lambda lp: ppo_clip(lp, old, adv, mask)[0].sum()),
         (dict(token_weight=0.0), lambda lp: gspo_token(lp, old, adv, mask)[0].sum()),
     ):
-        _close(total(ex.dhpo, **kw)(logp), ref(logp), atol=1e-5)
-        _close(jax.grad(total(ex.dhpo, **kw))(logp), jax.grad(ref)(logp), atol=1e-5)
+        _close(total(dhpo, **kw)(logp), ref(logp), atol=1e-5)
+        _close(jax.grad(total(dhpo, **kw))(logp), jax.grad(ref)(logp), atol=1e-5)
 
 
 def test_dhpo_hand_case_average_and_entropy_weights():
@@ -172,17 +179,17 @@ def test_dhpo_hand_case_average_and_entropy_weights():
     logp = jnp.log(jnp.array([[0.7, 2.0]], jnp.float32))
     old = jnp.zeros((1, 2), jnp.float32)
     adv, mask = jnp.array([1.0]), jnp.ones((1, 2))
-    _close(ex.dhpo(logp, old, adv, mask)[0], [[-0.9002, -1.1002]], atol=1e-5)
+    _close(dhpo(logp, old, adv, mask)[0], [[-0.9002, -1.1002]], atol=1e-5)
     # Entropy H = [3, 1]: sequence mean 2 -> w = [3/5, 1/3].
     # Token 0: r = 0.6 * 0.7 + 0.4 * 1.183216 = 0.893286, r_clip = 0.48 + 0.40016 = 0.88016 -> -0.88016.
     # Token 1: r = 2/3 + 2/3 * 1.183216 = 1.455477, r_clip = 0.4 + 2/3 * 1.0004 = 1.066933 -> -1.066933.
-    loss, metrics = ex.dhpo(logp, old, adv, mask, token_entropy=jnp.array([[3.0, 1.0]]))
+    loss, metrics = dhpo(logp, old, adv, mask, token_entropy=jnp.array([[3.0, 1.0]]))
     _close(loss, [[-0.88016, -1.066933]], atol=1e-5)
     _close(metrics["token_weight_mean"], (0.6 + 1 / 3) / 2, atol=1e-6)
 
 
-_dhpo = jax.jit(lambda lp, old, adv, m, h: ex.dhpo(lp, old, adv, m, token_entropy=h))
-_dhpo_grad = jax.jit(jax.grad(lambda lp, old, adv, m, h: ex.dhpo(lp, old, adv, m, token_entropy=h)[0].sum()))
+_dhpo = jax.jit(lambda lp, old, adv, m, h: dhpo(lp, old, adv, m, token_entropy=h))
+_dhpo_grad = jax.jit(jax.grad(lambda lp, old, adv, m, h: dhpo(lp, old, adv, m, token_entropy=h)[0].sum()))
 
 
 @FAST
@@ -198,7 +205,7 @@ def test_dhpo_finite_for_random_inputs(batch, with_entropy):
 def test_dhpo_sharded_matches_unsharded(mesh_2x4):
     logp, old, adv, mask = _random_tokens(2, n=16)
     assert_sharded_matches(
-        ex.dhpo, dict(logp=logp, old_logp=old, advantages=adv, mask=mask, token_entropy=-logp), mesh_2x4, atol=1e-5
+        dhpo, dict(logp=logp, old_logp=old, advantages=adv, mask=mask, token_entropy=-logp), mesh_2x4, atol=1e-5
     )
 
 
@@ -210,16 +217,16 @@ def test_spo_tracker_hand_case():
     # clipped to 0.96: alpha = 0.96*4 + 2 = 5.84, beta = 0.96*4 + 0 = 3.84.
     # Prompt 1: v0 = 0.25 -> alpha = 2, beta = 6; one row r = 0, KL = 0.12 -> rho = 2^-2 = 0.25 -> 0.875:
     # alpha = 1.75, beta = 5.25 + 1 = 6.25.  Prompt 2 is not in the batch: unchanged (alpha = 4, beta = 4).
-    state = ex.spo_tracker_init(3, jnp.array([0.5, 0.25, 0.5]))
-    new = ex.spo_value_tracker(state, jnp.array([0, 0, 1]), jnp.array([1.0, 1.0, 0.0]), jnp.array([0.0, 0.0, 0.12]))
+    state = spo_tracker_init(3, jnp.array([0.5, 0.25, 0.5]))
+    new = spo_value_tracker(state, jnp.array([0, 0, 1]), jnp.array([1.0, 1.0, 0.0]), jnp.array([0.0, 0.0, 0.12]))
     _close(new.alpha, [5.84, 1.75, 4.0], atol=1e-5)
     _close(new.beta, [3.84, 6.25, 4.0], atol=1e-5)
     _close(new.value, [5.84 / 9.68, 1.75 / 8.0, 0.5], atol=1e-6)
 
 
 def test_spo_tracker_ignores_invalid_rows():
-    state = ex.spo_tracker_init(2)
-    new = ex.spo_value_tracker(state, jnp.array([0, 1]), jnp.array([1.0, 1.0]), jnp.zeros(2), valid=jnp.array([True, False]))
+    state = spo_tracker_init(2)
+    new = spo_value_tracker(state, jnp.array([0, 1]), jnp.array([1.0, 1.0]), jnp.zeros(2), valid=jnp.array([True, False]))
     _close(new.alpha, [0.96 * 4 + 1, 4.0])
     _close(new.beta, [0.96 * 4, 4.0])
 
@@ -228,7 +235,7 @@ def test_spo_tracker_ignores_invalid_rows():
 @given(outcome_batches(binary=True), st.floats(0.0, 10.0))
 def test_spo_tracker_and_advantage_stay_finite_and_in_range(batch, kl):
     rewards, prompt_ids, valid, num_prompts = _pad_outcome(batch)
-    state = ex.spo_tracker_init(num_prompts)
+    state = spo_tracker_init(num_prompts)
     for _ in range(3):
         state = _spo_update(state, prompt_ids, rewards, jnp.full(rewards.shape, kl), valid=valid)
     v = np.asarray(state.value)
@@ -244,7 +251,7 @@ def test_spo_tracker_and_advantage_stay_finite_and_in_range(batch, kl):
 def test_spo_priority_hand_case():
     # sqrt(v (1 - v)) + 0.05: v = 0.5 -> 0.55; v = 1 -> 0.05; v = 0.9 -> 0.3 + 0.05 = 0.35; invalid -> 0.
     # Sum 0.95 -> [0.5789, 0.0526, 0.3684, 0].
-    w = ex.spo_priority(jnp.array([0.5, 1.0, 0.9, 0.5]), valid=jnp.array([True, True, True, False]))
+    w = spo_priority(jnp.array([0.5, 1.0, 0.9, 0.5]), valid=jnp.array([True, True, True, False]))
     _close(w, [0.55 / 0.95, 0.05 / 0.95, 0.35 / 0.95, 0.0], atol=1e-6)
 
 
@@ -252,12 +259,12 @@ def test_spo_advantage_hand_case_gives_signal_to_single_and_uniform_prompts():
     # r - v = [1 - 0.5, 1 - 0.75, 0 - 0.25, 0 - 0.5] = [0.5, 0.25, -0.25, -0.5]; mean 0,
     # unbiased var = (0.25 + 0.0625) * 2 / 3 = 0.208333 -> A = x / 0.456435 = [1.0954, 0.5477, -0.5477, -1.0954].
     # Prompt 1 has one row and prompt 0 is all correct, yet both get nonzero advantages (no group statistics).
-    adv = ex.spo_advantage(
+    adv = spo_advantage(
         jnp.array([1.0, 1.0, 0.0, 0.0]), jnp.array([0, 0, 1, 2]), num_groups=3, baseline=jnp.array([0.5, 0.75, 0.25, 0.5])
     )
     _close(adv, [1.0954451, 0.5477226, -0.5477226, -1.0954451], atol=1e-5)
     with pytest.raises(TypeError, match="baseline"):
-        ex.spo_advantage(jnp.zeros(2), jnp.zeros(2, jnp.int32), num_groups=1)
+        spo_advantage(jnp.zeros(2), jnp.zeros(2, jnp.int32), num_groups=1)
 
 
 def test_spo_tracker_sharded_matches_unsharded(mesh_2x4):
@@ -265,10 +272,10 @@ def test_spo_tracker_sharded_matches_unsharded(mesh_2x4):
     prompt_ids = jnp.asarray(rng.integers(0, 8, 16), jnp.int32)
     rewards = jnp.asarray(rng.integers(0, 2, 16), jnp.float32)
     kl = jnp.asarray(rng.uniform(0, 0.2, 16), jnp.float32)
-    state = ex.spo_tracker_init(8, jnp.asarray(rng.uniform(0.1, 0.9, 8), jnp.float32))
+    state = spo_tracker_init(8, jnp.asarray(rng.uniform(0.1, 0.9, 8), jnp.float32))
 
     def update(alpha, beta, prompt_ids, rewards, kl):
-        return tuple(ex.spo_value_tracker(ex.SPOTrackerState(alpha, beta), prompt_ids, rewards, kl))
+        return tuple(spo_value_tracker(SPOTrackerState(alpha, beta), prompt_ids, rewards, kl))
 
     assert_sharded_matches(
         update, dict(alpha=state.alpha, beta=state.beta, prompt_ids=prompt_ids, rewards=rewards, kl=kl), mesh_2x4, atol=1e-5
@@ -286,11 +293,11 @@ def test_a_grae_hand_case():
     # Default progress = batch mean reward 0.25: w = 1 + 0.5 * 0.5 * (-0.5) = 0.875
     # -> [0.65625, -0.4375, -0.4375, -0.4375].
     r, g = jnp.array([1.0, 0.0, 0.0, 0.0]), jnp.zeros(4, jnp.int32)
-    _close(ex.a_grae(r, g, num_groups=1), [0.65625, -0.4375, -0.4375, -0.4375], atol=1e-5)
-    _close(ex.a_grae(r, g, num_groups=1, progress=0.0), [0.5625, -0.375, -0.375, -0.375], atol=1e-5)
-    _close(ex.a_grae(r, g, num_groups=1, progress=1.0), [0.9375, -0.625, -0.625, -0.625], atol=1e-5)
+    _close(a_grae(r, g, num_groups=1), [0.65625, -0.4375, -0.4375, -0.4375], atol=1e-5)
+    _close(a_grae(r, g, num_groups=1, progress=0.0), [0.5625, -0.375, -0.375, -0.375], atol=1e-5)
+    _close(a_grae(r, g, num_groups=1, progress=1.0), [0.9375, -0.625, -0.625, -0.625], atol=1e-5)
     # progress may be traced: a schedule does not recompile.
-    f = jax.jit(lambda r, g, tau: ex.a_grae(r, g, num_groups=1, progress=tau))
+    f = jax.jit(lambda r, g, tau: a_grae(r, g, num_groups=1, progress=tau))
     _close(f(r, g, jnp.float32(1.0)), [0.9375, -0.625, -0.625, -0.625], atol=1e-5)
 
 
@@ -312,7 +319,7 @@ def test_a_grae_sharded_matches_unsharded(mesh_2x4):
         group_ids=jnp.asarray(np.repeat(np.arange(4), 4), jnp.int32),
         valid=jnp.asarray(rng.uniform(size=16) < 0.9),
     )
-    assert_sharded_matches(ex.a_grae, arrays, mesh_2x4, atol=1e-5, num_groups=4, progress=0.3)
+    assert_sharded_matches(a_grae, arrays, mesh_2x4, atol=1e-5, num_groups=4, progress=0.3)
 
 
 # ------------------------------------------------------------------- T-PPO EGAE
@@ -323,13 +330,13 @@ def test_egae_hand_case_truncated_response():
     # delta = [0 + 0.6 - 0.5, 0 + 0.7 - 0.6, 0 + 0.8 - 0.7] = [0.1, 0.1, 0.1];
     # A2 = 0.1, A1 = 0.1 + 0.95 * 0.1 = 0.195, A0 = 0.1 + 0.95 * 0.195 = 0.28525; returns = A + V.
     values = jnp.array([[0.5, 0.6, 0.7]])
-    adv, ret = ex.t_ppo_egae(
+    adv, ret = t_ppo_egae(
         jnp.zeros((1, 3)), values, jnp.ones((1, 3)), is_complete=jnp.array([False]), bootstrap_values=jnp.array([0.8]), lam=0.95
     )
     _close(adv, [[0.28525, 0.195, 0.1]], atol=1e-6)
     _close(ret, [[0.78525, 0.795, 0.8]], atol=1e-6)
     # Default bootstrap V_boot = V_L = 0.7 with a masked tail: delta = [0.1, 0.1, 0 + 0.7 - 0.7 = 0].
-    adv, _ = ex.t_ppo_egae(
+    adv, _ = t_ppo_egae(
         jnp.zeros((1, 4)), jnp.array([[0.5, 0.6, 0.7, 9.0]]), jnp.array([[1.0, 1, 1, 0]]), is_complete=jnp.array([False]), lam=0.95
     )
     _close(adv, [[0.1 + 0.95 * 0.1, 0.1, 0.0, 0.0]], atol=1e-6)
@@ -337,7 +344,7 @@ def test_egae_hand_case_truncated_response():
 
 def test_egae_on_complete_response_is_gae_golden():
     # METHODS.md §2 item 7: r = [0, 0, 1], V = [.5, .6, .7], gamma = 1, lambda = .95 -> [0.46575, 0.385, 0.3].
-    adv, _ = ex.t_ppo_egae(
+    adv, _ = t_ppo_egae(
         jnp.array([[0.0, 0.0, 1.0]]), jnp.array([[0.5, 0.6, 0.7]]), jnp.ones((1, 3)), is_complete=jnp.array([True]), lam=0.95
     )
     _close(adv, [[0.46575, 0.385, 0.3]], atol=1e-6)
@@ -345,7 +352,7 @@ def test_egae_on_complete_response_is_gae_golden():
 
 # gamma and lambda are traced, so new values do not recompile.
 _gae = jax.jit(lambda r, v, m, g, l: gae(r, v, m, gamma=g, lam=l))
-_egae = jax.jit(lambda r, v, m, c, g, l: ex.t_ppo_egae(r, v, m, is_complete=c, gamma=g, lam=l))
+_egae = jax.jit(lambda r, v, m, c, g, l: t_ppo_egae(r, v, m, is_complete=c, gamma=g, lam=l))
 
 
 @FAST
@@ -371,7 +378,7 @@ def test_egae_sharded_matches_unsharded(mesh_2x4):
         is_complete=jnp.asarray(rng.uniform(size=16) < 0.5),
         bootstrap_values=jnp.asarray(rng.normal(size=16), jnp.float32),
     )
-    assert_sharded_matches(ex.t_ppo_egae, arrays, mesh_2x4, atol=1e-5, gamma=0.99, lam=0.95)
+    assert_sharded_matches(t_ppo_egae, arrays, mesh_2x4, atol=1e-5, gamma=0.99, lam=0.95)
 
 
 # ----------------------------------------------------------------- GRPO-VPS
@@ -380,14 +387,14 @@ def test_egae_sharded_matches_unsharded(mesh_2x4):
 def test_vps_progress_hand_case():
     # P = [0.2, 0.5, 1.0] -> Delta = [0.3, 0.5]; tokens in segments [0, 0, 1], A = 0.5:
     # A_t = 0.5 + [0.3, 0.3, 0.5] = [0.8, 0.8, 1.0]; a masked 4th token gets 0.
-    out = ex.grpo_vps_progress(
+    out = grpo_vps_progress(
         jnp.array([0.5]), jnp.array([[0.2, 0.5, 1.0]]), jnp.array([[0, 0, 1, 1]]), jnp.array([[1.0, 1, 1, 0]])
     )
     _close(out, [[0.8, 0.8, 1.0, 0.0]], atol=1e-6)
     # Centered within a group of two rows with Delta = [0.3, 0.5] and [0.1, -0.1]:
     # segment means [0.2, 0.2] -> [0.1, 0.3] and [-0.1, -0.3]; with A = [0.5, -0.5] and one token per segment:
     # [[0.6, 0.8], [-0.6, -0.8]].
-    out = ex.grpo_vps_progress(
+    out = grpo_vps_progress(
         jnp.array([0.5, -0.5]),
         jnp.array([[0.2, 0.5, 1.0], [0.4, 0.5, 0.4]]),
         jnp.array([[0, 1], [0, 1]]),
@@ -422,7 +429,7 @@ def test_vps_progress_sharded_matches_unsharded(mesh_2x4):
         segment_ids=jnp.asarray(np.sort(rng.integers(0, 3, (16, 8)), axis=1), jnp.int32),
         mask=jnp.asarray(rng.uniform(size=(16, 8)) < 0.9, jnp.float32),
     )
-    assert_sharded_matches(ex.grpo_vps_progress, arrays, mesh_2x4)
+    assert_sharded_matches(grpo_vps_progress, arrays, mesh_2x4)
 
 
 # ---------------------------------------------------------- Arbitrary-Entropy PO
@@ -430,21 +437,21 @@ def test_vps_progress_sharded_matches_unsharded(mesh_2x4):
 
 def test_aepo_entropy_is_scaled_reinforce_and_raises_sampled_token_probability():
     logp, old, adv, mask = _random_tokens(7)
-    _close(ex.aepo_entropy(logp, old, adv, mask)[0], reinforce(logp, old, adv, mask)[0])
-    _close(ex.aepo_entropy(logp, old, adv, mask, coef=0.1)[0], 0.1 * reinforce(logp, old, adv, mask)[0], atol=1e-6)
+    _close(aepo_entropy(logp, old, adv, mask)[0], reinforce(logp, old, adv, mask)[0])
+    _close(aepo_entropy(logp, old, adv, mask, coef=0.1)[0], 0.1 * reinforce(logp, old, adv, mask)[0], atol=1e-6)
     # Gradient of the loss w.r.t. a sampled token's log-prob is -c A m: descent raises log pi of positive-A samples.
-    grad = jax.grad(lambda lp: ex.aepo_entropy(lp, old, adv, mask, coef=0.5)[0].sum())(logp)
+    grad = jax.grad(lambda lp: aepo_entropy(lp, old, adv, mask, coef=0.5)[0].sum())(logp)
     _close(grad, -0.5 * adv[:, None] * mask)
     # positive_only drops the samples with A <= 0.
-    _close(ex.aepo_entropy(logp, old, adv, mask, positive_only=True)[0], -jnp.maximum(adv, 0)[:, None] * logp * mask)
+    _close(aepo_entropy(logp, old, adv, mask, positive_only=True)[0], -jnp.maximum(adv, 0)[:, None] * logp * mask)
 
 
 def test_aepo_temperature_update_hand_case():
     # log T = log 1 + 0.1 * (2.0 - 1.0) -> T = e^0.1 = 1.10517; above target it cools: e^-0.1 = 0.904837;
     # far below target the temperature saturates at max 2.0.
-    _close(ex.aepo_temperature_update(1.0, 1.0, target_entropy=2.0), np.exp(0.1), atol=1e-6)
-    _close(ex.aepo_temperature_update(1.0, 3.0, target_entropy=2.0), np.exp(-0.1), atol=1e-6)
-    _close(ex.aepo_temperature_update(1.9, -50.0, target_entropy=2.0), 2.0)
+    _close(aepo_temperature_update(1.0, 1.0, target_entropy=2.0), np.exp(0.1), atol=1e-6)
+    _close(aepo_temperature_update(1.0, 3.0, target_entropy=2.0), np.exp(-0.1), atol=1e-6)
+    _close(aepo_temperature_update(1.9, -50.0, target_entropy=2.0), 2.0)
 
 
 # ----------------------------------------------------------------------- GRPO-λ
@@ -455,13 +462,13 @@ def test_grpo_lambda_hand_case():
     # lambda = 0.5 of 2 groups -> 1 group: group 0 (highest ratio) gets the length reward:
     # 0.5 - (100 - 100)/200 = 0.5 and 0.5 - 200/200 = -0.5 -> [1.5, 0.5]; group 1 keeps 0/1: [1, 0].
     correct, lengths, g = jnp.array([1.0, 1, 1, 0]), jnp.array([100.0, 300, 100, 200]), jnp.array([0, 0, 1, 1])
-    _close(ex.grpo_lambda(correct, lengths, g, num_groups=2, top_fraction=0.5), [1.5, 0.5, 1.0, 0.0])
+    _close(grpo_lambda(correct, lengths, g, num_groups=2, top_fraction=0.5), [1.5, 0.5, 1.0, 0.0])
     # lambda = 1: group 1 also penalized: correct short one 0.5 - 0 = 0.5 -> 1.5; wrong long one
     # min(0, 0.5 - 1) = -0.5 -> -0.5.
-    _close(ex.grpo_lambda(correct, lengths, g, num_groups=2, top_fraction=1.0), [1.5, 0.5, 1.5, -0.5])
+    _close(grpo_lambda(correct, lengths, g, num_groups=2, top_fraction=1.0), [1.5, 0.5, 1.5, -0.5])
     # Ties break by group index; a group whose lengths are all equal has no length signal.
     _close(
-        ex.grpo_lambda(jnp.ones(4), jnp.array([5.0, 5, 1, 3]), g, num_groups=2, top_fraction=0.5), [1.0, 1.0, 1.0, 1.0]
+        grpo_lambda(jnp.ones(4), jnp.array([5.0, 5, 1, 3]), g, num_groups=2, top_fraction=0.5), [1.0, 1.0, 1.0, 1.0]
     )
 
 
@@ -484,7 +491,7 @@ def test_grpo_lambda_sharded_matches_unsharded(mesh_2x4):
         lengths=jnp.asarray(rng.integers(10, 500, 16), jnp.float32),
         group_ids=jnp.asarray(rng.integers(0, 4, 16), jnp.int32),
     )
-    assert_sharded_matches(ex.grpo_lambda, arrays, mesh_2x4, num_groups=4, top_fraction=0.5)
+    assert_sharded_matches(grpo_lambda, arrays, mesh_2x4, num_groups=4, top_fraction=0.5)
 
 
 # ------------------------------------------------------------------- ConciseR
@@ -494,12 +501,12 @@ def test_conciser_hand_case():
     # Group 0 all correct, lengths [1024, 2048], L_max 4096: 1 + (1 - 0.25) = 1.75, 1 + (1 - 0.5) = 1.5.
     # Group 1 has a wrong answer: plain [1, 0]. An over-length correct answer in a solved group gets no bonus.
     correct, g = jnp.array([1.0, 1, 1, 0]), jnp.array([0, 0, 1, 1])
-    out = ex.conciser_length_reward(correct, jnp.array([1024.0, 2048, 100, 200]), g, num_groups=2, max_len=4096)
+    out = conciser_length_reward(correct, jnp.array([1024.0, 2048, 100, 200]), g, num_groups=2, max_len=4096)
     _close(out, [1.75, 1.5, 1.0, 0.0])
-    out = ex.conciser_length_reward(jnp.ones(2), jnp.array([5000.0, 0.0]), jnp.zeros(2, jnp.int32), num_groups=1, max_len=4096)
+    out = conciser_length_reward(jnp.ones(2), jnp.array([5000.0, 0.0]), jnp.zeros(2, jnp.int32), num_groups=1, max_len=4096)
     _close(out, [1.0, 2.0])
     # An invalid wrong row does not stop its group from counting as all correct.
-    out = ex.conciser_length_reward(
+    out = conciser_length_reward(
         correct, jnp.array([1024.0, 2048, 2048, 200]), g, num_groups=2, max_len=4096, valid=jnp.array([True, True, True, False])
     )
     _close(out, [1.75, 1.5, 1.5, 0.0])
@@ -523,7 +530,7 @@ def test_conciser_sharded_matches_unsharded(mesh_2x4):
         lengths=jnp.arange(16, dtype=jnp.float32) * 300.0,
         group_ids=jnp.asarray(np.repeat(np.arange(4), 4), jnp.int32),
     )
-    assert_sharded_matches(ex.conciser_length_reward, arrays, mesh_2x4, num_groups=4, max_len=4096)
+    assert_sharded_matches(conciser_length_reward, arrays, mesh_2x4, num_groups=4, max_len=4096)
 
 
 # ------------------------------------------------------------------------ TraPO
@@ -534,13 +541,13 @@ def test_trapo_selection_hand_case():
     # u0 = [1, 0]: cos = [1, 0.7071] -> mean 0.8536 (kept: >= 0.4);
     # u1 = [0, 1]: cos = [0, 0.7071] -> 0.3536 (kept only if in the top 10%: ceil(0.1 * 4) = 1 -> no);
     # u2 = [0, 0]: cos 0 -> 0 (dropped); u3 = [1, 1]: cos = [0.7071, 1] -> 0.8536 (kept).
-    keep, sim = ex.trapo_selection(
+    keep, sim = trapo_selection(
         jnp.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [1.0, 1.0]]), jnp.array([[1.0, 0.0], [1.0, 1.0]])
     )
     _close(sim, [0.8535534, 0.3535534, 0.0, 0.8535534], atol=1e-6)
     assert keep.tolist() == [True, False, False, True]
     # With a higher threshold only the top 10% (one prompt, the first of the tie) survives.
-    keep, _ = ex.trapo_selection(
+    keep, _ = trapo_selection(
         jnp.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [1.0, 1.0]]), jnp.array([[1.0, 0.0], [1.0, 1.0]]), min_similarity=0.9
     )
     assert keep.tolist() == [True, False, False, False]
@@ -550,7 +557,7 @@ def test_trapo_selection_sharded_matches_unsharded(mesh_2x4):
     rng = np.random.default_rng(9)
     labeled = jnp.asarray(rng.uniform(size=(5, 4)), jnp.float32)
     unlabeled = jnp.asarray(rng.uniform(size=(16, 4)), jnp.float32)
-    fn = lambda unlabeled_pass_rates: ex.trapo_selection(unlabeled_pass_rates, labeled)  # noqa: E731
+    fn = lambda unlabeled_pass_rates: trapo_selection(unlabeled_pass_rates, labeled)  # noqa: E731
     assert_sharded_matches(fn, dict(unlabeled_pass_rates=unlabeled), mesh_2x4)
 
 
@@ -570,4 +577,4 @@ def test_trapo_selection_finite_and_keeps_only_valid_prompts(unlabeled, labeled,
     assert np.asarray(keep).sum() >= min(1, sum(valid))
 
 
-_trapo = jax.jit(ex.trapo_selection)
+_trapo = jax.jit(trapo_selection)

@@ -15,9 +15,10 @@ from kernel_checks import assert_sharded_matches, outcome_batches, token_batches
 
 import jaxgrpo
 from jaxgrpo.kernels import registry
-from jaxgrpo.kernels.correction import importance_correction
+from jaxgrpo.kernels.credit import importance_correction
 from jaxgrpo.kernels.entropy import entropy_from_logits
-from jaxgrpo.kernels.shaping import dynamic_sampling_filter, overlong_penalty
+from jaxgrpo.kernels.reward_shaping import overlong_penalty
+from jaxgrpo.kernels.selection import dynamic_sampling_filter
 
 PROPERTY = settings(max_examples=25, deadline=None)
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kernel_checks import assert_sharded_matches
 
 import jaxgrpo
-from jaxgrpo.kernels.token import discounted_returns, gae, masked_whiten, reinforce_pp_returns
+from jaxgrpo.kernels.credit import discounted_returns, gae, masked_whiten, reinforce_pp_returns
 
 PROPERTY = settings(max_examples=25, deadline=None)
 

@@ -11,7 +11,7 @@ from jaxgrpo import kernels
 from jaxgrpo.catalog import methods as mc
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-KERNEL_MODULES = ("catalog_advantages", "catalog_losses", "credit", "group_rewards", "selection", "experimental")
+KERNEL_MODULES = ("advantages", "losses", "credit", "reward_shaping", "selection", "masks")
 REGENERATE = "python -m jaxgrpo.catalog.methods"
 
 

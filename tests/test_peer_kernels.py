@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import jaxgrpo
-from jaxgrpo.kernels.reward_scaling import grpo_batch_std
-from jaxgrpo.kernels.sequence_losses import gamma_weight, vespo
-from jaxgrpo.kernels.token_masks import high_entropy_token_mask, off_policy_sequence_mask
+from jaxgrpo.kernels.advantages import grpo_batch_std
+from jaxgrpo.kernels.losses import gamma_weight, vespo
+from jaxgrpo.kernels.masks import high_entropy_token_mask, off_policy_sequence_mask
 from tests.kernel_checks import assert_sharded_matches
 
 

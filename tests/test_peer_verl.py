@@ -109,7 +109,7 @@ def test_gdpo_token_whitening_as_verl():
             normalized[rows] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
         summed += weights[k] * normalized
     expected = masked_whiten(on_tokens(summed, mask), mask)
-    got = kernels.catalog_advantages.gdpo(j(rewards), j(group_ids, jnp.int32), num_groups=GROUPS,
+    got = kernels.advantages.gdpo(j(rewards), j(group_ids, jnp.int32), num_groups=GROUPS,
                                           reward_weights=j(weights), eps=1e-6, whiten="tokens", lengths=j(lengths))
     close(on_tokens(np.asarray(got), mask), expected)
 

@@ -40,9 +40,9 @@ class Tracker(NamedTuple):
 
 
 def _spo():
-    from jaxgrpo.kernels import experimental
+    from jaxgrpo.kernels import selection
 
-    return Tracker(init=lambda num_prompts: experimental.spo_tracker_init(num_prompts), value=lambda s: s.value)
+    return Tracker(init=lambda num_prompts: selection.spo_tracker_init(num_prompts), value=lambda s: s.value)
 
 
 #: Tracker kernels by registry name.
