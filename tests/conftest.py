@@ -25,6 +25,19 @@ settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+
+
+def pytest_configure(config):
+    """A worker that crashes (a segfault in a compiler) fails its test and ends the run, instead of being replaced.
+
+    With `--dist loadfile`, pytest-xdist 3.8 re-queues a crashed worker's file, the replacement crashes on the
+    same test, and the session can then wait forever for work it never sends (pytest-dev/pytest-xdist#784,
+    #1378): measured here, a segfault at 93% left CI idle until its time limit. A crash is a failure to look at.
+    """
+    if hasattr(config.option, "maxworkerrestart"):
+        config.option.maxworkerrestart = 0
+
+
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
 
 
