@@ -1,0 +1,331 @@
+"""The experiment configuration's fields: `Config` and its sections, nested dataclasses with their defaults.
+
+Each field's comment says what it does and which module reads it; assigning a field that does not exist is an
+error (`_Fields`). `jaxgrpo.config.overrides` sets fields from the command line and runs experiment files;
+`jaxgrpo.config.validation` checks every value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+
+#: Parameter dtypes a policy can be built in (`jaxgrpo.train.state.build_model`).
+DTYPES = ("float32", "bfloat16")
+#: The float types optimizer state can be stored in (`OptimizerConfig.state_dtype`).
+STATE_DTYPES = ("float32", "bfloat16")
+#: Attention implementations `Config.attention` can name (`jaxgrpo.models.attention`: "auto" and its NAMES).
+ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "pallas_gpu", "cpu")
+#: The projections `LoraConfig.targets` can name: every projection weight of the decoder's blocks
+#: (`jaxgrpo.models.config.PROJECTIONS`, the same names; a test keeps them equal).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class _Fields:
+    """Base of the config sections: assigning an attribute that is not a field is an error.
+
+    A plain dataclass would silently keep `c.group_sise = 4` as a new attribute that
+    nothing reads. Copies, pickles and `dataclasses.replace` do not go through
+    `__setattr__` with unknown names, so they work as for any dataclass.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = self.__dataclass_fields__
+        if name not in fields and not isinstance(getattr(type(self), name, None), property):
+            close = difflib.get_close_matches(name, fields, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid fields: {', '.join(fields)}"
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}; {hint}")
+        super().__setattr__(name, value)
+
+
+@dataclasses.dataclass
+class TaskConfig(_Fields):
+    """Which task to train on (see `jaxgrpo.data.get_task`)."""
+
+    name: str = "arithmetic"
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    train_split: str = "train"
+    eval_split: str = "test"
+    data_dir: str | None = None
+    #: Examples of the eval split used for evaluation (0 = no evaluation).
+    num_eval_examples: int = 64
+
+
+@dataclasses.dataclass
+class SamplingConfig(_Fields):
+    """How completions are sampled during training (see `jaxgrpo.sampler`)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_new_tokens: int = 128
+    max_prompt_len: int = 256
+    #: Sample through the rollout engine (`jaxgrpo.engine`: continuous batching over a paged KV cache, one slot
+    #: per sample of a step, the trainer's weights swapped in each step) instead of `sampler.generate`'s fixed
+    #: batch; training and held-out evaluation both. Both draw a token with the same key (its prompt id, sample
+    #: and index in the completion), so they sample the same tokens wherever their logits agree. In a
+    #: multi-process run each process's engine samples its own prompts on its own devices; dynamic sampling
+    #: and guidance, whose rounds are agreed across processes, need `false` there.
+    engine: bool = False
+
+
+@dataclasses.dataclass
+class OptimizerConfig(_Fields):
+    """AdamW with global-norm clipping; the learning rate warms up linearly, then stays constant or decays."""
+
+    lr: float = 1e-6
+    b1: float = 0.9
+    b2: float = 0.99
+    #: Adam's epsilon: updates are lr * m / (sqrt(v) + eps), so gradients far below eps barely move a weight.
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    #: Optimizer updates over which the rate decays after the warm-up, along a cosine from `lr` to
+    #: `lr * final_lr_fraction`, and stays there; 0 keeps it constant at `lr`.
+    decay_steps: int = 0
+    final_lr_fraction: float = 0.0
+    max_grad_norm: float = 1.0
+    #: The float type Adam's moments are kept in between steps (`STATE_DTYPES`); they are
+    #: updated in float32 either way. "bfloat16" halves their memory (8 -> 4 bytes per parameter).
+    state_dtype: str = "float32"
+
+
+@dataclasses.dataclass
+class LoraConfig(_Fields):
+    """LoRA ("LoRA: Low-Rank Adaptation of Large Language Models", Hu et al. 2021) on the decoder's projections,
+    with qwix (`jaxgrpo.models.lora`): only the adapters train (and are checkpointed); the base weights are read-only,
+    stored quantized under QLoRA ("QLoRA", Dettmers et al. 2023). Defaults: every projection, rank 16, alpha 32."""
+
+    #: The adapters' inner dimension r.
+    rank: int = 16
+    #: Each adapted product adds (alpha / rank) x A B.
+    alpha: float = 32.0
+    #: The projections to adapt (`LORA_TARGETS`): attention's q, k, v, o and the MLP's gate, up, down.
+    targets: tuple = LORA_TARGETS
+    #: None, or how to store the base weights: "int8" or "nf4" (4-bit NormalFloat, in blocks of 64), qwix's; QLoRA.
+    quantize_base: str | None = None
+
+
+@dataclasses.dataclass
+class EnvironmentConfig(_Fields):
+    """Multi-turn episodes of a registered environment (`jaxgrpo.envs`) instead of one completion per sample:
+    each step's G episodes of a prompt run through the rollout engine in token space
+    (`jaxgrpo.engine.multi_turn`), the policy's turns of `sampling.max_new_tokens` tokens each; the loss sees
+    only the policy's tokens, the reward is the episode's (the sum of its turns'). The task provides the
+    examples the environment's `reset` reads; its rewards are not used."""
+
+    #: A registered environment (`jaxgrpo.envs.environment_names()`).
+    name: str = "calculator"
+    #: Keyword arguments of the environment's factory.
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    #: Policy turns per episode.
+    max_turns: int = 4
+    #: Positions an episode may use: its opening, every turn and every observation.
+    max_context: int = 1024
+    #: Seconds an environment's step may take before its episode ends with the environment's failure reward.
+    step_timeout: float = 10.0
+    #: gamma of the step returns a turn's credit reads (`step_returns`: sum_k gamma^k r_{t+k}; 0.95 as verl-agent).
+    discount: float = 0.95
+
+
+@dataclasses.dataclass
+class GuidanceConfig(_Fields):
+    """Scaf-GRPO's scaffolding (`jaxgrpo.train.guidance`): for a prompt whose samples all failed, its hints (the
+    task's `hints(example)` or the examples' "hints", most abstract first) are tried tier by tier, `attempts`
+    samples each, and the first correct hinted sample replaces one of the group's (its prompt holds the hint)."""
+
+    #: Steps of independent learning before any hint (Scaf-GRPO guides once learning alone has plateaued).
+    after_step: int = 0
+    #: Hinted samples per failed prompt and tier (with replace="one"; "group" samples a whole group).
+    attempts: int = 1
+    #: "one": the first correct hinted sample replaces one of the group's (Scaf-GRPO); "group": the first hinted
+    #: group of G with a correct sample replaces the whole group (GHPO's prompt refinement).
+    replace: str = "one"
+
+
+@dataclasses.dataclass
+class MeshConfig(_Fields):
+    """Device mesh shape; -1 takes every remaining device."""
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+    #: Devices (the last ones) that only sample, on a mesh of their own (data-parallel); the learner's mesh
+    #: (`data`, `fsdp`, `model` above) takes the others. The behaviour policy's weights go to them by
+    #: device-to-device transfer after each update. 0: sampler and learner time-share every device.
+    rollout_devices: int = 0
+
+
+@dataclasses.dataclass
+class Config(_Fields):
+    """Everything a GRPO-family run needs. Defaults are GRPO's (DeepSeekMath, verl)."""
+
+    # What to train.
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "float32"
+    #: The training/scoring attention implementation (jaxgrpo.models.attention): "auto" picks splash
+    #: attention on a TPU, the Pallas flash kernel on a GPU and the CPU kernels on a CPU; "xla",
+    #: "pallas_tpu", "pallas_gpu" or "cpu" choose one.
+    attention: str = "auto"
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    #: Reward functions by name (functions of `jaxgrpo.rewards`) and their weights;
+    #: empty means the task's default rewards.
+    rewards: dict = dataclasses.field(default_factory=dict)
+    #: The reward (by function name) that decides "correct", for accuracy and dynamic sampling.
+    correctness_reward: str = "correctness_reward"
+
+    # The method: kernels by registry name, with their keyword arguments, one per stage of the step
+    # (jaxgrpo.train.stages): loss mask -> reward shaping -> advantage -> token credit -> row weights -> loss
+    # (+ KL, entropy, value).
+    #: A registered "reward" kernel whose output replaces the rewards before the advantage, or None.
+    reward_shaping: str | None = None
+    reward_shaping_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "advantage" (per row) or "token_advantage" (per token) kernel.
+    advantage: str = "grpo"
+    advantage_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "credit" kernel: per-token weights of the advantages (or new advantages), or None.
+    token_credit: str | None = None
+    token_credit_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "selection" kernel weighting each row's (or group's) advantages, or None.
+    row_weights: str | None = None
+    row_weights_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A registered "mask" kernel removing rows from the loss (e.g. MC-GRPO's pivot), or None.
+    loss_mask: str | None = None
+    loss_mask_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: A stateful kernel tracking a value per prompt across steps (e.g. SPO's tracker, which provides the
+    #: `baseline` its advantage reads), its state kept in the train state (jaxgrpo.train.trackers), or None.
+    value_tracker: str | None = None
+    value_tracker_kwargs: dict = dataclasses.field(default_factory=dict)
+    loss: str = "ppo_clip"
+    loss_kwargs: dict = dataclasses.field(default_factory=dict)
+    aggregation: str = "seq_mean_token_mean"
+    #: L_max of the `seq_mean_token_sum_norm` aggregation; defaults to sampling.max_new_tokens.
+    aggregation_max_len: int | None = None
+    #: Weight of the KL penalty to the reference policy (0: no KL term, no reference policy kept).
+    kl_coef: float = 0.0
+    #: The KL stage: a registered "kl" estimator and its keyword arguments (e.g. {"clamp": 10.0}, verl's).
+    kl_kind: str = "k3"
+    kl_kwargs: dict = dataclasses.field(default_factory=dict)
+    entropy_coef: float = 0.0
+    #: DAPO dynamic sampling: drop groups with all-equal correctness and sample more.
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+    #: DAPO overlong shaping in tokens (0 disables): penalty in the last `overlong_cache_len` tokens.
+    overlong_cache_len: int = 0
+    #: PPO with a value head and GAE: GAE is the advantage, so the host stages (reward_shaping, advantage,
+    #: token_credit, row_weights) stay at their defaults (another is refused, not ignored).
+    value_head: bool = False
+    value_coef: float = 0.5
+    gae_gamma: float = 1.0
+    gae_lambda: float = 1.0
+
+    # Batch shapes.
+    prompts_per_step: int = 8
+    group_size: int = 8
+    #: Inner epochs (mu) over the batch and minibatches per epoch (one optimizer update each).
+    num_epochs: int = 1
+    num_minibatches: int = 1
+    #: Sequences per forward/backward; gradients are accumulated exactly over micro-batches.
+    micro_batch_size: int | None = None
+    #: Score each micro-batch as packed prompt groups (jaxgrpo.models.packing): each prompt once, the
+    #: completions without padding, untrained rows left out; same log-probs. Minibatches and
+    #: micro-batches then hold whole groups (sizes multiples of group_size). None: the platform's
+    #: measured default (`PACKING_BY_PLATFORM`: on for CPU and TPU programs, off on a GPU).
+    packing: bool | None = None
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    #: LoRA / QLoRA on the decoder's projections (`LoraConfig`), or None to train every parameter. The KL
+    #: reference is then the base model with the adapters switched off.
+    lora: LoraConfig | None = None
+    #: Multi-turn episodes of an environment (`EnvironmentConfig`), or None for one completion per sample scored
+    #: by the task's rewards.
+    environment: EnvironmentConfig | None = None
+    #: In-prompt hints for prompts whose samples all failed (`GuidanceConfig`, Scaf-GRPO), or None.
+    guidance: GuidanceConfig | None = None
+    #: Recompute each layer's activations in the backward pass instead of storing them. On by default:
+    #: besides the memory, it is faster on CPU, where XLA would otherwise store [layers, tokens, hidden]
+    #: activations and write transposed copies of them in the backward pass (benchmarks/profile_step.py).
+    remat: bool = True
+
+    # Supervised warm-up on the task's reference answers before RL (0 = none).
+    warmup_sft_steps: int = 0
+    warmup_sft_lr: float = 1e-3
+
+    # Loop.
+    steps: int = 100
+    seed: int = 0
+    run_dir: str = "runs/default"
+    eval_every: int = 0
+    eval_pass_k: int = 4
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
+    #: Write every this many steps' metrics to metrics.jsonl and TensorBoard (and the last step's); the run's
+    #: checks (no signal, non-finite updates, collapse) see every step's.
+    log_every: int = 1
+    #: Stop the run (an error) after this many consecutive steps in which no row trains (every reward
+    #: invalid, e.g. NaN, or every group filtered out): such a run learns nothing. 0 = never stop.
+    max_steps_without_signal: int = 5
+    #: Stop the run (an error) after this many consecutive steps with an update that was not applied because
+    #: its loss, gradient norm or result was not finite (each such update is skipped, the state kept as it was,
+    #: and warned about). 0 = never stop.
+    max_nonfinite_steps: int = 3
+    #: Asynchronous rollouts: the most policy updates a trained token may lag the learner by. 0: the synchronous
+    #: loop (a step samples, then learns, with the same weights). >= 1: one-step-off, a step's learning overlapping
+    #: the next step's sampling in a thread of its own, by the policy before the update (every trained token one
+    #: update stale, the first step's none). The PPO ratio is then taken against the learner's own log-probs
+    #: before the update (one forward more); the sampler's are the behaviour's, which a correction stage reads
+    #: (`token_credit="importance_correction"`: TIS / MIS).
+    max_staleness: int = 0
+    #: Partial rollouts (Kimi k1.5): the most new tokens a row gets per step (0: off, whole completions). A group
+    #: with a row still going is carried to the next step (kept out of the loss) and continued there by the
+    #: updated policy; each token keeps the version that sampled it (`Trajectories.token_versions`). A group is
+    #: carried at most max_staleness - 1 times, so it needs max_staleness >= 2 (one-step-off) and
+    #: partial_rollout_tokens x max_staleness >= sampling.max_new_tokens (`jaxgrpo.train.partial`).
+    partial_rollout_tokens: int = 0
+    #: Collapse warnings (`jaxgrpo.train.health`), each given once: the mean token entropy (nats) of the last
+    #: `collapse_window` steps is below `collapse_entropy` while their accuracy is no better than the first
+    #: `collapse_window` steps', or every completion of `collapse_window` steps in a row ran to the token cap.
+    #: collapse_entropy=0 turns the entropy sign off; collapse_window=0 both.
+    collapse_entropy: float = 0.1
+    collapse_window: int = 5
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per step: prompts x group size."""
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimizer update: the step's batch over `num_minibatches`."""
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def micro_batch_rows(self) -> int:
+        """Sequences per forward and backward: `micro_batch_size`, or the whole minibatch when it is 0."""
+        return self.micro_batch_size or self.minibatch_size
+
+
+#: `Config.packing=None` per platform, as measured (docs/gpu.md). A CPU scores packed rows faster (each prompt
+#: once). On an H100 (Qwen3-0.6B, 16 x 8 rows, 256 + 512 tokens, bfloat16, flash attention `pallas_gpu`) the
+#: unpacked update took 2.52 s and the packed one 3.33 s: off on a GPU. TPU programs keep it on (splash
+#: attention skips the masked blocks; no TPU run measured yet).
+PACKING_BY_PLATFORM = {"cpu": True, "gpu": False, "tpu": True}
+
+
+def resolve_packing(cfg: Config, platform: str) -> Config:
+    """`cfg` with `packing` set: as given, or (None) the measured default of `platform` ("cpu", "gpu", "tpu")."""
+    if cfg.packing is not None:
+        return cfg
+    if cfg.environment is not None or (cfg.guidance is not None and cfg.guidance.replace == "one"):
+        # Episodes' observations sit inside their completions, a hinted sample's prompt is not its group's: a
+        # packed row holds one prompt for its group.
+        return dataclasses.replace(cfg, packing=False)
+    return dataclasses.replace(cfg, packing=PACKING_BY_PLATFORM.get(platform, True))
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
