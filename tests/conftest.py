@@ -1,5 +1,6 @@
 """Every test sees 8 fake CPU devices, so sharded code paths run on any machine."""
 
+import gc
 import os
 
 # Must happen before jax is imported anywhere in the test session.
@@ -36,6 +37,21 @@ def pytest_configure(config):
     """
     if hasattr(config.option, "maxworkerrestart"):
         config.option.maxworkerrestart = 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop every compiled program after each test file, so a test worker's memory map stays small.
+
+    XLA:CPU maps each compiled program's code and data as their own memory regions, and jax's caches keep
+    every program alive. One worker running half the suite compiles enough of them to reach Linux's
+    `vm.max_map_count` (65530 regions per process); the next compile's mmap then fails and LLVM's memory
+    manager segfaults (measured: a worker at 25k regions a third of the way through; crashes in
+    `backend_compile_and_load` in whichever test came next; cf. jax-ml/jax#27201).
+    """
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
