@@ -10,7 +10,8 @@ import sys
 import jax
 import numpy as np
 
-from jaxgrpo.metrics import read_jsonl
+from support import kill_resume
+from support.kill_resume import comparable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -40,12 +41,9 @@ def kill_plan(seed: int, sites=SITES, kills_per_site: int = KILLS_PER_SITE) -> l
              "point": round(rng.random(), 3)} for s, k in sites]
 
 
-def _final_state(run_dir, steps: int = STEPS):
+def final_state(run_dir, steps: int = STEPS) -> dict:
     """Every array of the run's last checkpoint: the train state, the kernel state, the reference policy."""
-    import orbax.checkpoint as ocp
-
-    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(steps), "state"))
-    return jax.tree.map(np.asarray, restored)
+    return kill_resume.checkpoint(run_dir, steps)
 
 
 def kill_and_resume(tmp_path, overrides: list[str], kills: list[dict]) -> tuple[str, str]:
@@ -56,11 +54,8 @@ def kill_and_resume(tmp_path, overrides: list[str], kills: list[dict]) -> tuple[
     runs.append({"run_dir": killed, "resume": True, "kill": None})
     plan, results = tmp_path / "plan.json", tmp_path / "results.jsonl"
     plan.write_text(json.dumps({"argv": [TOY, "--set", *overrides], "runs": runs}))
-    # One CPU device, and a persistent compilation cache shared by the runs, so a restart does not
-    # compile again (this session's conftest turns the cache off for in-process tests).
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-               JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    # One CPU device, and a persistent compilation cache shared by the runs, so a restart does not compile again.
+    env = kill_resume.child_env(tmp_path / "jax_cache")
     proc = subprocess.run([sys.executable, DRIVER, str(plan), str(results)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -77,16 +72,10 @@ def kill_and_resume(tmp_path, overrides: list[str], kills: list[dict]) -> tuple[
     return straight, killed
 
 
-def comparable(run_dir):
-    timing = ("time_", "tokens_per_s")
-    return [{k: v for k, v in r.items() if not any(t in k for t in timing)}
-            for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
-
-
 def test_kills_at_every_site_then_resume_give_the_uninterrupted_run(tmp_path):
     straight, killed = kill_and_resume(tmp_path, OVERRIDES, kill_plan(seed=2026))
-    jax.tree.map(np.testing.assert_array_equal, _final_state(straight)["train"]["params"],
-                 _final_state(killed)["train"]["params"])
+    jax.tree.map(np.testing.assert_array_equal, final_state(straight)["train"]["params"],
+                 final_state(killed)["train"]["params"])
     resumed = comparable(killed)
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))  # every step once, no torn line left
     assert resumed == comparable(straight)
@@ -104,7 +93,7 @@ def test_a_stateful_kernels_state_survives_kills_bit_for_bit(tmp_path):
     # One kill per site: only a kill in the first save keeps progress (2 steps), so all happen before step 6.
     kills = kill_plan(seed=7, sites=(*SITES, "track"), kills_per_site=1)
     straight, killed = kill_and_resume(tmp_path, overrides, kills)
-    expected, resumed = _final_state(straight, steps), _final_state(killed, steps)
+    expected, resumed = final_state(straight, steps), final_state(killed, steps)
     jax.tree.map(np.testing.assert_array_equal, expected, resumed)
     tracker = resumed["kernel_state"]["value_tracker"]  # the SPO tracker's Beta posterior per prompt
     alpha = tracker["alpha"] if isinstance(tracker, dict) else tracker[0]
@@ -122,7 +111,7 @@ def test_one_step_off_survives_kills_anywhere_bit_for_bit(tmp_path):
                  "max_staleness=1"]
     kills = kill_plan(seed=11, sites=("sample", "update", "save"), kills_per_site=1)
     straight, killed = kill_and_resume(tmp_path, overrides, kills)
-    expected, resumed = _final_state(straight, steps), _final_state(killed, steps)
+    expected, resumed = final_state(straight, steps), final_state(killed, steps)
     assert "behaviour" in resumed
     jax.tree.map(np.testing.assert_array_equal, expected, resumed)
     records = comparable(killed)

@@ -7,9 +7,6 @@ import json
 import math
 import os
 import re
-import signal
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -25,6 +22,8 @@ from jaxgrpo.models import Decoder, lora
 from jaxgrpo.models.decoder import PROJECTIONS
 from jaxgrpo.train import Trainer
 from tests.tiny_models import llama_and_gemma3
+
+from support import kill_resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -259,14 +258,14 @@ _RESUME_SCRIPT = textwrap.dedent(
     from jaxgrpo.config import apply_overrides, load_experiment
     from jaxgrpo.train import Trainer
 
-    run_dir, kill_after, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "resume"
+    run_dir, kill, resume = sys.argv[1], sys.argv[2] == "kill", sys.argv[3] == "resume"
     cfg = load_experiment({toy!r})
     apply_overrides(cfg, ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0", "kl_coef=0.05",
                           "task.num_eval_examples=0", "lora.rank=4", "lora.alpha=8.0", "lora.quantize_base=int8",
                           "run_dir=" + run_dir])
 
     def on_step(step, record):
-        if step == kill_after:  # the checkpoint of this step is on disk: die hard
+        if kill and step == 2:  # the checkpoint of this step is on disk: die hard
             os.kill(os.getpid(), signal.SIGKILL)
 
     Trainer(cfg).run(resume=resume, progress=False, on_step=on_step)
@@ -274,40 +273,15 @@ _RESUME_SCRIPT = textwrap.dedent(
 )
 
 
-def _run(script, run_dir, kill_after, mode):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, str(script), str(run_dir), str(kill_after), mode],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
-
-
-def _checkpoint(run_dir, step=4):
-    import orbax.checkpoint as ocp
-
-    return ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(step), "state"))
-
-
 def test_resume_after_sigkill_is_exact_under_lora(tmp_path):
     """QLoRA (int8 base) with a warm-up and a KL term: 4 steps straight == 2 steps, SIGKILL, --resume to 4 (same
     adapters, same metrics for steps 3-4). The checkpoints hold the adapters, their Adam moments and the warmed-up
     reference adapters, nothing of the base."""
-    script = tmp_path / "resume_run.py"
-    script.write_text(_RESUME_SCRIPT.format(toy=TOY))
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = _run(script, straight, -1, "fresh")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _run(script, killed, 2, "fresh")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert len(read_jsonl(killed / "metrics.jsonl")) == 2
-    proc = _run(script, killed, -1, "resume")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    timing = ("time_", "tokens_per_s")
-
-    def comparable(path):
-        return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in read_jsonl(path)]
-
-    assert comparable(straight / "metrics.jsonl")[2:] == comparable(killed / "metrics.jsonl")[2:]
-    a, b = _checkpoint(straight), _checkpoint(killed)
+    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, _RESUME_SCRIPT.format(toy=TOY))
+    assert steps_at_kill == 2
+    assert [r["step"] for r in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert kill_resume.comparable(straight)[2:] == kill_resume.comparable(killed)[2:]
+    a, b = kill_resume.checkpoint(straight, 4), kill_resume.checkpoint(killed, 4)
     jax.tree.map(np.testing.assert_array_equal, a["train"]["params"], b["train"]["params"])
     names = {_variable_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(a["train"]["params"])}
     assert len(names) == 14 and all(n.endswith(("_lora_a", "_lora_b")) for n in names), names

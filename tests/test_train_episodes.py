@@ -19,6 +19,8 @@ from jaxgrpo.models.tokenizer import load_tokenizer
 from jaxgrpo.train import Trainer, inputs, register_model_builder, stages
 from tests.tiny_models import register_two_turn_episodes
 
+from support import kill_resume
+
 TOY = os.path.join(os.path.dirname(__file__), "..", "experiments", "toy_sum.py")
 
 
@@ -250,44 +252,14 @@ def test_a_sigkill_in_the_middle_of_a_multi_turn_step_then_resume_gives_the_unin
     """GiGPO on three-turn episodes: 2 steps straight == killed inside step 2 (an environment answering a turn while
     the step's episodes are in flight), then --resume: the same records and parameters (the engine's draws depend on
     the step's key and request ids, the environments are made anew per episode)."""
-    import signal
-    import subprocess
-    import sys
-
-    import orbax.checkpoint as ocp
-
-    from jaxgrpo.metrics import read_jsonl
-
-    script = tmp_path / "run.py"
-    script.write_text(_EPISODES_RESUME_SCRIPT.format(
-        experiment=TOY))
-
-    def run(run_dir, kill, mode):
-        return subprocess.run([sys.executable, str(script), str(run_dir), kill, mode], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.dirname(TOY)), timeout=900)
-
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = run(straight, "no", "fresh")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run(killed, "kill", "fresh")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert len(read_jsonl(killed / "metrics.jsonl")) == 1
-    proc = run(killed, "no", "resume")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    def comparable(path):
-        return [{k: v for k, v in r.items() if not k.startswith("time_") and "per_s" not in k}
-                for r in read_jsonl(path)]
-
-    assert comparable(straight / "metrics.jsonl") == comparable(killed / "metrics.jsonl")
+    script = _EPISODES_RESUME_SCRIPT.format(experiment=TOY)
+    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, script)
+    assert steps_at_kill == 1
+    assert kill_resume.comparable(straight) == kill_resume.comparable(killed)
     records = read_jsonl(straight / "metrics.jsonl")
     assert all(r["episode_turns"] == 3 and r["grad_norm"] > 0 for r in records)  # killed mid-episode; it trained
-
-    def params(run_dir):
-        restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", "2", "state"))
-        return jax.tree.map(np.asarray, restored["train"]["params"])
-
-    jax.tree.map(np.testing.assert_array_equal, params(straight), params(killed))
+    jax.tree.map(np.testing.assert_array_equal, kill_resume.checkpoint(straight, 2)["train"]["params"],
+                 kill_resume.checkpoint(killed, 2)["train"]["params"])
 
 
 def test_demonstrations_are_laid_out_as_rollouts_their_observations_untrained():

@@ -6,9 +6,6 @@ import glob
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -22,6 +19,8 @@ from jaxgrpo.models import packing
 from jaxgrpo.train import Trainer
 from jaxgrpo.train.loop import group_lengths
 from jaxgrpo.train.warmup import supervised_warmup
+
+from support import kill_resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -215,13 +214,13 @@ _RESUME_SCRIPT = textwrap.dedent(
     from jaxgrpo.config import apply_overrides, load_experiment
     from jaxgrpo.train import Trainer
 
-    run_dir, kill_after, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "resume"
+    run_dir, kill, resume = sys.argv[1], sys.argv[2] == "kill", sys.argv[3] == "resume"
     cfg = load_experiment({toy!r})
     apply_overrides(cfg, ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0",
                           "task.num_eval_examples=0", "run_dir=" + run_dir])
 
     def on_step(step, record):
-        if step == kill_after:  # the checkpoint of this step is on disk: die hard
+        if kill and step == 2:  # the checkpoint of this step is on disk: die hard
             os.kill(os.getpid(), signal.SIGKILL)
 
     Trainer(cfg).run(resume=resume, progress=False, on_step=on_step)
@@ -229,37 +228,14 @@ _RESUME_SCRIPT = textwrap.dedent(
 )
 
 
-def _run_resume_script(script, run_dir, kill_after, mode):
-    return subprocess.run([sys.executable, str(script), str(run_dir), str(kill_after), mode],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
-
-
-def _final_params(run_dir):
-    import orbax.checkpoint as ocp
-
-    restored = ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", "4", "state"))
-    return jax.tree.map(np.asarray, restored["train"]["params"])
-
-
 def test_resume_after_sigkill_is_exact(tmp_path):
     """4 steps straight == 2 steps, SIGKILL, --resume to 4: same parameters and same metrics for steps 3-4."""
-    script = tmp_path / "resume_run.py"
-    script.write_text(_RESUME_SCRIPT.format(toy=TOY))
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = _run_resume_script(script, straight, -1, "fresh")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _run_resume_script(script, killed, 2, "fresh")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert len(read_jsonl(killed / "metrics.jsonl")) == 2
-    proc = _run_resume_script(script, killed, -1, "resume")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    timing = ("time_", "tokens_per_s")
-    def comparable(path):
-        return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in read_jsonl(path)]
-
-    assert comparable(straight / "metrics.jsonl")[2:] == comparable(killed / "metrics.jsonl")[2:]
-    jax.tree.map(np.testing.assert_array_equal, _final_params(straight), _final_params(killed))
+    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, _RESUME_SCRIPT.format(toy=TOY))
+    assert steps_at_kill == 2
+    assert [r["step"] for r in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert kill_resume.comparable(straight)[2:] == kill_resume.comparable(killed)[2:]
+    jax.tree.map(np.testing.assert_array_equal, kill_resume.checkpoint(straight, 4)["train"]["params"],
+                 kill_resume.checkpoint(killed, 4)["train"]["params"])
 
 
 def always_wrong(completions, examples):
