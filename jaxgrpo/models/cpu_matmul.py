@@ -7,7 +7,7 @@ bfloat16 dot-product instruction, sequentially, at ~400 (docs/sampler.md). The s
 weights once per call (`pack`, ~270 MB for SmolLM2 in bfloat16) before its decode loop, and the
 decoder's one-token calls multiply by the packed weights (`PackedWeight.product`); the prefill and
 training keep XLA's products. Operands are bfloat16 and the products accumulate in float32, as the
-decoder's `_product` does; only the order of the float32 additions differs.
+decoder's `_product` (`jaxgrpo.models.layers`) does; only the order of the float32 additions differs.
 
 Used on an unsharded program on the CPU backend with a bfloat16 compute dtype (`use_for`); the kernel
 is built and registered by `cpu_kernels` (`JAXGRPO_CPU_MATMUL=0` turns it off). It has no derivative.

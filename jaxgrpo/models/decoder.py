@@ -71,17 +71,33 @@ from flax import nnx
 
 from jaxgrpo.models import attention as attention_implementations
 from jaxgrpo.models import backend as backends
-from jaxgrpo.models import memory_forms
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
-from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask  # noqa: F401 (re-exported)
+from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask
 from jaxgrpo.models.backend import Backend
-from jaxgrpo.models.config import PROJECTIONS, DecoderConfig, RopeConfig
+from jaxgrpo.models.config import PROJECTIONS, DecoderConfig
+from jaxgrpo.models.layers import (
+    MLP,
+    Attention,
+    Block,
+    RMSNorm,
+    _param,
+    apply_rope,
+    rope_inverse_frequencies,
+    rope_tables,
+)
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
 if TYPE_CHECKING:
     from jaxgrpo.models.cpu_forms import PackedWeights
+
+# This module's names, and those it re-exports from their homes (`layers`, `config`, `attention.xla`) so that code
+# written against `jaxgrpo.models.decoder` keeps importing them from here.
+__all__ = [
+    "MLP", "PROJECTIONS", "Attention", "Block", "Decoder", "KVCache", "RMSNorm", "apply_rope", "build_attention_mask",
+    "build_branch_mask", "mask_positions", "positions_from_mask", "rope_inverse_frequencies", "rope_tables",
+]
 
 
 class KVCache(NamedTuple):
@@ -92,40 +108,6 @@ class KVCache(NamedTuple):
 
     k: jax.Array
     v: jax.Array
-
-
-def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
-    """Inverse frequencies [head_dim // 2] of RoPE ("RoFormer", Su et al. 2021) with the config's scaling."""
-    inv_freq = 1.0 / rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    if rope.rope_type == "linear":
-        inv_freq = inv_freq / rope.factor
-    elif rope.rope_type == "llama3":
-        wavelength = 2 * np.pi / inv_freq
-        low_freq_wavelength = rope.original_max_position_embeddings / rope.low_freq_factor
-        high_freq_wavelength = rope.original_max_position_embeddings / rope.high_freq_factor
-        scaled = np.where(wavelength > low_freq_wavelength, inv_freq / rope.factor, inv_freq)
-        smooth = (rope.original_max_position_embeddings / wavelength - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        is_medium = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
-        inv_freq = np.where(is_medium, smoothed, scaled)
-    return inv_freq.astype(np.float32)
-
-
-def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """cos and sin [B, T, head_dim] for integer `positions` [B, T] (halves duplicated, HF layout)."""
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq
-    angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate x [B, T, heads, head_dim] by the angles in cos/sin [B, T, head_dim] (rotate-half form)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
 def mask_positions(mask):
@@ -150,36 +132,6 @@ def positions_from_mask(attention_mask: jax.Array | None, segment_ids: jax.Array
     return jnp.broadcast_to(index, (1, length)).astype(jnp.int32)
 
 
-def _param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal") -> nnx.Param:
-    """A parameter with `logical_axes` metadata; `init` is normal(0.02), zeros or ones."""
-    if init == "normal":
-        value = 0.02 * jax.random.normal(rngs.params(), shape, param_dtype)
-    else:
-        value = (jnp.zeros if init == "zeros" else jnp.ones)(shape, param_dtype)
-    return nnx.Param(value, logical_axes=tuple(axes))
-
-
-class RMSNorm(nnx.Module):
-    """RMSNorm ("Root Mean Square Layer Normalization", Zhang & Sennrich 2019), statistics in float32.
-
-    Gemma scales by `(1 + w)` in float32 before casting back; Llama casts first, then scales by `w`.
-    """
-
-    def __init__(self, stack: tuple[int, ...], dim: int, axis_name: str, config: DecoderConfig, param_dtype):
-        self.eps = config.rms_norm_eps
-        self.gemma = config.is_gemma
-        init = "zeros" if self.gemma else "ones"
-        self.weight = _param(None, (*stack, dim), ("layers",) * len(stack) + (axis_name,), param_dtype, init)
-
-    @jax.named_scope("norm")
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        if self.gemma:
-            return (normed * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
-        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
-
-
 def _softmax_block(scores: jax.Array, values_fn) -> tuple[jax.Array, jax.Array, jax.Array]:
     """A block of keys as (max, normalizer, unnormalized output), the online-softmax state.
 
@@ -195,22 +147,6 @@ def _merge_blocks(a, b):
     top = jnp.maximum(a[0], b[0])
     scale_a, scale_b = jnp.exp(a[0] - top), jnp.exp(b[0] - top)
     return top, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a[..., None] + b[2] * scale_b[..., None]
-
-
-def _projection_weight(module: nnx.Module, name: str):
-    """`module`'s projection weight `name` as its product takes it: a parameter's array, or the weight itself where
-    it is not a parameter (qwix's quantized weights, QLoRA). The object itself, not a view of it: qwix's
-    interception (`jaxgrpo.models.lora`) finds which weight a product multiplies by identity."""
-    weight = getattr(module, name)
-    return weight[...] if isinstance(weight, nnx.Variable) else weight
-
-
-def _product(spec: str, x: jax.Array, weight, dtype, forms: memory_forms.MemoryForms) -> jax.Array:
-    """`einsum(spec, x, weight)` in `dtype`, accumulated and returned by the kernel in float32, then cast:
-    XLA:CPU runs a bfloat16 x bfloat16 -> float32 product natively (AVX512-BF16), but converts both
-    operands to float32 for a bfloat16 result. The same rounding as a bfloat16 product on accelerators.
-    A decode's packed weight multiplies through its kernel (`forms.product`)."""
-    return forms.product(spec, x, weight, dtype).astype(dtype)
 
 
 def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms):
@@ -367,103 +303,6 @@ def _cached_attention(q, k, v, call: _CachedCall, layer, sliding):
         return finish(one_chunk(0, state))
     num_chunks = (call.cache_index + chunk - 1) // chunk
     return finish(jax.lax.fori_loop(0, num_chunks, one_chunk, state))
-
-
-class Attention(nnx.Module):
-    """Grouped-query attention with RoPE; optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3, Gemma 3)."""
-
-    def __init__(self, config: DecoderConfig, stack, *, dtype, param_dtype, rngs: nnx.Rngs):
-        c = config
-        lead = ("layers",) * len(stack)
-        self.config = c
-        self.dtype = dtype
-        self.q = _param(rngs, (*stack, c.hidden_size, c.num_heads, c.head_dim), lead + PROJECTIONS["q"].axes, param_dtype)
-        self.k = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["k"].axes, param_dtype)
-        self.v = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["v"].axes, param_dtype)
-        self.o = _param(rngs, (*stack, c.num_heads, c.head_dim, c.hidden_size), lead + PROJECTIONS["o"].axes, param_dtype)
-        if c.qkv_bias:
-            self.q_bias = _param(rngs, (*stack, c.num_heads, c.head_dim), lead + ("heads", "head_dim"), param_dtype)
-            self.k_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
-            self.v_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
-        if c.qk_norm:
-            self.q_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
-            self.k_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
-
-    def _project(self, x, name, forms):
-        y = _product("btd,dhk->bthk", x, _projection_weight(self, name), self.dtype, forms)
-        if self.config.qkv_bias:
-            y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
-        return y
-
-    def __call__(self, x, cos, sin, attend, forms, mesh=None):
-        """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
-
-        `attend(q, k, v)` is this layer's attention over the call's keys (the decoder binds it: the attention
-        implementation's over a layout in a forward, `_cached_attention` in a cached call), q [B, T, kv_heads,
-        G, head_dim] -> [B, T, kv_heads, G, head_dim]. `forms` (`memory_forms`) multiplies the weights. `mesh`
-        (or None) lays out the activations: rows over the batch axes, heads over `model`.
-        """
-        c = self.config
-        heads = lambda y, name: constrain_activation(y, ("batch", None, name, None), mesh)  # noqa: E731
-        # Named scopes label the parts in profiles (jaxgrpo.profiling).
-        with jax.named_scope("attention"), jax.named_scope("qkv"):
-            q, k, v = self._project(x, "q", forms), self._project(x, "k", forms), self._project(x, "v", forms)
-            if c.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
-        batch, length = q.shape[:2]
-        with jax.named_scope("attention"), jax.named_scope("core"):
-            out = attend(q.reshape(batch, length, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim), k, v)
-        with jax.named_scope("attention"), jax.named_scope("out"):
-            out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
-            out = _product("bthk,hkd->btd", out, _projection_weight(self, "o"), self.dtype, forms)
-            return constrain_activation(out, ("batch", None, None), mesh), (k, v)
-
-
-class MLP(nnx.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)), SiLU (Llama, Qwen) or tanh-GELU (Gemma)."""
-
-    def __init__(self, config: DecoderConfig, stack, *, dtype, param_dtype, rngs: nnx.Rngs):
-        lead = ("layers",) * len(stack)
-        e, f = config.hidden_size, config.intermediate_size
-        self.dtype = dtype
-        self.gemma = config.is_gemma
-        self.gate = _param(rngs, (*stack, e, f), lead + PROJECTIONS["gate"].axes, param_dtype)
-        self.up = _param(rngs, (*stack, e, f), lead + PROJECTIONS["up"].axes, param_dtype)
-        self.down = _param(rngs, (*stack, f, e), lead + PROJECTIONS["down"].axes, param_dtype)
-
-    @jax.named_scope("mlp")
-    def __call__(self, x, forms, mesh=None):
-        hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
-        gate = hidden(_product("bte,ef->btf", x, _projection_weight(self, "gate"), self.dtype, forms))
-        gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
-        up = hidden(_product("bte,ef->btf", x, _projection_weight(self, "up"), self.dtype, forms))
-        out = _product("btf,fe->bte", gate * up, _projection_weight(self, "down"), self.dtype, forms)
-        return constrain_activation(out, ("batch", None, None), mesh)
-
-
-class Block(nnx.Module):
-    """Pre-norm residual block; Gemma also normalizes the attention and MLP outputs."""
-
-    def __init__(self, config: DecoderConfig, stack, *, dtype, param_dtype, rngs: nnx.Rngs):
-        e = config.hidden_size
-        self.attn_norm = RMSNorm(stack, e, "norm", config, param_dtype)
-        self.attn = Attention(config, stack, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.mlp_norm = RMSNorm(stack, e, "norm", config, param_dtype)
-        self.mlp = MLP(config, stack, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.gemma = config.is_gemma
-        if self.gemma:
-            self.attn_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
-            self.mlp_out_norm = RMSNorm(stack, e, "norm", config, param_dtype)
-
-    def __call__(self, x, cos, sin, attend, forms, mesh=None):
-        rows = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
-        x = rows(x)
-        y, new_kv = self.attn(self.attn_norm(x), cos, sin, attend, forms, mesh)
-        x = rows(x + (self.attn_out_norm(y) if self.gemma else y))
-        y = self.mlp(self.mlp_norm(x), forms, mesh)
-        return rows(x + (self.mlp_out_norm(y) if self.gemma else y)), new_kv
 
 
 def _check_prefix(prefix: KVCache | None, prefix_mask: jax.Array | None, batch: int) -> None:

@@ -66,7 +66,7 @@ def _layer_weights(params, stacks, index, packed=None):
 
 def _as_dtype(weight, dtype):
     """`weight` in `dtype`; the weight object itself when it already is (a quantized weight, whose product qwix
-    computes, must reach it unconverted: see `decoder._projection_weight`)."""
+    computes, must reach it unconverted: see `layers._projection_weight`)."""
     return weight if weight.dtype == dtype else weight.astype(dtype)
 
 
