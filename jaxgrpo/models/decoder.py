@@ -45,7 +45,7 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   its `attention` implementation (`attention=` at construction: "auto" is splash attention on a TPU, the
   Pallas flash kernel on a GPU, the XLA math on a CPU) runs the training and scoring attention over a layout
   and reads a decode step's caches where it has a kernel for them (`cache_state`: the Pallas decode kernel on a
-  TPU, the C++ kernel on a CPU), the XLA math of `_cached_attention` reading them elsewhere.
+  TPU, the C++ kernel on a CPU), the XLA math of `cached_attention._cached_attention` reading them elsewhere.
 
 The two purposes have their own entry points: `forward(tokens, positions, layout)` (training and scoring:
 hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
@@ -72,9 +72,9 @@ from flax import nnx
 from jaxgrpo.models import attention as attention_implementations
 from jaxgrpo.models import backend as backends
 from jaxgrpo.models.attention import AttentionLayout
-from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
 from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask
 from jaxgrpo.models.backend import Backend
+from jaxgrpo.models.cached_attention import _CachedCall, _cached_attention
 from jaxgrpo.models.config import PROJECTIONS, DecoderConfig
 from jaxgrpo.models.layers import (
     MLP,
@@ -130,179 +130,6 @@ def positions_from_mask(attention_mask: jax.Array | None, segment_ids: jax.Array
     if attention_mask is not None:
         return mask_positions(jnp.asarray(attention_mask))
     return jnp.broadcast_to(index, (1, length)).astype(jnp.int32)
-
-
-def _softmax_block(scores: jax.Array, values_fn) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """A block of keys as (max, normalizer, unnormalized output), the online-softmax state.
-
-    The max is held constant under differentiation: the normalized output does not depend on it.
-    """
-    top = jax.lax.stop_gradient(scores.max(axis=-1))
-    weights = jnp.exp(scores - top[..., None])
-    return top, weights.sum(axis=-1), values_fn(weights)
-
-
-def _merge_blocks(a, b):
-    """The online-softmax state of two blocks of keys together (exact: rescales both to the larger max)."""
-    top = jnp.maximum(a[0], b[0])
-    scale_a, scale_b = jnp.exp(a[0] - top), jnp.exp(b[0] - top)
-    return top, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a[..., None] + b[2] * scale_b[..., None]
-
-
-def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms):
-    """Online-softmax state [B, kv, G, T(, D)] of the queries over their rows' shared prefix.
-
-    q [B, T, kv, G, D]; prefix (k, v) [L, P_rows, kv, P, D], of which layer `layer` is read (through
-    `forms.read_slots`); prefix_mask [P_rows, T, P]. Row r reads prefix row r // share: the share rows of a
-    prefix row stack their queries into one [share * G * T, D] x [D, P] product per (prefix row, kv head).
-    """
-    prefix_k, prefix_v = prefix
-    _, prefix_rows, kv_heads, prefix_length, head_dim = prefix_k.shape
-    batch, length, _, groups, _ = q.shape
-    share = batch // prefix_rows
-    queries = share * groups * length
-    q_rows = jnp.transpose(q.reshape(prefix_rows, share, length, kv_heads, groups, head_dim), (0, 3, 1, 4, 2, 5))
-    q_rows = q_rows.reshape(prefix_rows, kv_heads, queries, head_dim)
-
-    def read(buffer):  # [P_rows, kv, P, D]
-        return forms.read_slots(buffer, (layer, 0, 0, 0, 0), (1,) + buffer.shape[1:])[0].astype(dtype)
-
-    scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, read(prefix_k), preferred_element_type=jnp.float32) * scale
-    scores = scores.reshape(prefix_rows, kv_heads, share, groups, length, prefix_length)
-    scores = jnp.where(prefix_mask[:, None, None, None], scores, _MASKED_SCORE)
-    values = read(prefix_v)
-
-    def prefix_values(weights):  # [P_rows, kv, share, G, T, P] -> [P_rows, kv, share, G, T, D] float32
-        flat = weights.astype(dtype).reshape(prefix_rows, kv_heads, queries, prefix_length)
-        out = jnp.einsum("bkqs,bksd->bkqd", flat, values, preferred_element_type=jnp.float32)
-        return out.reshape(prefix_rows, kv_heads, share, groups, length, head_dim)
-
-    top, total, out = _softmax_block(scores, prefix_values)
-
-    def to_rows(x):  # [P_rows, kv, share, G, T, ...] -> [B, kv, G, T, ...]
-        x = jnp.swapaxes(x, 1, 2)
-        return x.reshape(batch, kv_heads, groups, length, *x.shape[5:])
-
-    return to_rows(top), to_rows(total), to_rows(out)
-
-
-class _CachedCall(NamedTuple):
-    """What every layer of a cached call reads besides its own queries, keys and values (`Decoder.decode_step`).
-
-    cache: every layer's (k, v) [L, B, kv, C, D], read-only in the layers; cache_index: the first slot the new
-    tokens are written to (an int, or traced); key_valid: bool [B, C], the slots holding keys; masks: (full,
-    sliding), each (cached [B, T, C], new [B, T, T], prefix [P_rows, T, P] or None); prefix: a shared prefix's
-    (k, v) [L, P_rows, kv, P, D] or None, with prefix_valid bool [P_rows, P]; backend: the program's
-    (`jaxgrpo.models.backend`); window: the sliding layers' window or None; scale: the attention scale; mesh: the
-    program's mesh (activations laid out on it) or None.
-    """
-
-    cache: KVCache
-    cache_index: jax.Array | int
-    key_valid: jax.Array
-    masks: tuple
-    prefix: KVCache | None
-    prefix_valid: jax.Array | None
-    backend: Backend
-    window: int | None
-    scale: float
-    mesh: jax.sharding.Mesh | None
-
-
-def _cached_attention(q, k, v, call: _CachedCall, layer, sliding):
-    """Attention output [B, T, kv, G, D] of a cached call's layer `layer` (`sliding`: whether it uses the window)
-    over the shared prefix, the live cache and the T new tokens.
-
-    q [B, T, kv, G, D]; k, v [B, T, kv, D] (the new tokens'). The blocks of keys (prefix, cached slots, new
-    tokens) combine exactly through their online-softmax states. Only slots below `cache_index` are read,
-    straight from the whole cache (never a per-layer copy, `memory.read_slots`): a static index slices them
-    (differentiable, as the shared-prefix forward needs); with a traced one, each cache (prefix, row cache) is
-    read by the backend's kernel where it has one for this call (`Backend.cache_state`), else by the XLA math
-    over chunks of `memory.cache_chunk(capacity)` slots (on a CPU, a decode step's work then grows with the live
-    length and not with the capacity). Scores against a cache are one [G*T, D] x [D, S] product per (row, kv
-    head), with no transposes of the cache.
-    """
-    forms, scale, dtype = call.backend.memory, call.scale, q.dtype
-    cache_mask, new_mask, prefix_mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), call.masks[1],
-                                                     call.masks[0])
-    new_scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    new_scores = constrain_activation(new_scores, ("batch", "kv_heads", None, None, None), call.mesh)
-    new_scores = jnp.where(new_mask[:, None, None], new_scores, _MASKED_SCORE)
-    cache_k, cache_v = call.cache
-    _, batch, kv_heads, capacity, head_dim = cache_k.shape
-    length, groups = q.shape[1], q.shape[3]
-    q_rows = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, groups * length, head_dim)
-
-    def read(buffer, start, size):  # layer `layer`'s slots [start, start + size): [B, kv, size, D]
-        return forms.read_slots(buffer, (layer, 0, 0, start, 0), (1, batch, kv_heads, size, head_dim))[0].astype(dtype)
-
-    def cached_scores(keys, mask):  # [B, kv, G, T, S] scaled, masked
-        scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, keys, preferred_element_type=jnp.float32) * scale
-        scores = scores.reshape(batch, kv_heads, groups, length, keys.shape[2])
-        return jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
-
-    def cached_values(probs, values):  # probs [B, kv, G, T, S] -> [B, kv, G, T, D] float32
-        probs = probs.astype(dtype).reshape(batch, kv_heads, groups * length, values.shape[2])
-        out = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
-        return out.reshape(batch, kv_heads, groups, length, head_dim)
-
-    def new_values(probs):  # probs [B, kv, G, T, T] -> [B, kv, G, T, D] float32
-        return jnp.einsum("bkgts,bskd->bkgtd", probs.astype(dtype), v, preferred_element_type=jnp.float32)
-
-    def finish(state):  # online-softmax state -> [B, T, kv, G, D]
-        _, total, out = state
-        return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
-
-    static = isinstance(call.cache_index, (int, np.integer))
-
-    def kernel(cache, live, key_mask, query_slot):  # the backend's read of one cache with a run-time index, or None
-        if static:
-            return None
-        return call.backend.cache_state(q, cache.k, cache.v, layer, live, key_mask, sliding, window=call.window,
-                                        scale=scale, query_slot=query_slot, mesh=call.mesh)
-
-    def with_prefix(state):  # merged with the shared prefix's block, if any
-        if call.prefix is None:
-            return state
-        prefix_length = call.prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
-        block = kernel(call.prefix, prefix_length, call.prefix_valid, prefix_length + call.cache_index)
-        if block is None:
-            block = _prefix_block(q, call.prefix, layer, prefix_mask, scale, dtype, forms)
-        return _merge_blocks(state, block)
-
-    if static:
-        live = int(call.cache_index)
-        if live == 0:
-            return finish(with_prefix(_softmax_block(new_scores, new_values)))
-        # The live slots and the new tokens as one block.
-        cached_v = read(cache_v, 0, live)
-        scores = jnp.concatenate([cached_scores(read(cache_k, 0, live), cache_mask[..., :live]), new_scores], axis=-1)
-        state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
-        return finish(with_prefix(state))
-
-    state = with_prefix(_softmax_block(new_scores, new_values))
-    block = kernel(call.cache, call.cache_index, call.key_valid, None)
-    if block is not None:
-        return finish(_merge_blocks(state, block))
-    chunk = forms.cache_chunk(capacity)
-
-    def one_chunk(i, state):
-        start = i * chunk
-        # The last chunk's start is clamped to fit the capacity; its slots below `start` were read already.
-        first = jnp.minimum(start, capacity - chunk)
-        mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
-        mask &= (first + jnp.arange(chunk) >= start)[None, None]
-        scores = cached_scores(read(cache_k, start, chunk), mask)
-        values = read(cache_v, start, chunk)
-        return _merge_blocks(state, _softmax_block(scores, lambda w: cached_values(w, values)))
-
-    if chunk >= capacity:
-        # One chunk holds every slot: read it whatever the live length (its dead slots are masked) rather than
-        # loop over a run-time trip count of 0 or 1. On a GPU such a loop costs a host round trip per layer and
-        # step for its condition (56 a step on Qwen3-0.6B, most of the decode's idle time, measured).
-        return finish(one_chunk(0, state))
-    num_chunks = (call.cache_index + chunk - 1) // chunk
-    return finish(jax.lax.fori_loop(0, num_chunks, one_chunk, state))
 
 
 def _check_prefix(prefix: KVCache | None, prefix_mask: jax.Array | None, batch: int) -> None:

@@ -3,7 +3,7 @@ parameters with their `logical_axes`, the weight products, grouped-query attenti
 residual block.
 
 A block's attention runs through the `attend(q, k, v)` its caller binds (the attention implementation's over a
-layout in a forward, the decoder's `_cached_attention` in a cached call), so nothing here depends on how a call
+layout in a forward, `jaxgrpo.models.cached_attention` in a cached call), so nothing here depends on how a call
 reads its keys; its weights multiply through the program's memory forms (`jaxgrpo.models.memory_forms`).
 """
 

@@ -3,8 +3,8 @@
 A decode step's attention is memory-bound: each row reads its cached keys and values once and multiplies
 them by a handful of queries (G query heads x T new tokens per kv head). The XLA form reads the whole
 capacity under a mask (a TPU program reads the cache in one masked block, see the decoder's
-`_cached_attention`), so a step costs the capacity and not the live length. This kernel copies only
-the blocks that hold live keys:
+`cached_attention._cached_attention`), so a step costs the capacity and not the live length. This kernel
+copies only the blocks that hold live keys:
 
 * the grid runs over cache rows (in two runs, one per TensorCore of a megacore chip); the layer, the
   live length, the query slot and each row's first valid slot are scalar-prefetched, so the kernel
@@ -315,10 +315,11 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
         total[b, h, g, t] = sum_s exp(score - top)
         out[b, h, g, t]   = sum_s exp(score - top) * v[layer, r, h, s]
 
-    the state the decoder merges with its other blocks (`_merge_blocks`); a query with no readable slot
-    gets (MASKED_SCORE, 0, 0), which leaves a merge unchanged. Products run in the cache's dtype with
-    float32 accumulation; the weights are cast to it before multiplying the values (as the decoder does).
-    No derivative: it serves decoding (the sampler); differentiate `xla_cache_attention_state` instead.
+    the state the decoder merges with its other blocks (`cached_attention._merge_blocks`); a query with
+    no readable slot gets (MASKED_SCORE, 0, 0), which leaves a merge unchanged. Products run in the
+    cache's dtype with float32 accumulation; the weights are cast to it before multiplying the values (as
+    the decoder does). No derivative: it serves decoding (the sampler); differentiate
+    `xla_cache_attention_state` instead.
 
     Args:
       q: [B, T, kv, G, D] the new tokens' queries (RoPE applied).
@@ -377,11 +378,12 @@ def xla_cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: fl
                               key_mask=None, window: int | None = None, query_slot=None):
     """`cache_attention_state` in plain `jax.numpy`: the reference and test oracle.
 
-    The decoder's math for its cached block (`_cached_attention`, a TPU program's one masked block over
-    the whole capacity): one [share * G * T, D] x [D, C] product per (cache row, kv head), scores masked
-    to MASKED_SCORE, then the weights exp(score - max) zeroed where masked, so a query with no readable
-    slot gets (MASKED_SCORE, 0, 0) as the kernel gives (the decoder's own form counts such slots with
-    weight 1 at a max of -1e30, which any other block's max then scales to 0: the merged result is the same).
+    The decoder's math for its cached block (`cached_attention._cached_attention`, a TPU program's one masked
+    block over the whole capacity): one [share * G * T, D] x [D, C] product per (cache row, kv head), scores
+    masked to MASKED_SCORE, then the weights exp(score - max) zeroed where masked, so a query with no
+    readable slot gets (MASKED_SCORE, 0, 0) as the kernel gives (the decoder's own form counts such slots
+    with weight 1 at a max of -1e30, which any other block's max then scales to 0: the merged result is the
+    same).
     """
     _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, None)
     batch, length, kv_heads, groups, head_dim = q.shape
