@@ -9,6 +9,7 @@ the backend has a kernel that reads a cache (`Backend.cache_state`), that cache'
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -110,84 +111,132 @@ def _cached_attention(q, k, v, call: _CachedCall, layer, sliding):
     length and not with the capacity). Scores against a cache are one [G*T, D] x [D, S] product per (row, kv
     head), with no transposes of the cache.
     """
-    forms, scale, dtype = call.backend.memory, call.scale, q.dtype
+    dtype = q.dtype
     cache_mask, new_mask, prefix_mask = jax.tree.map(lambda s, f: jnp.where(sliding, s, f), call.masks[1],
                                                      call.masks[0])
-    new_scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    new_scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * call.scale
     new_scores = constrain_activation(new_scores, ("batch", "kv_heads", None, None, None), call.mesh)
     new_scores = jnp.where(new_mask[:, None, None], new_scores, _MASKED_SCORE)
-    cache_k, cache_v = call.cache
-    _, batch, kv_heads, capacity, head_dim = cache_k.shape
+    _, batch, kv_heads, _, head_dim = call.cache.k.shape
     length, groups = q.shape[1], q.shape[3]
     q_rows = jnp.transpose(q, (0, 2, 3, 1, 4)).reshape(batch, kv_heads, groups * length, head_dim)
+    new_values = functools.partial(_new_values, v=v, dtype=dtype)
+    if _static_index(call):
+        state = _static_cache_block(q_rows, groups, new_scores, new_values, cache_mask, call, layer, dtype)
+        return _finish(_with_prefix(state, q, call, layer, sliding, prefix_mask), dtype)
+    state = _with_prefix(_softmax_block(new_scores, new_values), q, call, layer, sliding, prefix_mask)
+    return _finish(_run_time_cache_blocks(state, q, q_rows, cache_mask, call, layer, sliding), dtype)
 
-    def read(buffer, start, size):  # layer `layer`'s slots [start, start + size): [B, kv, size, D]
-        return forms.read_slots(buffer, (layer, 0, 0, start, 0), (1, batch, kv_heads, size, head_dim))[0].astype(dtype)
 
-    def cached_scores(keys, mask):  # [B, kv, G, T, S] scaled, masked
-        scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, keys, preferred_element_type=jnp.float32) * scale
-        scores = scores.reshape(batch, kv_heads, groups, length, keys.shape[2])
-        return jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
+def _read_layer(buffer, layer, start, size, dtype, forms):
+    """Layer `layer`'s slots [start, start + size) of a cache `buffer` [L, B, kv, C, D], read through
+    `forms.read_slots`: [B, kv, size, D] in `dtype`."""
+    _, batch, kv_heads, _, head_dim = buffer.shape
+    return forms.read_slots(buffer, (layer, 0, 0, start, 0), (1, batch, kv_heads, size, head_dim))[0].astype(dtype)
 
-    def cached_values(probs, values):  # probs [B, kv, G, T, S] -> [B, kv, G, T, D] float32
-        probs = probs.astype(dtype).reshape(batch, kv_heads, groups * length, values.shape[2])
-        out = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
-        return out.reshape(batch, kv_heads, groups, length, head_dim)
 
-    def new_values(probs):  # probs [B, kv, G, T, T] -> [B, kv, G, T, D] float32
-        return jnp.einsum("bkgts,bskd->bkgtd", probs.astype(dtype), v, preferred_element_type=jnp.float32)
+def _cached_scores(q_rows, keys, mask, scale, groups):
+    """Scores [B, kv, G, T, S], scaled and masked, of the queries q_rows [B, kv, G * T, D] against the cached keys
+    [B, kv, S, D] (one [G*T, D] x [D, S] product per (row, kv head)); mask [B, T, S]."""
+    batch, kv_heads, queries, _ = q_rows.shape
+    scores = jnp.einsum("bkqd,bksd->bkqs", q_rows, keys, preferred_element_type=jnp.float32) * scale
+    scores = scores.reshape(batch, kv_heads, groups, queries // groups, keys.shape[2])
+    return jnp.where(mask[:, None, None], scores, _MASKED_SCORE)
 
-    def finish(state):  # online-softmax state -> [B, T, kv, G, D]
-        _, total, out = state
-        return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
 
-    static = isinstance(call.cache_index, (int, np.integer))
+def _cached_values(probs, values, dtype):
+    """The unnormalized output [B, kv, G, T, D] float32 of the weights probs [B, kv, G, T, S] over the cached
+    values [B, kv, S, D], multiplied in `dtype`."""
+    batch, kv_heads, groups, length = probs.shape[:4]
+    probs = probs.astype(dtype).reshape(batch, kv_heads, groups * length, values.shape[2])
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, values, preferred_element_type=jnp.float32)
+    return out.reshape(batch, kv_heads, groups, length, values.shape[3])
 
-    def kernel(cache, live, key_mask, query_slot):  # the backend's read of one cache with a run-time index, or None
-        if static:
-            return None
-        return call.backend.cache_state(q, cache.k, cache.v, layer, live, key_mask, sliding, window=call.window,
-                                        scale=scale, query_slot=query_slot, mesh=call.mesh)
 
-    def with_prefix(state):  # merged with the shared prefix's block, if any
-        if call.prefix is None:
-            return state
-        prefix_length = call.prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
-        block = kernel(call.prefix, prefix_length, call.prefix_valid, prefix_length + call.cache_index)
-        if block is None:
-            block = _prefix_block(q, call.prefix, layer, prefix_mask, scale, dtype, forms)
-        return _merge_blocks(state, block)
+def _new_values(probs, v, dtype):
+    """The unnormalized output [B, kv, G, T, D] float32 of the weights probs [B, kv, G, T, T] over the new tokens'
+    values v [B, T, kv, D], multiplied in `dtype`."""
+    return jnp.einsum("bkgts,bskd->bkgtd", probs.astype(dtype), v, preferred_element_type=jnp.float32)
 
-    if static:
-        live = int(call.cache_index)
-        if live == 0:
-            return finish(with_prefix(_softmax_block(new_scores, new_values)))
-        # The live slots and the new tokens as one block.
-        cached_v = read(cache_v, 0, live)
-        scores = jnp.concatenate([cached_scores(read(cache_k, 0, live), cache_mask[..., :live]), new_scores], axis=-1)
-        state = _softmax_block(scores, lambda w: cached_values(w[..., :live], cached_v) + new_values(w[..., live:]))
-        return finish(with_prefix(state))
 
-    state = with_prefix(_softmax_block(new_scores, new_values))
-    block = kernel(call.cache, call.cache_index, call.key_valid, None)
+def _finish(state, dtype):
+    """The attention output [B, T, kv, G, D] in `dtype` of an online-softmax state."""
+    _, total, out = state
+    return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
+
+
+def _static_index(call: _CachedCall) -> bool:
+    """Whether the call's cache index is known when tracing (a Python or numpy int), not a run-time value."""
+    return isinstance(call.cache_index, (int, np.integer))
+
+
+def _kernel_block(q, call: _CachedCall, layer, sliding, cache, live, key_mask, query_slot):
+    """The backend's read of one cache (`Backend.cache_state`) with a run-time cache index: its online-softmax
+    state, or None (a static index, or no kernel for this call: the XLA math then reads that cache)."""
+    if _static_index(call):
+        return None
+    return call.backend.cache_state(q, cache.k, cache.v, layer, live, key_mask, sliding, window=call.window,
+                                    scale=call.scale, query_slot=query_slot, mesh=call.mesh)
+
+
+def _with_prefix(state, q, call: _CachedCall, layer, sliding, prefix_mask):
+    """`state` merged with the shared prefix's block, if the call has a prefix: read by the backend's kernel where it
+    has one, else by `_prefix_block`."""
+    if call.prefix is None:
+        return state
+    prefix_length = call.prefix.k.shape[3]  # its slots precede the cache's: query slots shift by it
+    block = _kernel_block(q, call, layer, sliding, call.prefix, prefix_length, call.prefix_valid,
+                          prefix_length + call.cache_index)
+    if block is None:
+        block = _prefix_block(q, call.prefix, layer, prefix_mask, call.scale, q.dtype, call.backend.memory)
+    return _merge_blocks(state, block)
+
+
+def _static_cache_block(q_rows, groups, new_scores, new_values, cache_mask, call: _CachedCall, layer, dtype):
+    """The online-softmax state over the live cache slots and the new tokens with a static cache index: the slots
+    below it (sliced, so differentiable) and the new tokens as one block."""
+    live = int(call.cache_index)
+    if live == 0:
+        return _softmax_block(new_scores, new_values)
+    # The live slots and the new tokens as one block.
+    cache_k, cache_v = call.cache
+    forms = call.backend.memory
+    cached_v = _read_layer(cache_v, layer, 0, live, dtype, forms)
+    cached_k = _read_layer(cache_k, layer, 0, live, dtype, forms)
+    scores = jnp.concatenate([_cached_scores(q_rows, cached_k, cache_mask[..., :live], call.scale, groups),
+                              new_scores], axis=-1)
+    return _softmax_block(scores, lambda w: _cached_values(w[..., :live], cached_v, dtype) + new_values(w[..., live:]))
+
+
+def _one_chunk(i, state, *, chunk, q_rows, groups, cache_mask, call: _CachedCall, layer, dtype):
+    """`state` merged with the block of chunk `i` of the row cache's slots (`chunk` slots from i * chunk)."""
+    cache_k, cache_v = call.cache
+    capacity = cache_k.shape[3]
+    forms = call.backend.memory
+    start = i * chunk
+    # The last chunk's start is clamped to fit the capacity; its slots below `start` were read already.
+    first = jnp.minimum(start, capacity - chunk)
+    mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
+    mask &= (first + jnp.arange(chunk) >= start)[None, None]
+    scores = _cached_scores(q_rows, _read_layer(cache_k, layer, start, chunk, dtype, forms), mask, call.scale, groups)
+    values = _read_layer(cache_v, layer, start, chunk, dtype, forms)
+    return _merge_blocks(state, _softmax_block(scores, lambda w: _cached_values(w, values, dtype)))
+
+
+def _run_time_cache_blocks(state, q, q_rows, cache_mask, call: _CachedCall, layer, sliding):
+    """`state` merged with the row cache's live slots below a run-time cache index: read by the backend's kernel
+    where it has one for this call, else by the XLA math over chunks of `memory.cache_chunk(capacity)` slots."""
+    block = _kernel_block(q, call, layer, sliding, call.cache, call.cache_index, call.key_valid, None)
     if block is not None:
-        return finish(_merge_blocks(state, block))
-    chunk = forms.cache_chunk(capacity)
-
-    def one_chunk(i, state):
-        start = i * chunk
-        # The last chunk's start is clamped to fit the capacity; its slots below `start` were read already.
-        first = jnp.minimum(start, capacity - chunk)
-        mask = jax.lax.dynamic_slice_in_dim(cache_mask, start, chunk, axis=2)
-        mask &= (first + jnp.arange(chunk) >= start)[None, None]
-        scores = cached_scores(read(cache_k, start, chunk), mask)
-        values = read(cache_v, start, chunk)
-        return _merge_blocks(state, _softmax_block(scores, lambda w: cached_values(w, values)))
-
+        return _merge_blocks(state, block)
+    capacity = call.cache.k.shape[3]
+    chunk = call.backend.memory.cache_chunk(capacity)
+    one_chunk = functools.partial(_one_chunk, chunk=chunk, q_rows=q_rows, groups=q.shape[3], cache_mask=cache_mask,
+                                  call=call, layer=layer, dtype=q.dtype)
     if chunk >= capacity:
         # One chunk holds every slot: read it whatever the live length (its dead slots are masked) rather than
         # loop over a run-time trip count of 0 or 1. On a GPU such a loop costs a host round trip per layer and
         # step for its condition (56 a step on Qwen3-0.6B, most of the decode's idle time, measured).
-        return finish(one_chunk(0, state))
+        return one_chunk(0, state)
     num_chunks = (call.cache_index + chunk - 1) // chunk
-    return finish(jax.lax.fori_loop(0, num_chunks, one_chunk, state))
+    return jax.lax.fori_loop(0, num_chunks, one_chunk, state)
