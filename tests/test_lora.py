@@ -19,7 +19,7 @@ from jaxgrpo import toy
 from jaxgrpo.config import LORA_TARGETS, apply_overrides, load_experiment
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import Decoder, lora
-from jaxgrpo.models.decoder import PROJECTIONS
+from jaxgrpo.models.config import PROJECTIONS
 from jaxgrpo.train import Trainer
 from tests.tiny_models import llama_and_gemma3
 

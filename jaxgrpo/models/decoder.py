@@ -52,6 +52,13 @@ hidden states, with an `AttentionLayout` saying padded, segments or branches) an
 cached call), the only two; `__call__` dispatches to them from its keyword arguments. Both run
 the same layer scan (`_layers`), each layer's attention bound by its entry point.
 
+Where the pieces live: this module holds the model (`Decoder`: its entry points, the layer scan, the cache
+write, the logits), its cache (`KVCache`) and the default positions (`mask_positions`, `positions_from_mask`).
+The transformer building blocks (RoPE, RMSNorm, the weight products, `Attention`, `MLP` and the residual `Block`
+the scan stacks) are `jaxgrpo.models.layers`; the XLA attention of a cached call (a layer's queries over the
+shared prefix, the live cache and the new tokens, as online-softmax blocks) is `jaxgrpo.models.cached_attention`.
+Their public names (and `PROJECTIONS`) stay importable from here.
+
 Logits are float32 whatever the compute dtype.
 
 On a mesh (one set with `jax.set_mesh`, or the one the parameters are sharded on) activations are
