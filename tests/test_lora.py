@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -252,32 +251,17 @@ def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as
     abstract = aot.abstract_train_state(cfg, mesh)
     assert update.argument_bytes >= aot.per_chip_bytes(abstract.rest) + aot.per_chip_bytes(abstract.state)
 
-_RESUME_SCRIPT = textwrap.dedent(
-    """
-    import os, signal, sys
-    from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.train import Trainer
-
-    run_dir, kill, resume = sys.argv[1], sys.argv[2] == "kill", sys.argv[3] == "resume"
-    cfg = load_experiment({toy!r})
-    apply_overrides(cfg, ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0", "kl_coef=0.05",
-                          "task.num_eval_examples=0", "lora.rank=4", "lora.alpha=8.0", "lora.quantize_base=int8",
-                          "run_dir=" + run_dir])
-
-    def on_step(step, record):
-        if kill and step == 2:  # the checkpoint of this step is on disk: die hard
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    Trainer(cfg).run(resume=resume, progress=False, on_step=on_step)
-    """
-)
+#: 4 steps with a checkpoint each; the killed run dies once step 2 is on disk.
+_RESUME_OVERRIDES = ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0", "kl_coef=0.05",
+                     "task.num_eval_examples=0", "lora.rank=4", "lora.alpha=8.0", "lora.quantize_base=int8"]
 
 
 def test_resume_after_sigkill_is_exact_under_lora(tmp_path):
     """QLoRA (int8 base) with a warm-up and a KL term: 4 steps straight == 2 steps, SIGKILL, --resume to 4 (same
     adapters, same metrics for steps 3-4). The checkpoints hold the adapters, their Adam moments and the warmed-up
     reference adapters, nothing of the base."""
-    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, _RESUME_SCRIPT.format(toy=TOY))
+    script = kill_resume.experiment_script(TOY, _RESUME_OVERRIDES, kill_after=2)
+    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, script)
     assert steps_at_kill == 2
     assert [r["step"] for r in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
     assert kill_resume.comparable(straight)[2:] == kill_resume.comparable(killed)[2:]

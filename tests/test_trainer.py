@@ -6,7 +6,6 @@ import glob
 import json
 import logging
 import os
-import textwrap
 
 import jax
 import numpy as np
@@ -208,29 +207,14 @@ def test_packing_needs_micro_batches_of_whole_groups(tmp_path):
     Trainer(toy_config(tmp_path, "micro_batch_size=4", "packing=false"))
 
 
-_RESUME_SCRIPT = textwrap.dedent(
-    """
-    import os, signal, sys
-    from jaxgrpo.config import apply_overrides, load_experiment
-    from jaxgrpo.train import Trainer
-
-    run_dir, kill, resume = sys.argv[1], sys.argv[2] == "kill", sys.argv[3] == "resume"
-    cfg = load_experiment({toy!r})
-    apply_overrides(cfg, ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0",
-                          "task.num_eval_examples=0", "run_dir=" + run_dir])
-
-    def on_step(step, record):
-        if kill and step == 2:  # the checkpoint of this step is on disk: die hard
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    Trainer(cfg).run(resume=resume, progress=False, on_step=on_step)
-    """
-)
+#: 4 steps with a checkpoint each; the killed run dies once step 2 is on disk.
+_RESUME_OVERRIDES = ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eval_every=0", "task.num_eval_examples=0"]
 
 
 def test_resume_after_sigkill_is_exact(tmp_path):
     """4 steps straight == 2 steps, SIGKILL, --resume to 4: same parameters and same metrics for steps 3-4."""
-    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, _RESUME_SCRIPT.format(toy=TOY))
+    script = kill_resume.experiment_script(TOY, _RESUME_OVERRIDES, kill_after=2)
+    straight, killed, steps_at_kill = kill_resume.straight_and_killed(tmp_path, script)
     assert steps_at_kill == 2
     assert [r["step"] for r in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
     assert kill_resume.comparable(straight)[2:] == kill_resume.comparable(killed)[2:]

@@ -30,6 +30,31 @@ def child_env(cache_dir: str | os.PathLike) -> dict:
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
+_EXPERIMENT_SCRIPT = """
+import os, signal, sys
+from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.train import Trainer
+
+run_dir, kill, resume = sys.argv[1], sys.argv[2] == "kill", sys.argv[3] == "resume"
+cfg = load_experiment({experiment!r})
+apply_overrides(cfg, [*{overrides!r}, "run_dir=" + run_dir])
+
+
+def on_step(step, record):
+    if kill and step == {kill_after}:  # the checkpoint of this step is on disk: die hard
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+Trainer(cfg).run(resume=resume, progress=False, on_step=on_step)
+"""
+
+
+def experiment_script(experiment: str, overrides: list[str], kill_after: int) -> str:
+    """A script for `straight_and_killed` that trains `experiment` with `overrides` and, told to kill, SIGKILLs
+    itself once step `kill_after` is recorded (its checkpoint on disk when checkpoint_every divides it)."""
+    return _EXPERIMENT_SCRIPT.format(experiment=experiment, overrides=list(overrides), kill_after=int(kill_after))
+
+
 class Runs(NamedTuple):
     straight: pathlib.Path  # the run that was never killed
     killed: pathlib.Path  # the run killed, then resumed to the end
