@@ -98,10 +98,10 @@ def main(argv=None) -> int:
 
     with jax.set_mesh(mesh):
         traced = jax.jit(step, donate_argnums=(0, 1)).trace(params, opt_state, example)
-        compiled, seconds = aot._compile(traced.lower())
+        compiled, seconds = aot.compile_lowered(traced.lower())
     num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     tokens = args.rows * (args.prompt_len + args.completion_len)
-    report = aot._program_report("update", compiled, seconds, traced.jaxpr, chip, len(devices), 6 * num_params * tokens)
+    report = aot.program_report("update", compiled, seconds, traced.jaxpr, chip, len(devices), 6 * num_params * tokens)
     out = {"peer": "google-tunix 0.1.7", "model": args.model, "topology": args.topology, "rows": args.rows,
            "num_params": num_params, "program": dataclasses.asdict(report)}
     print(json.dumps(out, indent=2))
