@@ -40,7 +40,7 @@ def main() -> None:
     from jaxgrpo.models import packing
     from jaxgrpo.rewards import correctness_reward
     from jaxgrpo.train import Trainer
-    from jaxgrpo.train.loop import group_lengths
+    from jaxgrpo.train.batch import group_lengths
 
     cfg = jaxgrpo_config(8, 4, args.max_new_tokens, args.seed, args.micro_batch)
     trainer = Trainer(cfg, reward_fns=[(correctness_reward, 1.0)])

@@ -16,7 +16,7 @@ from jaxgrpo.errors import ConfigError
 from jaxgrpo.metrics import read_jsonl
 from jaxgrpo.models import packing
 from jaxgrpo.train import Trainer
-from jaxgrpo.train.loop import group_lengths
+from jaxgrpo.train.batch import group_lengths
 from jaxgrpo.train.warmup import supervised_warmup
 
 from support import kill_resume

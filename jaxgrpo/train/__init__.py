@@ -8,7 +8,8 @@
 * `trackers`: stateful kernels, their per-prompt state kept in `TrainState.kernel_state`.
 * `warmup`, `evaluation`: supervised warm-up batches; held-out accuracy and pass@k.
 * `health`: the run's checks after each step (no learning signal, updates not applied, signs of collapse).
-* `loop`: `Trainer`, which runs a `Config`.
+* `preflight`: what a `Trainer` is given, checked before anything is built.
+* `loop`: `Trainer`, which runs a `Config`; `driver`: `Trainer.run` around its steps.
 
 Submodules load on first use, so a module that needs one part (e.g. `stages`) does not load the loop's.
 Multi-host helpers are `jaxgrpo.distributed`, below the sampler.

@@ -16,6 +16,7 @@ import numpy as np
 from jaxgrpo import kernels
 from jaxgrpo.config import Config
 from jaxgrpo.distributed import across_processes, gather_rows, process_block
+from jaxgrpo.models import packing
 from jaxgrpo.models.decoder import mask_positions
 from jaxgrpo.train import inputs as inputs_lib, stages
 from jaxgrpo.train.rollout import RowStats, Trajectories, completion_valid, row_stats
@@ -146,3 +147,41 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
     return TrainBatch(tokens, attention, positions, mask.astype(np.float32), old_logp.astype(np.float32),
                       np.asarray(token_advantages, np.float32), np.asarray(ref_logp, np.float32),
                       np.asarray(returns, np.float32), np.asarray(old_values, np.float32), row_fields)
+
+
+def group_lengths(cfg: Config, batch: TrainBatch) -> np.ndarray | None:
+    """Packed slots of every group of the whole batch (`packing.group_lengths`; None without `cfg.packing`)."""
+    if not cfg.packing:
+        return None
+    local = packing.group_lengths(np.asarray(batch.attention_mask), np.asarray(batch.completion_mask),
+                                  batch.completion_mask.shape[-1], cfg.group_size)
+    return gather_rows(local.astype(np.int32))
+
+
+def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | None, attention_scale):
+    """The rows i32[micro_batches, micro], packed shape and packing layout of each of a step's minibatches.
+
+    Epoch after the first (and every epoch with several minibatches) shuffles whole groups, each group's
+    rows in order, with a generator seeded by (seed, step). The packed shape is None without packing.
+    """
+    minibatch = num_rows // cfg.num_minibatches
+    micro = cfg.micro_batch_size or minibatch
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    for epoch in range(cfg.num_epochs):
+        order = np.arange(num_rows)
+        if epoch or cfg.num_minibatches > 1:
+            g = cfg.group_size
+            order = (rng.permutation(num_rows // g)[:, None] * g + np.arange(g)).ravel()
+        for m in range(cfg.num_minibatches):
+            rows = order[m * minibatch : (m + 1) * minibatch]
+            packed_shape, layout = None, ()
+            if lengths is not None:
+                rows, plan = packing.plan_rows(rows, lengths, cfg.group_size, micro, attention_scale=attention_scale)
+                packed_shape, layout = (plan.rows, plan.length), ((plan.group_rows, plan.group_offsets),)
+            yield rows.reshape(minibatch // micro, micro), packed_shape, layout
+
+
+def rows_with_signal(batch: TrainBatch) -> np.ndarray:
+    """bool[n]: the rows of (this host's) batch that train with a non-zero advantage on some token: the rows the
+    policy-gradient term learns from."""
+    return np.any((np.asarray(batch.advantages) != 0) & (np.asarray(batch.completion_mask) > 0), axis=-1)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
-import os
 import time
 from typing import Callable
 
@@ -51,19 +50,17 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import profiling, sampler
-from jaxgrpo.config import Config, resolve_packing, validate
+from jaxgrpo.config import Config, resolve_packing
 from jaxgrpo.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.models import packing, partitioning
 from jaxgrpo.models.attention import target_platform as attention_platform
 from jaxgrpo.models.partitioning import shard_model
 from jaxgrpo.train import batch as batch_lib
-from jaxgrpo.train import evaluation, guidance, stages, trackers
+from jaxgrpo.train import driver, guidance, preflight, trackers
 from jaxgrpo.train import partial as partial_lib, rollout as rollout_lib, state as state_lib, step as step_lib
 from jaxgrpo.train import device_memory
-from jaxgrpo.train import warmup as warmup_lib
-from jaxgrpo.train.health import RunWatch
-from jaxgrpo.train.rollout import PromptStream, RowStats, Trajectories, group_stats, row_stats
+from jaxgrpo.train.rollout import PromptStream, RowStats, Trajectories, row_stats
 from jaxgrpo.train.state import LoopState, Policy
 from jaxgrpo.train.step import TrainBatch
 
@@ -92,14 +89,12 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, task=None, reward_fns=None, mesh=None):
-        from jaxgrpo.train import preflight
-
-        cfg, task, reward_fns, train_examples, eval_examples = _checked(cfg, model, task, reward_fns, mesh)
+        cfg, task, reward_fns, train_examples, eval_examples = preflight.check_trainer(cfg, model, task, reward_fns, mesh)
         self._cfg = cfg
         split = cfg.mesh.rollout_devices
         learner_devices, sampler_devices = state_lib.split_devices(split) if split else (None, None)
         self.mesh = mesh or state_lib.make_mesh(cfg, learner_devices)
-        self._local_sampler = samples_locally(cfg)
+        self._local_sampler = preflight.samples_locally(cfg)
         if self._local_sampler and not split:  # the engine on this process's devices, time-shared with the learner
             sampler_devices = jax.local_devices()
         #: The sampler's own devices (`mesh.rollout_devices`, the last ones; in a multi-process run this process's
@@ -113,7 +108,7 @@ class Trainer:
                               "a model directory with its tokenizer files")
         self.tokenizer = tokenizer
         # An environment's turns in token space (`run_episodes`): the template renders its messages, checked here.
-        self.chat_turns = None if cfg.environment is None else self._environment_turns(train_examples)
+        self.chat_turns = None if cfg.environment is None else preflight.environment_turns(cfg, tokenizer, train_examples)
         self.task = task
         self.reward_fns = reward_fns
         self.stop_tokens = tuple(sampler.default_stop_tokens(tokenizer))
@@ -210,7 +205,7 @@ class Trainer:
 
     def sampler_params(self, params):
         """The parameters the sampler samples the policy of `params` (a state's, or its `behaviour`) with: `params`,
-        or where each process samples on its own devices (`samples_locally`) their copy there (made once per
+        or where each process samples on its own devices (`preflight.samples_locally`) their copy there (made once per
         policy, by a collective of the learner's mesh: on the main thread)."""
         if not self._local_sampler or not self._on_learner(params):
             return params
@@ -328,28 +323,6 @@ class Trainer:
                                       turn_tokens=self.cfg.sampling.max_new_tokens, sampling=self._sampling(greedy),
                                       key=key, step_timeout=e.step_timeout, first_id=first_id)
 
-    def _environment_turns(self, examples):
-        """`multi_turn.ChatTurns` of the tokenizer, checked on the environment's opening of the first example and
-        on its observations' roles: a `ConfigError` naming the environment and the model otherwise."""
-        from jaxgrpo import envs
-        from jaxgrpo.engine import multi_turn
-
-        e = self.cfg.environment
-        env = envs.make_environment(e.name, **e.kwargs)
-        try:
-            turns = multi_turn.ChatTurns(self.tokenizer)
-            turns.check(env, examples[0])
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"environment {e.name!r} with model {self.cfg.model!r}: {error}; pick a model whose chat "
-                              "template renders it, or an environment answering in roles it has") from None
-        if self.cfg.warmup_sft_steps:  # the warm-up trains on demonstrated episodes
-            demonstrate = getattr(env, "demonstration", None)
-            if not callable(demonstrate) or demonstrate(examples[0]) is None:
-                raise ConfigError(f"warmup_sft_steps={self.cfg.warmup_sft_steps} trains on demonstrated episodes, but "
-                                  f"environment {e.name!r} has no demonstration(example); set warmup_sft_steps=0 or "
-                                  "give the environment one")
-        return turns
-
     def rollout(self, state: LoopState, key: Array | None = None) -> tuple[Trajectories, LoopState, dict]:
         """This host's share of the step's groups, sampled by the behaviour policy of `state` and scored
         (`rollout.collect`, or `rollout.collect_episodes` with an environment), `state` with the data position
@@ -457,12 +430,12 @@ class Trainer:
         """
         cfg = self.cfg
         whole = global_batch(batch, self.mesh)
-        lengths = group_lengths(cfg, batch)
+        lengths = batch_lib.group_lengths(cfg, batch)
         history = []
         # Compiling the update (its first call) or running it may not fit the device: one line naming what to
         # change. A failure while running surfaces when the metrics are read, inside this block too.
         with profiling.phase("update"), device_memory.reported(cfg, "update", self.mesh):
-            for rows, packed_shape, layout in minibatches(cfg, whole.tokens.shape[0], int(train.step), lengths,
+            for rows, packed_shape, layout in batch_lib.minibatches(cfg, whole.tokens.shape[0], int(train.step), lengths,
                                                           self.attention_scale):
                 if packed_shape not in self._updates:
                     if packed_shape is not None:
@@ -532,12 +505,12 @@ class Trainer:
         stats = gather_rows(row_stats(rollout))  # the whole batch's, on every host: gathered once per step
         start = time.perf_counter()
         batch = self.advantages(state, rollout, stats, metrics)
-        signal = gather_rows(rows_with_signal(batch))  # the whole batch's, as `stats`
+        signal = gather_rows(batch_lib.rows_with_signal(batch))  # the whole batch's, as `stats`
         t0 = time.perf_counter()
         state, learned = self.learn(state, batch, rollout, stats)
         metrics.update(learned)
         metrics["time_train"] = time.perf_counter() - t0
-        metrics.update(rollout_metrics(stats, metrics, self.cfg.num_epochs), frac_signal_rows=float(signal.mean()),
+        metrics.update(rollout_lib.rollout_metrics(stats, metrics, self.cfg.num_epochs), frac_signal_rows=float(signal.mean()),
                        time_at_learn_start=start - self._clock, time_at_learn_end=time.perf_counter() - self._clock)
         if self.cfg.max_staleness:  # updates between the sampling policy and the learner, over the tokens that train
             versions = rollout.token_versions if rollout.token_versions is not None else np.broadcast_to(
@@ -554,7 +527,7 @@ class Trainer:
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
             on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:
-        """Trains for `cfg.steps` steps into `cfg.run_dir`; returns the records of the steps it ran.
+        """Trains for `cfg.steps` steps into `cfg.run_dir` (`driver.run`); returns the records of the steps it ran.
 
         A run directory that already holds a run is refused unless `resume` (continue from its newest
         checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
@@ -573,213 +546,9 @@ class Trainer:
         RUN_DIR/profile/steps_<first>-<last>/, and writes there where they went (`profiling.StepTracer`:
         host phases, compiled programs, the model's parts); the path is logged.
         """
-        from jaxgrpo.checkpoint import Checkpointer
-        from jaxgrpo.config import to_dict
-        from jaxgrpo.metrics import EVAL_FILE, MetricsWriter
-        from jaxgrpo.rundir import RunDirectory
-
-        cfg = self.cfg
-        config = to_dict(cfg)
-        with RunDirectory.open(cfg.run_dir, config, resume=resume, overwrite=overwrite,
-                               defaults=to_dict(Config())) as run_directory:
-            writer = MetricsWriter(cfg.run_dir)
-            checkpointer = Checkpointer(os.path.join(cfg.run_dir, "checkpoints"), keep=cfg.keep_checkpoints)
-            tracer = None
-            try:
-                state = self._start(checkpointer, writer, resume)
-                if profile:
-                    tracer = self._tracer(state.step, profile, write=writer.enabled)
-                run_directory.write_config(config)  # the run can start: this is now the config of its checkpoints
-                if state.step == 0 and cfg.warmup_sft_steps:
-                    state, losses = warmup_lib.supervised_warmup(self, state, cfg.warmup_sft_steps)
-                    if writer.enabled:  # process 0 speaks for a multi-host run
-                        print(f"supervised warm-up: {cfg.warmup_sft_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-                self.loop_state = state  # what evaluation samples from
-                evaluating = bool(self.eval_examples and cfg.eval_every)
-                if state.step == 0 and evaluating:
-                    writer.write(0, self._evaluate(0), file=EVAL_FILE, prefix="eval/")
-                history, watch = [], RunWatch(cfg, warn=writer.enabled)
-                bar = _progress(range(state.step, cfg.steps), enabled=progress and writer.enabled,
-                                initial=state.step, total=cfg.steps)
-                for _ in bar:
-                    if tracer is not None:
-                        tracer.begin(state.step + 1)
-                    state, metrics = self.step(state, last=state.step + 1 == cfg.steps)
-                    self.loop_state = state
-                    done = state.step
-                    record = writer.write(done, metrics, log=done % cfg.log_every == 0 or done == cfg.steps)
-                    history.append(record)
-                    if hasattr(bar, "set_postfix"):
-                        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc=f"{record['accuracy']:.2f}",
-                                        s_per_step=f"{record['time_step']:.1f}")
-                    watch.after(done, history)
-                    if evaluating and (done % cfg.eval_every == 0 or done == cfg.steps):
-                        with profiling.phase("evaluate"):
-                            writer.write(done, self._evaluate(done), file=EVAL_FILE, prefix="eval/")
-                    if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                        with profiling.phase("checkpoint"):
-                            state_lib.save(checkpointer, state)
-                    if on_step is not None:
-                        on_step(done, record)
-                    if tracer is not None and (summary := tracer.end(done)):
-                        logger.warning("profile of steps %d-%d: %s (the trace beside it opens in Perfetto or "
-                                       "TensorBoard's profiler)", tracer.first, tracer.last, summary)
-                return history
-            finally:
-                if tracer is not None:
-                    tracer.close()
-                checkpointer.close()
-                writer.close()
-
-    def _evaluate(self, step: int) -> dict:
-        """The held-out metrics of the policy after `step` steps (`evaluation.evaluate`, or `evaluate_episodes`
-        with an environment)."""
-        if self.cfg.environment is not None:
-            return evaluation.evaluate_episodes(self.cfg, self.run_episodes, self.eval_examples, step)
-        return evaluation.evaluate(self.cfg, self.generate, self.tokenizer, self.reward_fns, self.eval_examples, step)
-
-    def _tracer(self, start: int, count: int, *, write: bool) -> profiling.StepTracer:
-        """A tracer of the `count` steps after step `start + 1` (the run's first, which compiles)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ConfigError(f"profile must be a number of steps >= 0, got {count!r}")
-        if start + 1 + count > self.cfg.steps:
-            raise ConfigError(f"profile={count} traces steps {start + 2}-{start + 1 + count} (the run's first step, "
-                              f"{start + 1}, compiles), but the run ends at step {self.cfg.steps}; raise steps or "
-                              f"profile fewer")
-        directory = os.path.join(self.cfg.run_dir, "profile")
-        if jax.process_count() > 1:
-            directory = os.path.join(directory, f"process_{jax.process_index()}")
-        return profiling.StepTracer(directory, start + 2, count, write=write)
-
-    def _start(self, checkpointer, writer, resume: bool) -> LoopState:
-        """The state the run starts from: under `resume` the newest checkpoint's, else `loop_state` at step 0 (a
-        trainer's first run: its initial state)."""
-        restored = state_lib.restore(checkpointer, self.loop_state) if resume else None
-        if restored is None and resume and writer.enabled:
-            print(f"--resume: no checkpoint in {checkpointer.directory}; starting from step 0")
-        if resume:  # records after the checkpoint (all of them from step 0) are written again
-            writer.truncate_after(restored.step if restored is not None else -1)
-        return self.loop_state._replace(step=0) if restored is None else restored
-
+        return driver.run(self, resume=resume, overwrite=overwrite, progress=progress, on_step=on_step,
+                          profile=profile)
 
 def _mesh_above_one(mesh):
     """`mesh`, or None when it has one device (the engine then places nothing)."""
     return mesh if mesh.size > 1 else None
-
-
-def group_lengths(cfg: Config, batch: TrainBatch) -> np.ndarray | None:
-    """Packed slots of every group of the whole batch (`packing.group_lengths`; None without `cfg.packing`)."""
-    if not cfg.packing:
-        return None
-    local = packing.group_lengths(np.asarray(batch.attention_mask), np.asarray(batch.completion_mask),
-                                  batch.completion_mask.shape[-1], cfg.group_size)
-    return gather_rows(local.astype(np.int32))
-
-
-def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | None, attention_scale):
-    """The rows i32[micro_batches, micro], packed shape and packing layout of each of a step's minibatches.
-
-    Epoch after the first (and every epoch with several minibatches) shuffles whole groups, each group's
-    rows in order, with a generator seeded by (seed, step). The packed shape is None without packing.
-    """
-    minibatch = num_rows // cfg.num_minibatches
-    micro = cfg.micro_batch_size or minibatch
-    rng = np.random.default_rng([cfg.seed, step, 7])
-    for epoch in range(cfg.num_epochs):
-        order = np.arange(num_rows)
-        if epoch or cfg.num_minibatches > 1:
-            g = cfg.group_size
-            order = (rng.permutation(num_rows // g)[:, None] * g + np.arange(g)).ravel()
-        for m in range(cfg.num_minibatches):
-            rows = order[m * minibatch : (m + 1) * minibatch]
-            packed_shape, layout = None, ()
-            if lengths is not None:
-                rows, plan = packing.plan_rows(rows, lengths, cfg.group_size, micro, attention_scale=attention_scale)
-                packed_shape, layout = (plan.rows, plan.length), ((plan.group_rows, plan.group_offsets),)
-            yield rows.reshape(minibatch // micro, micro), packed_shape, layout
-
-
-def samples_locally(cfg: Config) -> bool:
-    """Whether each process of a multi-process run samples its own prompts on devices of its own, with nothing
-    exchanged between processes while it samples: one-step-off (on `mesh.rollout_devices`, beside the learner's
-    thread: two threads issuing collectives in an order that differs between processes would deadlock), and the
-    rollout engine and environment episodes (each process's engine admits its own requests, on its own devices)."""
-    return jax.process_count() > 1 and bool(cfg.max_staleness or cfg.sampling.engine or cfg.environment is not None)
-
-
-def _checked(cfg: Config, model, task, reward_fns, mesh):
-    """What a `Trainer` is given, checked before anything is built: the config (its packing settled for the
-    platform), what it names (task, rewards, model, context budget, mesh), then the data and the fields the
-    stages' kernels read. Returns (cfg, task, reward_fns, train examples, held-out examples)."""
-    from jaxgrpo.train import preflight
-
-    # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
-    cfg = resolve_packing(cfg, attention_platform(mesh))
-    validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
-    if cfg.mesh.rollout_devices and mesh is not None:
-        raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
-                          "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
-    if jax.process_count() > 1:
-        _check_multi_process(cfg)
-    task, reward_fns, _ = preflight.check(
-        cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
-        num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
-    train_examples = preflight.load_split(cfg, task, cfg.task.train_split)
-    stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
-    if cfg.guidance is not None:
-        guidance.check(task, train_examples, jax.process_count())
-    eval_examples = (preflight.load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
-                     if cfg.task.num_eval_examples else [])
-    return cfg, task, reward_fns, train_examples, eval_examples
-
-
-def _check_multi_process(cfg: Config) -> None:
-    """What a multi-process run cannot combine, in one line each."""
-    if cfg.partial_rollout_tokens:
-        raise ConfigError("partial_rollout_tokens runs in one process for now (its carried groups are not split by "
-                          "process); set partial_rollout_tokens=0 for a multi-process run")
-    if cfg.max_staleness and not cfg.mesh.rollout_devices:
-        raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of each "
-                          f"process's own; set mesh.rollout_devices to a multiple of the {jax.process_count()} "
-                          f"processes (e.g. {jax.process_count()})")
-    if samples_locally(cfg):  # the rounds of dynamic sampling and guidance are agreed across processes
-        for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
-            if on:
-                raise ConfigError(f"{what} agrees its sampling rounds across processes, which sampling on each "
-                                  f"process's own devices (the rollout engine, one-step-off, environments) does "
-                                  f"not do; set sampling.engine=false (and max_staleness=0), or turn {what} off")
-
-
-def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:
-    """A step's metrics of what was sampled: rewards, accuracy, lengths, rows that trained, throughput."""
-    valid = stats.valid
-    trained_tokens = float(stats.prompt_lengths.sum() + stats.lengths.sum()) * num_epochs
-    mean = lambda x: float(x[valid].mean()) if valid.any() else float("nan")  # noqa: E731
-    return dict(
-        reward_mean=mean(stats.rewards),
-        reward_std=float(stats.rewards[valid].std()) if valid.any() else float("nan"),
-        accuracy=mean(stats.correct),
-        completion_length=float(stats.lengths.mean()),
-        frac_truncated=float(1.0 - stats.finished.mean()),
-        # Partial rollouts' groups still going are unscored (not trained yet), not invalid.
-        num_invalid_rewards=float((~valid).sum()) - timings.get("rows_carried", 0),
-        frac_trained_rows=float(stats.trains.mean()),
-        sample_tokens_per_s=timings["sampled_tokens"] / max(timings["time_sample"], 1e-9),
-        train_tokens_per_s=trained_tokens / max(timings["time_train"], 1e-9),
-        **{f"reward/{k}": mean(v) for k, v in stats.per_reward.items()},
-        **group_stats(stats.correct, stats.group_ids, valid),
-    )
-
-
-def rows_with_signal(batch: TrainBatch) -> np.ndarray:
-    """bool[n]: the rows of (this host's) batch that train with a non-zero advantage on some token: the rows the
-    policy-gradient term learns from."""
-    return np.any((np.asarray(batch.advantages) != 0) & (np.asarray(batch.completion_mask) > 0), axis=-1)
-
-
-def _progress(iterable, *, enabled: bool, initial: int, total: int):
-    if not enabled:
-        return iterable
-    from tqdm import tqdm
-
-    return tqdm(iterable, initial=initial, total=total, desc="train", dynamic_ncols=True)

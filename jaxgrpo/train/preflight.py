@@ -5,14 +5,17 @@ without building a model or reading a data set: the task exists and takes the co
 the reward names resolve and include the correctness reward, the model resolves (a registered builder, or
 a checkpoint whose config file is read, not its weights), the prompt and completion budgets fit the
 model's context window, and the mesh fits the devices. Each mistake is a one-line `ConfigError` naming the
-config field and the fix. `Trainer.__init__` runs it first, and the console scripts before anything else,
-so a misspelt name fails in a second, not after a model build, a warm-up and a first sampling.
+config field and the fix. `Trainer.__init__` runs it first (`check_trainer`: it, then the data and the fields
+the stages' kernels read), and the console scripts before anything else, so a misspelt name fails in a second,
+not after a model build, a warm-up and a first sampling.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import jax
 
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
@@ -153,3 +156,79 @@ def check(cfg: Config, *, task=None, reward_fns=None, model_config=None, num_dev
     if num_devices is not None:
         check_mesh(cfg, num_devices, num_processes)
     return task, reward_fns, model_config
+
+
+def check_trainer(cfg: Config, model, task, reward_fns, mesh):
+    """What a `Trainer` is given, checked before anything is built: the config (its packing settled for the
+    platform), what it names (task, rewards, model, context budget, mesh), then the data and the fields the
+    stages' kernels read. Returns (cfg, task, reward_fns, train examples, held-out examples)."""
+    from jaxgrpo.config import resolve_packing, validate
+    from jaxgrpo.models.attention import target_platform as attention_platform
+    from jaxgrpo.train import guidance, stages
+
+    # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
+    cfg = resolve_packing(cfg, attention_platform(mesh))
+    validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
+    if cfg.mesh.rollout_devices and mesh is not None:
+        raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
+                          "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
+    if jax.process_count() > 1:
+        _check_multi_process(cfg)
+    task, reward_fns, _ = check(
+        cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
+        num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
+    train_examples = load_split(cfg, task, cfg.task.train_split)
+    stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
+    if cfg.guidance is not None:
+        guidance.check(task, train_examples, jax.process_count())
+    eval_examples = (load_split(cfg, task, cfg.task.eval_split, cfg.task.num_eval_examples)
+                     if cfg.task.num_eval_examples else [])
+    return cfg, task, reward_fns, train_examples, eval_examples
+
+
+def _check_multi_process(cfg: Config) -> None:
+    """What a multi-process run cannot combine, in one line each."""
+    if cfg.partial_rollout_tokens:
+        raise ConfigError("partial_rollout_tokens runs in one process for now (its carried groups are not split by "
+                          "process); set partial_rollout_tokens=0 for a multi-process run")
+    if cfg.max_staleness and not cfg.mesh.rollout_devices:
+        raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of each "
+                          f"process's own; set mesh.rollout_devices to a multiple of the {jax.process_count()} "
+                          f"processes (e.g. {jax.process_count()})")
+    if samples_locally(cfg):  # the rounds of dynamic sampling and guidance are agreed across processes
+        for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
+            if on:
+                raise ConfigError(f"{what} agrees its sampling rounds across processes, which sampling on each "
+                                  f"process's own devices (the rollout engine, one-step-off, environments) does "
+                                  f"not do; set sampling.engine=false (and max_staleness=0), or turn {what} off")
+
+
+def samples_locally(cfg: Config) -> bool:
+    """Whether each process of a multi-process run samples its own prompts on devices of its own, with nothing
+    exchanged between processes while it samples: one-step-off (on `mesh.rollout_devices`, beside the learner's
+    thread: two threads issuing collectives in an order that differs between processes would deadlock), and the
+    rollout engine and environment episodes (each process's engine admits its own requests, on its own devices)."""
+    return jax.process_count() > 1 and bool(cfg.max_staleness or cfg.sampling.engine or cfg.environment is not None)
+
+
+def environment_turns(cfg: Config, tokenizer, examples):
+    """`multi_turn.ChatTurns` of the tokenizer, checked on the environment's opening of the first example and
+    on its observations' roles: a `ConfigError` naming the environment and the model otherwise."""
+    from jaxgrpo import envs
+    from jaxgrpo.engine import multi_turn
+
+    e = cfg.environment
+    env = envs.make_environment(e.name, **e.kwargs)
+    try:
+        turns = multi_turn.ChatTurns(tokenizer)
+        turns.check(env, examples[0])
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"environment {e.name!r} with model {cfg.model!r}: {error}; pick a model whose chat "
+                          "template renders it, or an environment answering in roles it has") from None
+    if cfg.warmup_sft_steps:  # the warm-up trains on demonstrated episodes
+        demonstrate = getattr(env, "demonstration", None)
+        if not callable(demonstrate) or demonstrate(examples[0]) is None:
+            raise ConfigError(f"warmup_sft_steps={cfg.warmup_sft_steps} trains on demonstrated episodes, but "
+                              f"environment {e.name!r} has no demonstration(example); set warmup_sft_steps=0 or "
+                              "give the environment one")
+    return turns

@@ -391,3 +391,24 @@ def episodes_rollout(trajectories, examples: list, group_size: int, tokenizer, p
         [examples[t.example] for t in trajectories], valid_tokens,
         inputs_lib.Steps.of_episodes([t.turn_rewards for t in trajectories], [t.anchors for t in trajectories],
                                      token_turns, discount))
+
+
+def rollout_metrics(stats: RowStats, timings: dict, num_epochs: int) -> dict:
+    """A step's metrics of what was sampled: rewards, accuracy, lengths, rows that trained, throughput."""
+    valid = stats.valid
+    trained_tokens = float(stats.prompt_lengths.sum() + stats.lengths.sum()) * num_epochs
+    mean = lambda x: float(x[valid].mean()) if valid.any() else float("nan")  # noqa: E731
+    return dict(
+        reward_mean=mean(stats.rewards),
+        reward_std=float(stats.rewards[valid].std()) if valid.any() else float("nan"),
+        accuracy=mean(stats.correct),
+        completion_length=float(stats.lengths.mean()),
+        frac_truncated=float(1.0 - stats.finished.mean()),
+        # Partial rollouts' groups still going are unscored (not trained yet), not invalid.
+        num_invalid_rewards=float((~valid).sum()) - timings.get("rows_carried", 0),
+        frac_trained_rows=float(stats.trains.mean()),
+        sample_tokens_per_s=timings["sampled_tokens"] / max(timings["time_sample"], 1e-9),
+        train_tokens_per_s=trained_tokens / max(timings["time_train"], 1e-9),
+        **{f"reward/{k}": mean(v) for k, v in stats.per_reward.items()},
+        **group_stats(stats.correct, stats.group_ids, valid),
+    )
