@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxgrpo import sampler
 from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request, generate_groups
-from jaxgrpo.engine.engine import plan_prefix_rows
+from jaxgrpo.engine.sequences import plan_prefix_rows
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler import SamplingParams
 from tests.test_sampler_generate import NEW_TOKENS, PROMPTS, random_model

@@ -54,152 +54,12 @@ from jax.sharding import NamedSharding
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.engine.programs import _POOL, STOP_SLOTS, SharedPrefixes, _copy_jit, _decode_jit, _forward_jit
+from jaxgrpo.engine.sequences import Completion, LiveSequence, Request, plan_prefix_rows, prefix_key, token_list
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.sampler import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams, bucket_length, is_int_in, left_pad
-from jaxgrpo.sampler import model_context_window
+from jaxgrpo.sampler.distribution import SamplingParams
+from jaxgrpo.sampler.requests import bucket_length, is_int_in, model_context_window
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """What to generate.
-
-    Attributes:
-      id: an int naming the request: its random stream (see the module docstring) and its sequence id in the
-        session API; unique among the requests in flight. For G samples of prompt b, `b * G + g`.
-      prompt: token ids (non-empty).
-      max_new_tokens: the most tokens to sample (>= 1).
-      sampling: the distribution to draw from.
-      stop_tokens: ids that end the completion (kept in it), at most `STOP_SLOTS`.
-      draw_origin: the position whose token is draw 0 of the request's random stream (see the module
-        docstring): 0 counts draws from the sequence's start, so a sequence continued by `extend` draws what a
-        request with its whole history as the prompt (and the same id and origin) would; the prompt's length
-        counts them from the completion's start, as `sampler.generate` draws.
-    """
-
-    id: int
-    prompt: Sequence[int]
-    max_new_tokens: int
-    sampling: SamplingParams = SamplingParams()
-    stop_tokens: tuple[int, ...] = ()
-    draw_origin: int = 0
-
-
-@dataclasses.dataclass
-class Completion:
-    """A finished (or, from `decode`, live) sequence after its prompt.
-
-    Attributes:
-      request_id: the `Request.id`.
-      prompt: the prompt's token ids.
-      tokens: int32 [N], every token after the prompt: sampled ones and those `extend` appended.
-      sampled: bool [N], True where the policy sampled the token (the loss mask of a multi-turn rollout).
-      logprobs: float32 [N], log-prob under the distribution the token was drawn from (0 where not sampled).
-      policy_logprobs: float32 [N], `log_softmax(logits / temperature)` of the token (0 where not sampled).
-      versions: int32 [N], the policy version that sampled each token (-1 where not sampled).
-      finish_reason: "stop" (a stop token), "length" (the budget) or None (still running).
-    """
-
-    request_id: int
-    prompt: np.ndarray
-    tokens: np.ndarray
-    sampled: np.ndarray
-    logprobs: np.ndarray
-    policy_logprobs: np.ndarray
-    versions: np.ndarray
-    finish_reason: str | None
-
-    @property
-    def sampled_tokens(self) -> np.ndarray:
-        return self.tokens[self.sampled]
-
-
-@dataclasses.dataclass
-class _Sequence:
-    """The host's record of a sequence in a slot. Positions [0, length) are in the cache; `pending`, the last
-    token sampled, is not yet (it is the next step's input)."""
-
-    request: Request
-    slot: int
-    blocks: list[int]
-    length: int
-    pending: int
-    remaining: int  # tokens it may still sample
-    shard: int = 0  # the data shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
-    shared: int = 0  # its first positions that others may share: its prompt's full blocks but the last token's
-    finish_reason: str | None = None
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    sampled: list[bool] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    policy_logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-
-    @property
-    def running(self) -> bool:
-        return self.finish_reason is None
-
-    def record(self, token: int, logprob: float, policy_logprob: float, version: int, stops: set[int]) -> None:
-        self.tokens.append(int(token))
-        self.sampled.append(True)
-        self.logprobs.append(float(logprob))
-        self.policy_logprobs.append(float(policy_logprob))
-        self.versions.append(int(version))
-        self.pending = int(token)
-        self.remaining -= 1
-        if int(token) in stops:
-            self.finish_reason = "stop"
-        elif self.remaining <= 0:
-            self.finish_reason = "length"
-
-    def completion(self) -> Completion:
-        return Completion(
-            request_id=self.request.id, prompt=np.asarray(self.request.prompt, np.int32),
-            tokens=np.asarray(self.tokens, np.int32), sampled=np.asarray(self.sampled, bool),
-            logprobs=np.asarray(self.logprobs, np.float32), policy_logprobs=np.asarray(self.policy_logprobs, np.float32),
-            versions=np.asarray(self.versions, np.int32), finish_reason=self.finish_reason)
-
-
-def _token_list(tokens) -> list[int]:
-    """A prompt (any sequence or array of token ids) as a flat list of Python ints."""
-    return [int(t) for t in np.asarray(tokens).reshape(-1)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The engine
-
-
-def _prefix_key(sequence: _Sequence, block_size: int) -> tuple[int, tuple[int, ...]] | None:
-    """The blocks a sequence may share with others of its prompt (its `shared` positions), or None."""
-    return (sequence.shard, tuple(sequence.blocks[:sequence.shared // block_size])) if sequence.shared else None
-
-
-def plan_prefix_rows(rows: Sequence[_Sequence | None], share: int, block_size: int) -> list[tuple[list[_Sequence], bool]]:
-    """`len(rows) // share` groups of at most `share` of the running `rows` (None: an empty slot), each with
-    whether its members share a prompt's blocks (read once for them) or each read their own.
-
-    Every running row is in one group. The prompts with the most running samples are given groups first
-    (one group per `share` samples), as long as the rows left over still fit the groups that remain, `share`
-    to a group; the other rows fill those.
-    """
-    capacity = len(rows) // share
-    groups: dict[Any, list[_Sequence]] = {}
-    for sequence in rows:
-        if sequence is not None:
-            groups.setdefault(_prefix_key(sequence, block_size), []).append(sequence)
-    singles = groups.pop(None, [])
-    candidates = sorted(groups.values(), key=len, reverse=True)
-    unshared = len(singles) + sum(map(len, candidates))  # rows without a shared group, before any is given one
-    used, plan, own = 0, [], list(singles)
-    for members in candidates:
-        need = -(-len(members) // share)
-        if len(members) >= 2 and used + need + -(-(unshared - len(members)) // share) <= capacity:
-            plan += [(members[i:i + share], True) for i in range(0, len(members), share)]
-            used, unshared = used + need, unshared - len(members)
-        else:
-            own += members
-    plan += [(own[i:i + share], False) for i in range(0, len(own), share)]
-    return plan + [([], False)] * (capacity - len(plan))
 
 
 class Engine:
@@ -259,8 +119,8 @@ class Engine:
         self.key = jax.random.key(0) if key is None else key
         self._keyed = key is not None
         self.version = 0
-        self._slots: list[_Sequence | None] = [None] * self.num_slots
-        self._sequences: dict[int, _Sequence] = {}
+        self._slots: list[LiveSequence | None] = [None] * self.num_slots
+        self._sequences: dict[int, LiveSequence] = {}
         self._share = 1  # rows a decode chunk's shared prefix serves (`_chunk_rows`)
         # The full blocks of live prompts: (shard, the tokens of a prompt's first k blocks) -> its k-th block,
         # and back, so a prompt admitted later shares them (`_cached_blocks`) until they are freed.
@@ -337,7 +197,7 @@ class Engine:
     def _check_request(self, request: Request) -> list[int]:
         if not isinstance(request, Request):
             raise TypeError(f"expected a Request, got {type(request).__name__}")
-        prompt = _token_list(request.prompt)
+        prompt = token_list(request.prompt)
         budget = request.max_new_tokens
         if not prompt:
             raise ValueError(f"request {request.id}: the prompt is empty; every prompt needs at least one token")
@@ -364,14 +224,14 @@ class Engine:
             raise ValueError(f"request id {request.id} is already in flight; ids must be unique among live sequences")
         return prompt
 
-    def _tables(self, sequences: Sequence[_Sequence | None]) -> np.ndarray:
+    def _tables(self, sequences: Sequence[LiveSequence | None]) -> np.ndarray:
         tables = np.full((len(sequences), self.max_blocks), NULL_BLOCK, np.int32)
         for row, sequence in enumerate(sequences):
             if sequence is not None:
                 tables[row, :len(sequence.blocks)] = sequence.blocks
         return tables
 
-    def _grow(self, sequence: _Sequence, positions: int) -> None:
+    def _grow(self, sequence: LiveSequence, positions: int) -> None:
         """Give `sequence` blocks for its first `positions` positions."""
         missing = blocks_for(positions, self.block_size) - len(sequence.blocks)
         if missing > 0:
@@ -416,7 +276,7 @@ class Engine:
 
     def can_admit(self, request: Request) -> bool:
         """Whether a slot and the blocks `request` may need are free now."""
-        return self._place([request], [_token_list(request.prompt)]) is not None
+        return self._place([request], [token_list(request.prompt)]) is not None
 
     def prefill(self, requests: Sequence[Request]) -> list[int]:
         """Admit `requests` into free slots now and sample each one's first token; returns their ids.
@@ -437,14 +297,14 @@ class Engine:
         per_shard = bucket_length(max(collections.Counter(shard for shard, _ in groups).values()), 1)
         # The prompt's leading full blocks that live sequences hold already are shared, not run again.
         hits = {group: self._cached_blocks(*group) for group in groups}
-        rows: list[_Sequence | None] = [None] * (self.num_shards * per_shard)
+        rows: list[LiveSequence | None] = [None] * (self.num_shards * per_shard)
         row_of = {}
         for shard, prompt in groups:
             row = row_of[shard, prompt] = shard * per_shard + sum(1 for d, _ in row_of if d == shard)
             first = requests[groups[shard, prompt][0]]
             blocks = self.allocators[shard].share(hits[shard, prompt])
             blocks += self.allocators[shard].allocate(blocks_for(len(prompt), self.block_size) - len(blocks))
-            rows[row] = _Sequence(first, -1, blocks, 0, -1, first.max_new_tokens, shard)
+            rows[row] = LiveSequence(first, -1, blocks, 0, -1, first.max_new_tokens, shard)
         cached = np.zeros(len(rows), np.int32)  # positions each row finds in the cache
         tails = {group: group[1][len(hits[group]) * self.block_size:] for group in groups}
         tokens = np.zeros((len(rows), bucket_length(max(map(len, tails.values())))), np.int32)
@@ -479,7 +339,7 @@ class Engine:
                     copies[shard].append((prefilled.blocks[full], copy))
                     blocks = blocks + [copy]
                 slot = free[shard].pop(0)
-                sequence = _Sequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens, shard,
+                sequence = LiveSequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens, shard,
                                      shared=self._shareable(prompt) * self.block_size)
                 sequence.record(new_tokens[i], logprobs[i], policy_logprobs[i], self.version,
                                 set(requests[i].stop_tokens))
@@ -540,7 +400,7 @@ class Engine:
                            f"release has not returned")
         if sequence.running:
             raise ValueError(f"sequence {sequence_id} is still running; decode until it stops, then extend it")
-        tokens = _token_list(tokens)
+        tokens = token_list(tokens)
         if tokens and (min(tokens) < 0 or max(tokens) >= self.config.vocab_size):
             raise ValueError(f"extend({sequence_id}): token ids outside [0, {self.config.vocab_size})")
         if not is_int_in(max_new_tokens, 1):
@@ -595,14 +455,14 @@ class Engine:
 
     # -- continuous batching -----------------------------------------------------------------------
 
-    def _chunk_rows(self, running: list[_Sequence | None]) -> tuple[list[_Sequence | None], SharedPrefixes | None, int]:
+    def _chunk_rows(self, running: list[LiveSequence | None]) -> tuple[list[LiveSequence | None], SharedPrefixes | None, int]:
         """The decode chunk's rows, its shared prefixes and their width (`_decode`'s `prefixes`, `prefix_width`).
 
         Where the samples of a prompt still run together, the rows are reordered (within each data shard) so
         that they sit in consecutive groups of `share` rows reading the prompt's blocks once (`plan_prefix_rows`);
         otherwise (or when the model slides a window, whose distances need all of a row's positions in one
         view) the rows stay in slot order with no prefixes."""
-        groups = collections.Counter(_prefix_key(s, self.block_size) for s in running if s is not None)
+        groups = collections.Counter(prefix_key(s, self.block_size) for s in running if s is not None)
         largest = max((n for key, n in groups.items() if key is not None), default=1)
         if largest < 2 or self.config.sliding_window:
             return running, None, 0
@@ -692,7 +552,7 @@ class Engine:
 
     def _blocks_needed(self, requests: Iterable[Request]) -> int:
         """Blocks `requests` may claim over their lives (prompt and whole budget; prefix sharing not counted)."""
-        return sum(self._worst_case_blocks(len(_token_list(r.prompt)), r.max_new_tokens) for r in requests)
+        return sum(self._worst_case_blocks(len(token_list(r.prompt)), r.max_new_tokens) for r in requests)
 
     def _head_that_fits(self, requests: Sequence[Request], prompts: dict[int, list[int]]) -> int:
         """The most leading `requests` that free slots and unclaimed blocks hold now (`prompts`: their tokens by id).
@@ -705,40 +565,3 @@ class Engine:
             middle = (low + high + 1) // 2
             low, high = (middle, high) if fits(middle) else (low, middle - 1)
         return low
-
-
-def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
-                    sampling: SamplingParams, key: jax.Array | None = None, stop_tokens: Sequence[int] = (),
-                    prompt_ids: Sequence[int] | None = None, pad_id: int = 0) -> Generation:
-    """`num_samples` completions of each prompt through `engine`, as `sampler.generate` returns them.
-
-    Sample g of prompt b is request `prompt_ids[b] * G + g` (default ids 0..B-1) with its draws counted from the
-    completion's start: they depend on that id and the token's index in the completion only, and are
-    `sampler.generate`'s (`row_keys`, `step_keys`), so both sample the same tokens wherever the logits agree.
-    Rows are prompt-major and padded as `sampler.Generation` says (prompts left-padded to their bucket,
-    completions right-padded with `pad_id` to `max_new_tokens`); `logprobs` are the behaviour log-probs,
-    `policy_logprobs` the untruncated ones.
-    """
-    prompts = [_token_list(p) for p in prompts]
-    g, n = int(num_samples), int(max_new_tokens)
-    ids = np.arange(len(prompts)) if prompt_ids is None else np.asarray(prompt_ids, np.int64).reshape(-1)
-    if len(ids) != len(prompts):
-        raise ValueError(f"prompt_ids has {len(ids)} entries but there are {len(prompts)} prompts")
-    requests = [Request(id=int(i) * g + j, prompt=p, max_new_tokens=n, sampling=sampling, stop_tokens=tuple(stop_tokens),
-                        draw_origin=len(p)) for i, p in zip(ids, prompts) for j in range(g)]
-    completions = engine.generate(requests, key=key)
-    rows = len(completions)
-    tokens = np.full((rows, n), pad_id, np.int32)
-    mask = np.zeros((rows, n), bool)
-    logprobs, policy_logprobs = np.zeros((2, rows, n), np.float32)
-    for row, c in enumerate(completions):
-        k = len(c.tokens)
-        tokens[row, :k], mask[row, :k] = c.tokens, True
-        logprobs[row, :k], policy_logprobs[row, :k] = c.logprobs, c.policy_logprobs
-    prompt_tokens, prompt_mask = left_pad(prompts, bucket_length(max(map(len, prompts))), pad_id)
-    return Generation(
-        prompt_tokens=np.repeat(prompt_tokens, g, axis=0), prompt_mask=np.repeat(prompt_mask, g, axis=0),
-        completion_tokens=tokens, completion_mask=mask, logprobs=logprobs, policy_logprobs=policy_logprobs,
-        finish_reason=np.array([FINISH_STOP if c.finish_reason == "stop" else FINISH_LENGTH for c in completions],
-                               np.int32),
-        prompt_index=np.repeat(np.arange(len(prompts), dtype=np.int32), g))

@@ -31,9 +31,10 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from jaxgrpo.engine.engine import Completion, Engine, Request
+from jaxgrpo.engine.engine import Engine
+from jaxgrpo.engine.sequences import Completion, Request
 from jaxgrpo.envs import Environment, Message, Step
-from jaxgrpo.sampler import SamplingParams
+from jaxgrpo.sampler.distribution import SamplingParams
 
 _MARK = "\x00jaxgrpo-content\x00"  # stands for a message's content while rendering a template's framing
 

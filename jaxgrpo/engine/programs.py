@@ -23,7 +23,7 @@ from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.engine.paged import PagedKVCache
 from jaxgrpo.models import backend as backends
-from jaxgrpo.sampler import SamplingParams, sample_tokens
+from jaxgrpo.sampler.distribution import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
 
