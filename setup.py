@@ -73,13 +73,13 @@ setup(
     extras_require={"test": TEST + PARITY + PEERS + PEFT + TPU, "parity": PARITY, "bench": BENCH, "tpu": TPU, "gpu": GPU},
     entry_points={
         "console_scripts": [
-            "jaxgrpo-train=jaxgrpo.cli:train_main",
-            "jaxgrpo-compile=jaxgrpo.cli:compile_main",
-            "jaxgrpo-plot=jaxgrpo.cli:plot_main",
-            "jaxgrpo-kernels=jaxgrpo.cli:kernels_main",
-            "jaxgrpo-export=jaxgrpo.cli:export_main",
-            "jaxgrpo-eval=jaxgrpo.cli:eval_main",
-            "jaxgrpo-study=jaxgrpo.cli:study_main",
+            "jaxgrpo-train=jaxgrpo.tools.cli:train_main",
+            "jaxgrpo-compile=jaxgrpo.tools.cli:compile_main",
+            "jaxgrpo-plot=jaxgrpo.tools.cli:plot_main",
+            "jaxgrpo-kernels=jaxgrpo.tools.cli:kernels_main",
+            "jaxgrpo-export=jaxgrpo.tools.cli:export_main",
+            "jaxgrpo-eval=jaxgrpo.tools.cli:eval_main",
+            "jaxgrpo-study=jaxgrpo.tools.cli:study_main",
         ]
     },
 )

@@ -11,7 +11,7 @@ float32 and bfloat16:
 * the sampler's prefill and decode loop (`jaxgrpo.sampler`, as `generate` runs them on one CPU device:
   no mesh), with one sample per prompt and with four sharing each prompt's cache;
 * one decoder decode step called directly (a run-time cache index), without and with a shared prefix;
-* the trainer's log-prob forward and update step on a one-device CPU mesh (`jaxgrpo.compile.lower_forward`
+* the trainer's log-prob forward and update step on a one-device CPU mesh (`jaxgrpo.tools.compile.lower_forward`
   and `lower_update`, which build them as the trainer does).
 
     python benchmarks/cpu_programs.py                   # this tree's hashes
@@ -93,7 +93,8 @@ def _decode_step(decoder, with_prefix: bool):
 
 def programs() -> dict[str, str]:
     """{program name: its StableHLO text without debug information}."""
-    from jaxgrpo import compile as aot, train
+    from jaxgrpo import train
+    from jaxgrpo.tools import compile as aot
     from jaxgrpo.models import Decoder
 
     texts = {}

@@ -6,7 +6,7 @@ in the machine's load falls on both sides alike. Each run is a fresh process wit
 its tree. The experiment file comes from the new tree, so both sides run the same config; each side runs
 its own benchmarks/sampler.py (its imports follow its tree; check that the throughput code is the same).
 
-* `--job quickstart`: `python -m jaxgrpo.cli EXPERIMENT` with its own run directory; each run's wall
+* `--job quickstart`: `python -m jaxgrpo.tools.cli EXPERIMENT` with its own run directory; each run's wall
   time and its held-out greedy accuracy before and after training (from `eval.jsonl`).
 * `--job sampler`: `benchmarks/sampler.py --only throughput --dtype DTYPE`; each run's median
   generated tokens/s and its ratio to transformers' `generate` (alternating inside the run).
@@ -62,7 +62,7 @@ def _sampler(tree: pathlib.Path, script: pathlib.Path, dtype: str, repeats: int)
 
 def _run(tree: pathlib.Path, experiment: pathlib.Path, run_dir: pathlib.Path, sets: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "jaxgrpo.cli", str(experiment), "--set", f"run_dir={run_dir}", *sets]
+    cmd = [sys.executable, "-m", "jaxgrpo.tools.cli", str(experiment), "--set", f"run_dir={run_dir}", *sets]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start

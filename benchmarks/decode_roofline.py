@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxgrpo import compile as aot  # noqa: E402
+from jaxgrpo.tools import compile as aot  # noqa: E402
 from jaxgrpo.models import architectures  # noqa: E402
 from jaxgrpo.models.attention.pallas_decode import default_block_size, live_blocks  # noqa: E402
 

@@ -465,7 +465,7 @@ def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str,
 def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
     """The compile report's roofline of one update call (`compile.count_products` at the measured peak and
     bandwidth), times the calls a step makes."""
-    from jaxgrpo import compile as compile_lib
+    from jaxgrpo.tools import compile as compile_lib
 
     abstract = compile_lib.abstract_train_state(cfg, mesh)
     _, tokens, jaxpr = compile_lib.lower_update(cfg, mesh, abstract)

@@ -41,7 +41,7 @@ def long_tailed_requests(count: int, budget: int, vocab: int, seed: int = 0) -> 
 
 def load(name: str):
     if name == "toy":
-        from jaxgrpo.toy import tiny_model
+        from jaxgrpo.data.toy import tiny_model
 
         model, _ = tiny_model(0)
         return model

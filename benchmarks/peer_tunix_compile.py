@@ -36,7 +36,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from jaxgrpo import compile as aot  # noqa: E402
+from jaxgrpo.tools import compile as aot  # noqa: E402
 
 
 def main(argv=None) -> int:

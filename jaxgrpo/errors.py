@@ -2,15 +2,15 @@
 
 Every mistake in what a user gives (an experiment file, `--set` values, names of a model, task or
 reward, a data directory, a run directory, a study) raises an exception of this family, whose message is
-one line naming the problem and the fix. `jaxgrpo.cli` prints it as `jaxgrpo-<tool>: error: <message>` and
+one line naming the problem and the fix. `jaxgrpo.tools.cli` prints it as `jaxgrpo-<tool>: error: <message>` and
 exits with status 1 (2 for a bad command line or config, found before anything is built); an exception of
 any other type is a bug and keeps its traceback.
 
 The family is `UserError`: its subclasses below, and the one-line errors other modules define for their own
-inputs, each a `UserError` too (`jaxgrpo.config.ExperimentError`, `jaxgrpo.rundir.RunDirectoryError`,
-`jaxgrpo.checkpoint.CheckpointError`, `jaxgrpo.train.health.NoLearningSignal` and `NonFiniteUpdates`,
-`jaxgrpo.runs.RunReadError`, `jaxgrpo.export.ExportError`, `jaxgrpo.policy_eval.EvalSetupError`,
-`jaxgrpo.study.StudyError`, and the model loader's `UnsupportedConfigError` and `WeightFileError`), so this
+inputs, each a `UserError` too (`jaxgrpo.config.ExperimentError`, `jaxgrpo.run.rundir.RunDirectoryError`,
+`jaxgrpo.run.checkpoint.CheckpointError`, `jaxgrpo.train.health.NoLearningSignal` and `NonFiniteUpdates`,
+`jaxgrpo.evaluation.runs.RunReadError`, `jaxgrpo.tools.export.ExportError`, `jaxgrpo.evaluation.policy_eval.EvalSetupError`,
+`jaxgrpo.evaluation.study.StudyError`, and the model loader's `UnsupportedConfigError` and `WeightFileError`), so this
 module, at the bottom of the package, imports none of them. An `OSError` naming a file (a disk full, a
 directory not writable, a path that does not exist) is the user's too: `os_error_message` says which.
 """

@@ -9,7 +9,7 @@ only in eps_high. The claim holds here if clip-higher's training entropy stays a
 by seed) at no loss of held-out pass@1.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

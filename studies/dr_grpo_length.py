@@ -11,7 +11,7 @@ on all of them. It holds here if Dr. GRPO's final mean completion length is belo
 no loss of held-out pass@1.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

@@ -9,7 +9,7 @@ held-out pass@1 than GRPO (the drops paired by seed). A dense 2-layer model has 
 sequence-ratio part of the claim.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

@@ -13,7 +13,7 @@ resolve it.
 A cell is 10 steps of 4 prompts x 4 episodes (~80 s a step on a 2-core CPU) and two evaluations.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

@@ -6,7 +6,7 @@ sample (left out of the loss). The claim holds here if MC-GRPO's G=2 minus G=8 g
 smaller than GRPO's and within 0.01.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 MC = {"advantage": "mc_grpo", "loss_mask": "mc_grpo_pivot_mask"}
 

@@ -10,7 +10,7 @@ NGRPO's held-out pass@1 ends above GRPO's (paired by seed). At the toy's 60 step
 here, so the grid adds a run 5x as long.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

@@ -11,7 +11,7 @@ A cell is the main job as the README runs it (30 steps of 8 prompts x 8 samples,
 after): about 30 CPU minutes on a 2-core EPYC, so the six cells take a few hours; the runner resumes.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

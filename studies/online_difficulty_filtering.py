@@ -6,7 +6,7 @@ Plain GRPO against GRPO that drops all-right / all-wrong groups and samples more
 3 rounds), on the toy sum. The time claim is read from the curves of the training accuracy.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

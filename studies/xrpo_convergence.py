@@ -5,7 +5,7 @@ Only XRPO's advantage sharpening is implemented (the rollout allocator needs the
 against XRPO's, on the toy sum. Convergence is read from the curves.
 """
 
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study() -> Study:

@@ -30,14 +30,14 @@ import jax  # noqa: F401  (imported, not started: the children start their own b
 import matplotlib
 import tensorboardX  # noqa: F401  (imports torch: seconds each run would otherwise spend)
 
-import jaxgrpo.checkpoint
-import jaxgrpo.cli
-import jaxgrpo.metrics
+import jaxgrpo.run.checkpoint
+import jaxgrpo.tools.cli
+import jaxgrpo.run.metrics
 import jaxgrpo.sampler
-import jaxgrpo.toy  # noqa: F401
+import jaxgrpo.data.toy  # noqa: F401
 import jaxgrpo.train.loop
 
-matplotlib.use("Agg")  # as jaxgrpo.metrics.plot_run sets it
+matplotlib.use("Agg")  # as jaxgrpo.run.metrics.plot_run sets it
 import matplotlib.pyplot  # noqa: E402,F401
 
 #: Seconds over which a kill inside a call is spread (about the call's length in these runs).
@@ -68,7 +68,7 @@ def _kill_inside(owner, name: str, call: int, delay_s: float) -> None:
 
 def _tear_line(call: int, point: float) -> None:
     """The `call`-th metrics line is cut at `point` of its bytes, as a crash during its write would leave it."""
-    original = jaxgrpo.metrics.MetricsWriter._append
+    original = jaxgrpo.run.metrics.MetricsWriter._append
     calls = [0]
 
     def append(path, line):
@@ -78,7 +78,7 @@ def _tear_line(call: int, point: float) -> None:
         original(path, line[: int(point * len(line))])
         _die()
 
-    jaxgrpo.metrics.MetricsWriter._append = staticmethod(append)
+    jaxgrpo.run.metrics.MetricsWriter._append = staticmethod(append)
 
 
 def _child(argv: list[str], kill: dict | None) -> int:
@@ -91,12 +91,12 @@ def _child(argv: list[str], kill: dict | None) -> int:
         elif site == "track":
             _kill_inside(jaxgrpo.train.loop.Trainer, "track", call, point * SPAN_S[site])
         elif site == "save":
-            _kill_inside(jaxgrpo.checkpoint.Checkpointer, "save", call, point * SPAN_S[site])
+            _kill_inside(jaxgrpo.run.checkpoint.Checkpointer, "save", call, point * SPAN_S[site])
         elif site == "metrics":
             _tear_line(call, point)
         else:
             raise ValueError(f"unknown kill site {site!r}")
-    return jaxgrpo.cli.train_main(argv)
+    return jaxgrpo.tools.cli.train_main(argv)
 
 
 def main(plan_path: str, results_path: str) -> None:

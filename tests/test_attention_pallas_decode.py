@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo import compile as aot
+from jaxgrpo.tools import compile as aot
 from jaxgrpo.models import Decoder, KVCache, architectures
 from jaxgrpo.models.attention import pallas_decode, pallas_tpu
 from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, live_blocks,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo.checkpoint import CHECKSUMS, CheckpointDamaged, Checkpointer, array_checksums
+from jaxgrpo.run.checkpoint import CHECKSUMS, CheckpointDamaged, Checkpointer, array_checksums
 
 
 def checksum(x):
@@ -72,7 +72,7 @@ def test_a_checkpoint_saved_before_checksums_restores_unverified_saying_so_once(
     tree = tiny_checkpoint(directory)
     shutil.rmtree(os.path.join(directory, "1", CHECKSUMS))  # as a jaxgrpo before checksums saved it
     checkpointer = Checkpointer(directory)
-    with caplog.at_level(logging.WARNING, logger="jaxgrpo.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="jaxgrpo.run.checkpoint"):
         for _ in range(2):
             state, meta = checkpointer.restore(1, tree)
             jax.tree.map(np.testing.assert_array_equal, tree, state)

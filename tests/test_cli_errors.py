@@ -24,7 +24,7 @@ from typing import Callable
 
 import pytest
 
-from jaxgrpo import cli
+from jaxgrpo.tools import cli
 from jaxgrpo.config import apply_overrides, load_experiment, to_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,7 @@ class Files:
 
     def study(self, body: str = "", *, experiment: str = TOY, grid: str = "{}") -> str:
         return self.write("tiny_study.py", f"""
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study():
@@ -324,7 +324,7 @@ def test_a_user_error_is_one_line_naming_the_problem_with_no_traceback(name, tmp
 
 
 def test_a_run_directory_in_use_is_one_line_and_stays_the_holders(tmp_path, capsys):
-    from jaxgrpo.rundir import RunDirectory
+    from jaxgrpo.run.rundir import RunDirectory
 
     run_dir = str(tmp_path / "run")
     with RunDirectory.open(run_dir, {}, resume=True):  # another run holds it
@@ -354,10 +354,10 @@ def _child_env():
 
 
 def test_an_error_after_the_model_is_built_is_one_line_from_the_program(tmp_path):
-    """As a user runs it (`python -m jaxgrpo.cli`): a kernel reading a field the task lacks is found once the
+    """As a user runs it (`python -m jaxgrpo.tools.cli`): a kernel reading a field the task lacks is found once the
     trainer has the task's examples; stderr holds that one line and nothing else."""
     run_dir = str(tmp_path / "run")
-    proc = subprocess.run([sys.executable, "-m", "jaxgrpo.cli", TOY, "--run-dir", run_dir, "--set", *SMALL,
+    proc = subprocess.run([sys.executable, "-m", "jaxgrpo.tools.cli", TOY, "--run-dir", run_dir, "--set", *SMALL,
                            "advantage=stratified_grpo", "advantage_kwargs.num_strata=2"],
                           capture_output=True, text=True, env=_child_env(), cwd=str(tmp_path), timeout=300)
     assert proc.returncode == 1, proc.stderr
@@ -383,7 +383,7 @@ def marked(backend, module, *args, **kwargs):
 
 
 compiler.backend_compile_and_load = marked
-from jaxgrpo import cli
+from jaxgrpo.tools import cli
 
 sys.argv = ["jaxgrpo-train", *argv]
 sys.exit(cli.train_main())
@@ -421,7 +421,7 @@ def test_a_completion_budget_past_the_models_context_window_is_refused_before_an
     anything is compiled; within the window it builds."""
     from flax import nnx
 
-    from jaxgrpo import toy
+    from jaxgrpo.data import toy
     from jaxgrpo.models import Decoder
     from jaxgrpo.train import Trainer
 
@@ -448,7 +448,7 @@ def test_an_error_inside_the_run_is_one_line_and_releases_the_run_directory(tmp_
     is not): one line, exit 1, no traceback, and the lock released for the next run."""
     from flax import nnx
 
-    from jaxgrpo import toy
+    from jaxgrpo.data import toy
     from jaxgrpo.models import Decoder
     from jaxgrpo.train import state
 

@@ -11,8 +11,8 @@ import jax
 import pytest
 from flax import nnx
 
-from jaxgrpo import cli
-from jaxgrpo import compile as aot
+from jaxgrpo.tools import cli
+from jaxgrpo.tools import compile as aot
 from jaxgrpo import train
 from jaxgrpo.config import apply_overrides, load_experiment
 

@@ -2,7 +2,7 @@
 fit the device is one line naming it, what it needs and what to change.
 
 * `count_products`'s memory-bound work: golden byte counts of element-wise results, in-place updates and scans;
-* `jaxgrpo.calibration`: the committed H200 rows' factors, device-check results read (and their absence, or
+* `jaxgrpo.tools.calibration`: the committed H200 rows' factors, device-check results read (and their absence, or
   damage, tolerated), the nearest row chosen by chip, platform and layout, the note a TPU report prints;
 * the printed report and the documentation never call an estimate plain "MFU";
 * XLA's RESOURCE_EXHAUSTED (messages as XLA writes them on a GPU, a CPU and a TPU) from the update, the sampler
@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxgrpo import calibration, cli
-from jaxgrpo import compile as aot
+from jaxgrpo.tools import calibration, cli
+from jaxgrpo.tools import compile as aot
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import OutOfDeviceMemory, requested_bytes
 from jaxgrpo.train import device_memory

@@ -72,7 +72,7 @@ def test_experiment_without_entry_point(tmp_path):
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "jaxgrpo.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "jaxgrpo.tools.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_cli_errors_are_one_line(tmp_path):
@@ -333,7 +333,7 @@ CLI_CASES = {
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_rejects_mistakes_in_one_line_before_building_anything(case, tmp_path, monkeypatch, capsys):
     import jaxgrpo.train.loop
-    from jaxgrpo.cli import train_main
+    from jaxgrpo.tools.cli import train_main
 
     def no_trainer(*args, **kwargs):
         raise AssertionError("the Trainer was built for a config that should have been rejected")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxgrpo import evaluate as evaluation
+from jaxgrpo.data import evaluate as evaluation
 
 
 @pytest.mark.parametrize(

@@ -125,7 +125,7 @@ def test_a_checkpoint_written_before_kernel_state_existed_still_restores(tmp_pat
 
     import jax.numpy as jnp
 
-    from jaxgrpo.checkpoint import Checkpointer
+    from jaxgrpo.run.checkpoint import Checkpointer
     from jaxgrpo.train.state import LoopState, TrainState, checkpoint_tree, state_of
 
     class EarlierTrainState(NamedTuple):  # jaxgrpo's TrainState before it held kernel state

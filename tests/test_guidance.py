@@ -10,7 +10,7 @@ import pytest
 
 from jaxgrpo.config import ConfigError, apply_overrides, load_experiment, validate
 from jaxgrpo.data import arithmetic
-from jaxgrpo.toy import ToySumTask
+from jaxgrpo.data.toy import ToySumTask
 from jaxgrpo.train import Trainer, guidance
 from jaxgrpo.train.rollout import Trajectories
 from tests import experiment_metrics

@@ -20,17 +20,15 @@ LAYERS = [
                                      "jaxgrpo.profiling"]),
     ("kernels (the package root re-exports them)", ["jaxgrpo.kernels", "jaxgrpo"]),
     ("models, rewards, environments", ["jaxgrpo.models", "jaxgrpo.rewards", "jaxgrpo.envs"]),
-    ("tasks and their data, the sampler and the rollout engine", ["jaxgrpo.data", "jaxgrpo.toy", "jaxgrpo.evaluate",
-                                                                  "jaxgrpo.sampler", "jaxgrpo.engine"]),
+    ("tasks and their data, the sampler and the rollout engine", ["jaxgrpo.data", "jaxgrpo.sampler", "jaxgrpo.engine"]),
     ("the method's stages: which kernel each config field selects, the fields they read",
      ["jaxgrpo.train.stages", "jaxgrpo.train.inputs", "jaxgrpo.train.trackers"]),
-    ("the config (it asks the stages to check the kernels it names)", ["jaxgrpo.config", "jaxgrpo.recipes"]),
-    ("run machinery: run directories, checkpoints, metrics", ["jaxgrpo.rundir", "jaxgrpo.checkpoint",
-                                                              "jaxgrpo.metrics"]),
+    ("the config (it asks the stages to check the kernels it names)", ["jaxgrpo.config"]),
+    ("run machinery: run directories, checkpoints, metrics", ["jaxgrpo.run"]),
     ("training", ["jaxgrpo.train"]),
-    ("tools: run reading, export, evaluation, studies, compile reports, the kernel catalog, the command line",
-     ["jaxgrpo.runs", "jaxgrpo.export", "jaxgrpo.policy_eval", "jaxgrpo.study", "jaxgrpo.compile",
-      "jaxgrpo.calibration", "jaxgrpo.catalog", "jaxgrpo.cli"]),
+    ("evaluation and studies, the kernel catalog, the tools: run reading, checkpoint evaluation, studies, the "
+     "catalog's generators, the command line, compile reports and their calibration, export",
+     ["jaxgrpo.evaluation", "jaxgrpo.catalog", "jaxgrpo.tools"]),
 ]
 
 

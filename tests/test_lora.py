@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgrpo import toy
+from jaxgrpo.data import toy
 from jaxgrpo.config import LORA_TARGETS, apply_overrides, load_experiment
-from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.models import Decoder, lora
 from jaxgrpo.models.config import PROJECTIONS
 from jaxgrpo.train import Trainer
@@ -232,7 +232,7 @@ def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as
     """`jaxgrpo-compile` of a LoRA run (the sampler's decode loop and the update): the trained parameters are the
     adapters, the report names the settings, and the update's inputs hold the read-only base (its weights are
     program arguments, not constants folded in)."""
-    from jaxgrpo import compile as aot
+    from jaxgrpo.tools import compile as aot
     from jaxgrpo import train
 
     cfg = load_experiment(TOY)
@@ -289,7 +289,7 @@ WIDE_LLAMA = dict(family="llama", hidden_size=256, intermediate_size=512, num_la
 def hf_lora_run(tmp_path_factory):
     """A random Llama saved as a Hugging Face directory (the base), and a 3-step LoRA run on it with a checkpoint
     each step: (run directory, base directory, the trained `Trainer`)."""
-    from jaxgrpo import export
+    from jaxgrpo.tools import export
     from jaxgrpo.models import DecoderConfig
 
     root = tmp_path_factory.mktemp("hf_lora")
@@ -305,7 +305,7 @@ def hf_lora_run(tmp_path_factory):
 
 def _array_bytes(step) -> int:
     """Bytes of the arrays a checkpoint step holds, from its checksum manifest (shapes and dtypes)."""
-    from jaxgrpo.checkpoint import CHECKSUMS
+    from jaxgrpo.run.checkpoint import CHECKSUMS
 
     with open(os.path.join(step, CHECKSUMS, "metadata")) as f:
         arrays = json.load(f)["arrays"]
@@ -320,8 +320,8 @@ def test_a_lora_checkpoint_holds_only_the_adapters(hf_lora_run, tmp_path, capsys
     """The checkpoint holds the adapters and their Adam moments, each with its checksum, and nothing of the base:
     its arrays are under a tenth of a full fine-tune's checkpoint's of the same model (the adapters are 2.8% of its
     weights), written the same way. That full fine-tune has no adapters to export: --peft is one line, exit 2."""
-    from jaxgrpo import cli
-    from jaxgrpo.checkpoint import CHECKSUMS
+    from jaxgrpo.tools import cli
+    from jaxgrpo.run.checkpoint import CHECKSUMS
 
     run_dir, base_dir, trainer = hf_lora_run
     weights = nnx.state(trainer.policy.decoder, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
@@ -365,7 +365,7 @@ def test_peft_export_loaded_with_peft_gives_our_logits(hf_lora_run, tmp_path, ca
 
     import peft  # pinned in setup.py's test extras
 
-    from jaxgrpo import cli
+    from jaxgrpo.tools import cli
 
     run_dir, base_dir, trainer = hf_lora_run
     assert cli.export_main([str(run_dir), "--peft", "--out", str(tmp_path / "adapters")]) == 0
@@ -399,7 +399,7 @@ def test_a_qlora_models_exports_give_its_logits(quantize_base, tmp_path):
     import torch
     import transformers
 
-    from jaxgrpo import export
+    from jaxgrpo.tools import export
     from jaxgrpo.models import DecoderConfig
 
     tokenizer = toy.CharTokenizer()
@@ -452,7 +452,7 @@ def test_validate_rejects_bad_lora_settings_in_one_line(override):
 def test_jaxgrpo_train_rejects_bad_lora_settings_in_one_line(override, tmp_path, monkeypatch, capsys):
     """From the command line: `jaxgrpo-train: error: ...`, exit 2, no trainer built and no run directory."""
     import jaxgrpo.train.loop
-    from jaxgrpo.cli import train_main
+    from jaxgrpo.tools.cli import train_main
 
     def no_trainer(*args, **kwargs):
         raise AssertionError("the Trainer was built for a config that should have been rejected")

@@ -191,7 +191,7 @@ def test_the_qwen3_experiment_validates():
 def test_qwen3_experiment_forward_compiles_for_a_v5e_8():
     """One real-size compile (the last test): Qwen3-0.6B's log-prob forward, FSDP over 8 v5e chips."""
     pytest.importorskip("libtpu")
-    from jaxgrpo import compile as aot
+    from jaxgrpo.tools import compile as aot
 
     cfg = load_experiment("experiments/qwen3_0_6b_grpo.py")
     apply_overrides(cfg, ["prompts_per_step=8", "group_size=2", "num_minibatches=1", "micro_batch_size=8",

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.run.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")

@@ -20,7 +20,7 @@ import pytest
 import jaxgrpo
 from jaxgrpo import kernels
 from jaxgrpo.catalog import docs, peers
-from jaxgrpo.cli import kernels_main
+from jaxgrpo.tools.cli import kernels_main
 from jaxgrpo.kernels.aggregation import AGGREGATION_MODES
 
 TOL = dict(rtol=1e-6, atol=1e-6)

@@ -6,7 +6,8 @@ import types
 import numpy as np
 import pytest
 
-from jaxgrpo import policy_eval, rewards
+from jaxgrpo import rewards
+from jaxgrpo.evaluation import policy_eval
 from jaxgrpo.config import Config
 from jaxgrpo.train import evaluation
 

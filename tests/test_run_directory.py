@@ -20,11 +20,11 @@ import pytest
 
 import jaxgrpo.rewards
 import jaxgrpo.train.loop
-from jaxgrpo.checkpoint import CheckpointError, Checkpointer
-from jaxgrpo.cli import plot_main, train_main
+from jaxgrpo.run.checkpoint import CheckpointError, Checkpointer
+from jaxgrpo.tools.cli import plot_main, train_main
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
-from jaxgrpo.metrics import MetricsWriter, read_jsonl
-from jaxgrpo.rundir import RunDirectory, RunDirectoryError
+from jaxgrpo.run.metrics import MetricsWriter, read_jsonl
+from jaxgrpo.run.rundir import RunDirectory, RunDirectoryError
 from jaxgrpo.train import NoLearningSignal, NonFiniteUpdates, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,7 +139,7 @@ def test_overwrite_deletes_only_a_run_directory_and_nothing_of_a_users(copy_of, 
 def test_export_refuses_a_non_empty_out_unless_overwrite_and_then_replaces_only_its_files(finished, tmp_path, capsys):
     """Before: a second export silently replaced the first's config.json and model.safetensors."""
     pytest.importorskip("transformers")
-    from jaxgrpo.cli import export_main
+    from jaxgrpo.tools.cli import export_main
 
     run_dir, _, _ = finished
     out = tmp_path / "hf"
@@ -163,7 +163,7 @@ def test_export_refuses_a_non_empty_out_unless_overwrite_and_then_replaces_only_
 
 _HOLDER = """
 import sys, time
-from jaxgrpo.rundir import RunDirectory
+from jaxgrpo.run.rundir import RunDirectory
 run_directory = RunDirectory.open(sys.argv[1], {}, resume=True)
 print("locked", flush=True)
 time.sleep(600)
@@ -267,7 +267,7 @@ def _flip_bytes(run_dir, step):
 def test_a_checkpoint_with_flipped_bytes_is_refused_by_resume_eval_and_export(copy_of, finished, caplog, capsys):
     """Before: the flipped bytes restored without a word; training went on from wrong numbers (NaN in the toy's
     case), jaxgrpo-eval reported the damaged policy's accuracy and jaxgrpo-export wrote its weights, all exit 0."""
-    from jaxgrpo.cli import eval_main, export_main
+    from jaxgrpo.tools.cli import eval_main, export_main
 
     _, _, final_params = finished
     run_dir, trainer = copy_of("resumed")
@@ -352,7 +352,7 @@ def test_a_full_disk_during_a_save_and_a_read_only_directory_are_one_line_errors
     assert steps_of(run_dir) == [1, 2]  # step 2 again from the surviving checkpoint 1
 
     # tensorstore reports a full disk as a ValueError naming the OS error code; that is a storage failure too.
-    from jaxgrpo.checkpoint import storage_failure
+    from jaxgrpo.run.checkpoint import storage_failure
 
     tensorstore_error = ValueError("RESOURCE_EXHAUSTED: Error writing local file \"x\": Failed to write 83 bytes to "
                                    "file 8: No space left on device [os_error_code='28']")

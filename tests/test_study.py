@@ -13,12 +13,14 @@ import time
 import jax
 import pytest
 
-from jaxgrpo import cli, intervals, study
+from jaxgrpo import intervals
+from jaxgrpo.evaluation import study
+from jaxgrpo.tools import cli
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 STUDY_FILE = """
-from jaxgrpo.study import Study
+from jaxgrpo.evaluation.study import Study
 
 
 def study():
@@ -72,7 +74,7 @@ def test_bad_grid_key_is_refused_before_anything_runs(tmp_path, capsys):
 
 def _runner_command(path, out, *extra):
     """`jaxgrpo-study PATH --out OUT` run from this checkout (the console script's function, no install needed)."""
-    return [sys.executable, "-c", "import sys; from jaxgrpo.cli import study_main; sys.exit(study_main())", path,
+    return [sys.executable, "-c", "import sys; from jaxgrpo.tools.cli import study_main; sys.exit(study_main())", path,
             "--out", out, *extra]
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from jaxgrpo import compile as aot
+from jaxgrpo.tools import compile as aot
 from jaxgrpo import train
 from jaxgrpo.config import load_experiment, validate
 

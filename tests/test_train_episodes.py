@@ -13,7 +13,7 @@ from jaxgrpo import kernels
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
 from jaxgrpo.envs.games import GuessNumber
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.models import Decoder, DecoderConfig, registry
 from jaxgrpo.models.tokenizer import load_tokenizer
 from jaxgrpo.train import Trainer, inputs, register_model_builder, stages
@@ -288,7 +288,7 @@ class ToyWithExpressions:
     name = "toy_with_expressions"
 
     def __init__(self):
-        from jaxgrpo.toy import ToySumTask
+        from jaxgrpo.data.toy import ToySumTask
 
         self.toy = ToySumTask()
 

@@ -81,7 +81,7 @@ def run_of(k) -> int:
 
 def task_with_ids():
     """The toy task whose examples carry a stratum and a bundle (stratified_grpo's and riskpo's ids)."""
-    from jaxgrpo.toy import ToySumTask
+    from jaxgrpo.data.toy import ToySumTask
 
     class TaskWithIds(ToySumTask):
         def load(self, split, **kwargs):

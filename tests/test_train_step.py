@@ -8,7 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxgrpo import toy
+from jaxgrpo.data import toy
 from jaxgrpo.config import Config, apply_overrides
 from jaxgrpo.train import state as state_lib, step as step_lib
 

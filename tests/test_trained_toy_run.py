@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from jaxgrpo import cli
+from jaxgrpo.tools import cli
 from jaxgrpo.config import load_experiment
-from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.train.loop import Trainer
 
 EXPERIMENT = os.path.join(os.path.dirname(__file__), "..", "experiments", "toy_sum.py")

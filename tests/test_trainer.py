@@ -13,7 +13,7 @@ import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.models import packing
 from jaxgrpo.train import Trainer
 from jaxgrpo.train.batch import group_lengths
@@ -130,7 +130,7 @@ def test_metrics_plots_evaluation_and_a_profile_are_written(tmp_path):
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert {"greedy_accuracy", "pass@1", "pass@4"} <= set(evals[-1])
     assert os.listdir(run / "tensorboard")
-    from jaxgrpo.cli import plot_main
+    from jaxgrpo.tools.cli import plot_main
 
     assert plot_main([str(run)]) == 0
     pngs = os.listdir(run / "plots")

@@ -1,6 +1,6 @@
 """GRPO on GSM8K with Qwen3-1.7B, full-parameter, in bfloat16, on a v5e-8 (8 chips of 16 GiB, one host).
 
-The step is every TPU recipe's (`jaxgrpo.recipes.gsm8k_grpo_tpu`): 16 prompts x 8 samples, 512 prompt + 1024 new
+The step is every TPU recipe's (`jaxgrpo.config.recipes.gsm8k_grpo_tpu`): 16 prompts x 8 samples, 512 prompt + 1024 new
 tokens, FSDP over every chip, rows unpacked.
 `jaxgrpo-compile experiments/tpu/qwen3_1_7b_gsm8k_v5e_8.py --topology v5e:2x4` shows what it takes per chip
 (docs/tpu.md); launch it with
@@ -9,7 +9,7 @@ The weights are read from `$JAXGRPO_MODELS/qwen3-1.7b` (see docs/models.md).
 """
 
 from jaxgrpo.config import Config
-from jaxgrpo.recipes import gsm8k_grpo_tpu
+from jaxgrpo.config.recipes import gsm8k_grpo_tpu
 
 #: The slice this recipe is sized for, as `jaxgrpo-compile --topology` names it.
 TOPOLOGY = "v5e:2x4"

@@ -1,6 +1,6 @@
 """GRPO on GSM8K with Qwen3-8B and LoRA, in bfloat16, on a v5e-8 (8 chips of 16 GiB, one host).
 
-The step is every TPU recipe's (`jaxgrpo.recipes.gsm8k_grpo_tpu`, the Qwen3-1.7B v5e-8 recipe's shapes): 16 prompts
+The step is every TPU recipe's (`jaxgrpo.config.recipes.gsm8k_grpo_tpu`, the Qwen3-1.7B v5e-8 recipe's shapes): 16 prompts
 x 8 samples, 512 prompt + 1024 new tokens, FSDP over every chip, rows unpacked. Rank-16 adapters on every projection
 train (44M parameters, their Adam moments in float32); the 8B base stays in bfloat16, read-only, and is the KL
 reference with the adapters off. The learning rate is 10x the full fine-tune's (LoRA's, "LoRA Without Regret",
@@ -14,7 +14,7 @@ The weights are read from `$JAXGRPO_MODELS/qwen3-8b` (see docs/models.md).
 """
 
 from jaxgrpo.config import Config, LoraConfig
-from jaxgrpo.recipes import gsm8k_grpo_tpu
+from jaxgrpo.config.recipes import gsm8k_grpo_tpu
 
 #: The slice this recipe is sized for, as `jaxgrpo-compile --topology` names it.
 TOPOLOGY = "v5e:2x4"

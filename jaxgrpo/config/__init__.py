@@ -18,7 +18,8 @@ not exist (``c.group_sise = 4``). `validate` checks every value before anything
 heavy is built.
 
 The package: `fields` (`Config` and its sections), `overrides` (`--set` and experiment files) and `validation`
-(`validate`); everything is importable from `jaxgrpo.config` itself.
+(`validate`); everything is importable from `jaxgrpo.config` itself. `recipes` holds configs several experiment
+files build on (`jaxgrpo.config.recipes.gsm8k_grpo_tpu`).
 """
 
 from jaxgrpo.config.fields import (

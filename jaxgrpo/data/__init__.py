@@ -12,6 +12,10 @@ Interface (see `jaxgrpo.data.tasks`)::
 
 Builders: `Gsm8k` (downloads the public jsonl files or reads a manual dir) and
 `Arithmetic` (procedural; configs like ``digits2_ops2``), both array_record.
+
+`evaluate`: accuracy and pass@k of sampled completions against a split (`python -m jaxgrpo.data.evaluate`).
+`toy`: a fully offline setup (a character tokenizer, the `toy_sum` task, a tiny random decoder), registered
+when imported.
 """
 
 from jaxgrpo.data.arithmetic import Arithmetic, ArithmeticConfig, arithmetic_config

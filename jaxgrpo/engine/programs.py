@@ -4,7 +4,7 @@
 `_forward_jit` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
 row), `_decode_jit` (a chunk of decode steps over every slot, a `lax.while_loop`), `_copy_jit` (copy-on-write
 of blocks). On a mesh the paged reads and writes run per `data` shard (`jax.shard_map`). `trace_programs`
-traces them at abstract shapes for `jaxgrpo.compile`.
+traces them at abstract shapes for `jaxgrpo.tools.compile`.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ _copy_jit = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",)
 def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,
                    prefill_rows: int, prompt_len: int, draws: int, width: int, steps: int, sampling: SamplingParams,
                    mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.stages.Traced]:
-    """The engine's programs traced at abstract shapes, for ahead-of-time compilation (`jaxgrpo.compile`).
+    """The engine's programs traced at abstract shapes, for ahead-of-time compilation (`jaxgrpo.tools.compile`).
 
     `graphdef`, `state`: the decoder split (`state` may be abstract, placed as the run places it). Returns
     {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,

@@ -216,7 +216,7 @@ def decode_loop(graphdef, state, carry: _DecodeState, stop_tokens, max_new_token
     return final._replace(finish_reason=jnp.where(final.finish_reason == FINISH_STOP, FINISH_STOP, FINISH_LENGTH))
 
 
-# The two compiled programs of `generate`, public for what lowers or replays them (`jaxgrpo.compile`, benchmarks).
+# The two compiled programs of `generate`, public for what lowers or replays them (`jaxgrpo.tools.compile`, benchmarks).
 prefill_program = jax.jit(prefill, static_argnames=("graphdef", "layout"))
 decode_program = jax.jit(decode_loop, static_argnames=("graphdef", "layout"), donate_argnames=("carry",))
 

@@ -30,7 +30,7 @@ def run(trainer: Trainer, *, resume: bool = False, overwrite: bool = False, prog
     A run directory that already holds a run is refused unless `resume` (continue from its newest
     checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
     `overwrite` (delete its run files and start over; refused when it holds files no run wrote); a directory
-    another run holds is refused (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal`
+    another run holds is refused (`jaxgrpo.run.rundir.RunDirectoryError`). The run stops with `NoLearningSignal`
     after `cfg.max_steps_without_signal` consecutive steps in which no row trains, with `NonFiniteUpdates`
     after `cfg.max_nonfinite_steps` consecutive steps with an update skipped as non-finite (each warned
     about; the state stays as before it), and warns once of each sign
@@ -44,10 +44,10 @@ def run(trainer: Trainer, *, resume: bool = False, overwrite: bool = False, prog
     RUN_DIR/profile/steps_<first>-<last>/, and writes there where they went (`profiling.StepTracer`:
     host phases, compiled programs, the model's parts); the path is logged.
     """
-    from jaxgrpo.checkpoint import Checkpointer
+    from jaxgrpo.run.checkpoint import Checkpointer
     from jaxgrpo.config import to_dict
-    from jaxgrpo.metrics import EVAL_FILE, MetricsWriter
-    from jaxgrpo.rundir import RunDirectory
+    from jaxgrpo.run.metrics import EVAL_FILE, MetricsWriter
+    from jaxgrpo.run.rundir import RunDirectory
 
     cfg = trainer.cfg
     config = to_dict(cfg)

@@ -10,7 +10,7 @@ import numpy as np
 from jaxgrpo import rewards
 from jaxgrpo.config import Config
 from jaxgrpo.distributed import gather_rows, process_block
-from jaxgrpo.evaluate import pass_at_k
+from jaxgrpo.data.evaluate import pass_at_k
 from jaxgrpo.train.rollout import decode, score
 
 
@@ -47,7 +47,7 @@ def question_flags(cfg: Config, generate: Callable, tokenizer, reward_fns: list,
 
     `generate(examples, num_samples, key, greedy=...)` samples a `sampler.Generation`. The random key is
     `fold_in(key(seed + 1), step)`, so the training run's evaluation at `step` and a later evaluation of
-    its checkpoint (`jaxgrpo.policy_eval`) draw the same samples.
+    its checkpoint (`jaxgrpo.evaluation.policy_eval`) draw the same samples.
     """
     key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
     greedy = decode(tokenizer, generate(examples, 1, key, greedy=True))

@@ -12,7 +12,7 @@ One training step:
    (`jaxgrpo.models.packing`): a prompt once, its completions without padding, rows that do not
    train left out; the log-probs are the same.
 
-Multi-host (one process per host, `jax.distributed.initialize()` called first, as `jaxgrpo.cli`
+Multi-host (one process per host, `jax.distributed.initialize()` called first, as `jaxgrpo.tools.cli`
 does): the mesh spans every host's devices and every process runs this same loop, on identically
 built models laid out on the global mesh.
 
@@ -30,7 +30,7 @@ built models laid out on the global mesh.
   cross-process max), so all hosts run the same rounds and programs.
 * Checkpoints are written and restored by every process (orbax writes each host's shards);
   metrics, plots and progress bars come from process 0 only, and so do the run directory's lock
-  and checks (`jaxgrpo.rundir`), whose verdict every process gets.
+  and checks (`jaxgrpo.run.rundir`), whose verdict every process gets.
 
 The result equals a single-process run on the same number of devices (`tests/test_multihost.py`).
 """
@@ -532,7 +532,7 @@ class Trainer:
         A run directory that already holds a run is refused unless `resume` (continue from its newest
         checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
         `overwrite` (delete its run files and start over; refused when it holds files no run wrote); a directory
-        another run holds is refused (`jaxgrpo.rundir.RunDirectoryError`). The run stops with `NoLearningSignal`
+        another run holds is refused (`jaxgrpo.run.rundir.RunDirectoryError`). The run stops with `NoLearningSignal`
         after `cfg.max_steps_without_signal` consecutive steps in which no row trains, with `NonFiniteUpdates`
         after `cfg.max_nonfinite_steps` consecutive steps with an update skipped as non-finite (each warned
         about; the state stays as before it), and warns once of each sign

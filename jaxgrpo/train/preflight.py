@@ -24,7 +24,7 @@ from jaxgrpo.errors import ConfigError
 def task_of(cfg: Config):
     """The task `cfg.task` names, built with its keyword arguments (no data is read)."""
     from jaxgrpo import data
-    import jaxgrpo.toy  # noqa: F401  (registers the offline toy_sum task)
+    import jaxgrpo.data.toy  # noqa: F401  (registers the offline toy_sum task)
 
     try:
         task = data.get_task(cfg.task.name, **cfg.task.kwargs)

@@ -79,7 +79,7 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
 
 
 def _toy_tiny(dtype, remat):
-    from jaxgrpo import toy
+    from jaxgrpo.data import toy
 
     return toy.tiny_model(0, dtype=dtype, remat=remat)
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxgrpo.metrics import read_jsonl
+from jaxgrpo.run.metrics import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

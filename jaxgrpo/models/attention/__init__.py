@@ -139,7 +139,7 @@ def resolve(name: str, platform: str) -> AttentionImplementation:
 
 def target_platform(mesh) -> str:
     """The platform a program laid out on `mesh` (None: the default devices) runs on. A CPU process can
-    compile for a TPU topology (`jaxgrpo.compile`): the mesh's devices, not the default backend, decide."""
+    compile for a TPU topology (`jaxgrpo.tools.compile`): the mesh's devices, not the default backend, decide."""
     device = getattr(mesh, "abstract_device", None)  # an AbstractMesh (as under `jit`) names its devices' kind
     if device is not None:
         return device.platform

@@ -26,7 +26,7 @@ Rows are padded to a multiple of 128 slots (the kernel's block) with segment ids
 over rows (`data`/`fsdp`) and key/value heads (`model`, where it divides them). On a CPU the kernels run
 interpreted (`interpret=True`): for tests, slowly. Splash's calls state no cost, so the ones traced here
 carry an analytic `cost_estimate` (`splash_cost_estimates`: the blocks the mask visits), which the compile
-report (`jaxgrpo.compile.count_products`) counts.
+report (`jaxgrpo.tools.compile.count_products`) counts.
 
 The sampler's decode steps (a run-time cache index) read the cache and a shared prefix through
 `pallas_decode`'s kernel (`cache_state`), which copies only a row's live blocks.

@@ -107,7 +107,7 @@ def restore_trainer(run_dir: str, step: int, trainer):
     The checkpoint's arrays are verified against their checksums (`Checkpointer.restore`): a damaged one is a
     `RunReadError` naming the step and the array, never a policy of flipped bits.
     """
-    from jaxgrpo.checkpoint import CheckpointDamaged, Checkpointer
+    from jaxgrpo.run.checkpoint import CheckpointDamaged, Checkpointer
     from jaxgrpo.train.state import checkpoint_tree, loop_state_of
 
     directory = os.path.abspath(os.path.join(run_dir, CHECKPOINTS))

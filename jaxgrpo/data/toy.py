@@ -65,7 +65,7 @@ class CharTokenizer:
     CHAT_TEMPLATE = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}="
 
     def to_hf_tokenizer(self):
-        """The same tokenizer as a transformers `PreTrainedTokenizerFast` (for `jaxgrpo.export`): one token per
+        """The same tokenizer as a transformers `PreTrainedTokenizerFast` (for `jaxgrpo.tools.export`): one token per
         character (a BPE vocabulary without merges), the same ids, special tokens and chat template."""
         from tokenizers import Tokenizer, decoders, models
         from transformers import PreTrainedTokenizerFast

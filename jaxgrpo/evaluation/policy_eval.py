@@ -51,7 +51,7 @@ def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, ste
     samples are those the training run's evaluation at `step` (`train.evaluation.evaluate`) draws when
     max(ks) equals its `eval_pass_k`.
     """
-    from jaxgrpo.evaluate import pass_at_k
+    from jaxgrpo.data.evaluate import pass_at_k
     from jaxgrpo.train.evaluation import question_flags, well_formed_flags
 
     examples = list(examples)
@@ -88,7 +88,7 @@ class EvalSetupError(UserError, ValueError):
 def check_split(cfg: Config, split: str) -> None:
     """Raises `EvalSetupError` unless `cfg.task` has a split `split` (read before any model is built)."""
     from jaxgrpo import data
-    import jaxgrpo.toy  # noqa: F401  (registers the offline toy_sum task)
+    import jaxgrpo.data.toy  # noqa: F401  (registers the offline toy_sum task)
 
     try:
         task = data.get_task(cfg.task.name, **cfg.task.kwargs)

@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo.compile.analysis import itemsize, per_chip_bytes
+from jaxgrpo.tools.compile.analysis import itemsize, per_chip_bytes
 from jaxgrpo.config import Config, resolve_packing
 from jaxgrpo.distributed import BATCH_AXES
 

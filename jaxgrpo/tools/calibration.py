@@ -1,6 +1,6 @@
 """How far the compile report's roofline estimates are from real runs: measured / estimated seconds per program.
 
-`jaxgrpo.compile` estimates a program's time without running it (`count_products`: the matrix products' roofline,
+`jaxgrpo.tools.compile` estimates a program's time without running it (`count_products`: the matrix products' roofline,
 and that plus the bytes the other big operations move at HBM bandwidth). An estimate is a bound, not a
 measurement: each row here is a program that ran on a real chip, timed, beside the estimates the same code gives
 for it, and the report prints the nearest row's factor beside every estimate (`nearest`, `note`).
@@ -56,7 +56,7 @@ class Calibration(NamedTuple):
     estimate_with_memory_seconds: float | None = None  # products + memory-bound work, where recorded
     peak_flops: float | None = None  # the FLOP/s and bytes/s the estimate assumed
     hbm_bandwidth: float | None = None
-    source: str = "jaxgrpo.calibration.MEASURED"  # how the row was obtained: a device-check file, or a note
+    source: str = "jaxgrpo.tools.calibration.MEASURED"  # how the row was obtained: a device-check file, or a note
 
     @property
     def factor(self) -> float:
@@ -85,7 +85,7 @@ class Calibration(NamedTuple):
 #: Qwen3-0.6B with random weights in bfloat16, 16 prompts x 8 samples, 512 new tokens, one update of all 128 rows
 #: in micro-batches of 16 (remat on, dense XLA attention, no KL term), the update's seconds per step beside the
 #: products' roofline at the matmul peak and bandwidth measured there (566 TFLOP/s, 4.8 TB/s). The run reported
-#: its products' estimate only; `estimate_with_memory_seconds` is `jaxgrpo.compile.count_products` (jax 0.10.2) on a
+#: its products' estimate only; `estimate_with_memory_seconds` is `jaxgrpo.tools.compile.count_products` (jax 0.10.2) on a
 #: CPU trace of the same program at 16-token prompts, the length at which its products' estimate reproduces the
 #: run's (0.649 s exactly; 1.202 against 1.196 s packed; the prompt length was not reported), at the same peak and
 #: bandwidth.

@@ -10,7 +10,7 @@ From the command line, on a jsonl file with one line per example of the split,
 ``{"completions": ["...", ...]}`` (optionally with ``"index"``, the example's
 position in the split; by default line i is example i)::
 
-    python -m jaxgrpo.evaluate --task gsm8k --split test --data_dir path/to/gsm8k_jsonl \\
+    python -m jaxgrpo.data.evaluate --task gsm8k --split test --data_dir path/to/gsm8k_jsonl \\
         --completions samples.jsonl --k 1 4
 """
 

@@ -1,5 +1,5 @@
 """The compile report: each program's memory per chip, the compiler's figures, the roofline estimates beside the
-nearest measured run (`jaxgrpo.calibration`), collectives and host transfers; `compile_experiment` compiles a
+nearest measured run (`jaxgrpo.tools.calibration`), collectives and host transfers; `compile_experiment` compiles a
 run's programs for a TPU topology and reports them."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import math
 import jax
 from flax import nnx
 
-from jaxgrpo.compile.analysis import (collectives, count_products, host_transfers, itemsize, largest_values,
-                                      per_chip_bytes)
-from jaxgrpo.compile.chips import GiB, Chip, topology_devices
-from jaxgrpo.compile.lowering import (OutOfMemory, abstract_train_state, compile_lowered, lower_engine, lower_forward,
-                                      lower_sampler, lower_update)
 from jaxgrpo.config import Config, resolve_packing, validate
+from jaxgrpo.tools.compile.analysis import (collectives, count_products, host_transfers, itemsize, largest_values,
+                                            per_chip_bytes)
+from jaxgrpo.tools.compile.chips import GiB, Chip, topology_devices
+from jaxgrpo.tools.compile.lowering import (OutOfMemory, abstract_train_state, compile_lowered, lower_engine,
+                                            lower_forward, lower_sampler, lower_update)
 
 
 DEFAULT_PROGRAMS = ("prefill", "decode", "forward", "update")
@@ -64,14 +64,14 @@ class ProgramReport:
     estimated_seconds_with_memory: float = 0.0  # estimated_seconds + memory_bound_seconds: the roofline estimate
     # with the memory-bound work
     mfu_with_memory: float | None = None  # estimated MFU at estimated_seconds_with_memory (a roofline bound too)
-    calibration: dict | None = None  # the measured run nearest this program (`jaxgrpo.calibration.nearest`):
+    calibration: dict | None = None  # the measured run nearest this program (`jaxgrpo.tools.calibration.nearest`):
     # its fields with "factor" (measured / products' estimate) and "factor_with_memory"; None where none is
     kv_pool_bytes: int | None = None  # the engine's programs: its KV pool's bytes per chip
     live_tokens: int | None = None  # the engine's programs: positions that pool holds, over all slots
 
     def calibration_note(self, chip: str, with_memory: bool = False) -> str:
         """'measured 3.0x this on an H200, jax 0.11.2 ...' for the estimate (with the memory-bound work or not)."""
-        from jaxgrpo import calibration
+        from jaxgrpo.tools import calibration
 
         row = None
         if self.calibration:
@@ -166,7 +166,7 @@ class Report:
 
 def program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips: int, model_flops: float,
                     step_floor_bytes: int | None = None, calibrations=None, packing: bool | None = None) -> ProgramReport:
-    from jaxgrpo import calibration
+    from jaxgrpo.tools import calibration
 
     products = count_products(jaxpr, chip.peak_flops * chips, chip.hbm_bandwidth * chips)
     with_memory = products.with_memory_seconds
@@ -223,7 +223,7 @@ def compile_experiment(cfg: Config, topology: str, programs=DEFAULT_PROGRAMS, cp
                        calibrations=None) -> Report:
     """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
     `cpu_forms` traces the decoder's CPU-specific forms (`jaxgrpo.models.backend.force_cpu_forms`) too, to compare them.
-    `calibrations`: the measured runs each estimate is compared with (`jaxgrpo.calibration.load`; default the
+    `calibrations`: the measured runs each estimate is compared with (`jaxgrpo.tools.calibration.load`; default the
     committed ones, `calibration.MEASURED`)."""
     from jaxgrpo.models import backend
 

@@ -34,7 +34,7 @@ For the decode loop, whose body is one step, it also gives the step's HBM floor:
 whole cache a chip holds, read once per token at the chip's bandwidth.
 
 Every figure here is an estimate: nothing runs. Beside each estimated time and MFU the report prints how far
-the nearest real run was from the same estimate (`jaxgrpo.calibration`: measured / estimated seconds, with the
+the nearest real run was from the same estimate (`jaxgrpo.tools.calibration`: measured / estimated seconds, with the
 chip and jax version). Qwen3-0.6B's update on an H200 took 3.0x the products' estimate with packing off and
 
 The package: `chips` (the TPU generations' figures, a topology's devices), `lowering` (the programs traced and
@@ -42,15 +42,15 @@ lowered from shapes alone), `analysis` (what a program does, read from its HLO a
 memory-bound work) and `report` (each program's figures, `compile_experiment`).
 """
 
-from jaxgrpo.compile.analysis import (COLLECTIVES, HOST_TRANSFERS, MEMORY_BOUND_MIN_BYTES, ProductCount,
-                                      collectives, count_products, host_transfers, largest_values,
-                                      memory_bound_bytes_of, per_chip_bytes)
-from jaxgrpo.compile.chips import CHIPS, EXAMPLE_TOPOLOGIES, GiB, Chip, topology_devices
-from jaxgrpo.compile.lowering import (ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK, Abstract, EnginePrograms, OutOfMemory,
-                                      abstract_train_state, compile_lowered, decoder_config, lower_engine,
-                                      lower_forward, lower_sampler, lower_update)
-from jaxgrpo.compile.report import (DEFAULT_PROGRAMS, ENGINE_FILLS, PROGRAMS, SAMPLER_PROGRAMS, ProgramReport, Report,
-                                    compile_experiment, fits_everywhere, program_report)
+from jaxgrpo.tools.compile.analysis import (COLLECTIVES, HOST_TRANSFERS, MEMORY_BOUND_MIN_BYTES, ProductCount,
+                                            collectives, count_products, host_transfers, largest_values,
+                                            memory_bound_bytes_of, per_chip_bytes)
+from jaxgrpo.tools.compile.chips import CHIPS, EXAMPLE_TOPOLOGIES, GiB, Chip, topology_devices
+from jaxgrpo.tools.compile.lowering import (ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK, Abstract, EnginePrograms,
+                                            OutOfMemory, abstract_train_state, compile_lowered, decoder_config,
+                                            lower_engine, lower_forward, lower_sampler, lower_update)
+from jaxgrpo.tools.compile.report import (DEFAULT_PROGRAMS, ENGINE_FILLS, PROGRAMS, SAMPLER_PROGRAMS, ProgramReport,
+                                          Report, compile_experiment, fits_everywhere, program_report)
 
 __all__ = ["CHIPS", "COLLECTIVES", "DEFAULT_PROGRAMS", "ENGINE_BLOCK_SIZE", "ENGINE_DECODE_CHUNK", "ENGINE_FILLS",
            "EXAMPLE_TOPOLOGIES", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "SAMPLER_PROGRAMS", "Abstract",

@@ -2,7 +2,7 @@
 
 A study file is Python with a `study()` function returning a `Study`::
 
-    from jaxgrpo.study import Study
+    from jaxgrpo.evaluation.study import Study
 
     def study() -> Study:
         return Study(
@@ -107,14 +107,14 @@ def load_study(path: str) -> tuple[Study, str]:
         spec.loader.exec_module(module)
         build = getattr(module, "study", None)
         if not callable(build):
-            raise StudyError(f"{path} must define a function study() -> jaxgrpo.study.Study")
+            raise StudyError(f"{path} must define a function study() -> jaxgrpo.evaluation.study.Study")
         study = build()
     except StudyError:
         raise
     except Exception as error:
         raise StudyError(f"{path}: {type(error).__name__}: {' '.join(str(error).splitlines())}") from error
     if not isinstance(study, Study):
-        raise StudyError(f"study() in {path} must return a jaxgrpo.study.Study, got {type(study).__name__}")
+        raise StudyError(f"study() in {path} must return a jaxgrpo.evaluation.study.Study, got {type(study).__name__}")
     experiment = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), study.experiment))
     if not os.path.isfile(experiment):
         raise StudyError(f"{path}: experiment {study.experiment!r} not found (looked for {experiment}; it is "
@@ -237,7 +237,7 @@ class Runner:
         """{cell name: 'key old -> new', ...} for each cell whose run recorded (config.json) another config
         than its effective one; the run directory may differ (a moved study directory)."""
         from jaxgrpo.config import Config, to_dict
-        from jaxgrpo.rundir import CONFIG_FILE, config_changes
+        from jaxgrpo.run.rundir import CONFIG_FILE, config_changes
 
         changed = {}
         for cell in self.cells:
@@ -268,7 +268,7 @@ class Runner:
     def command(self, cell: Cell) -> list[str]:
         run_dir = self.run_dir(cell)
         overrides = [f"{k}={_format_value(v)}" for k, v in cell.overrides] + [f"seed={cell.seed}"]
-        command = [sys.executable, "-m", "jaxgrpo.cli", self.experiment, "--run-dir", run_dir, "--set", *overrides]
+        command = [sys.executable, "-m", "jaxgrpo.tools.cli", self.experiment, "--run-dir", run_dir, "--set", *overrides]
         checkpoints = os.path.join(run_dir, "checkpoints")
         if cell.name in self.rerun:
             command.append("--overwrite")  # run with another config: start it again from scratch

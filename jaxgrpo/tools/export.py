@@ -275,7 +275,7 @@ def export_run(run_dir: str, out_dir: str, *, step: int | None = None, overwrite
 
     A non-empty `out_dir` is refused unless `overwrite`, and `peft` / `base` for a run without LoRA, before anything
     is built (`check_out_dir`)."""
-    from jaxgrpo import runs
+    from jaxgrpo.evaluation import runs
     from jaxgrpo.models import load_config
     from jaxgrpo.train.state import MODEL_BUILDERS
 

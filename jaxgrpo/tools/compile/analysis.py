@@ -113,7 +113,7 @@ def memory_bound_bytes_of(eqn, min_bytes: int = MEMORY_BOUND_MIN_BYTES) -> float
     Counting results, not operands, takes XLA's fusion into account roughly: a chain of element-wise operations
     fused into one kernel reads its inputs and writes its output once, where counting each operation's operands
     and results would count every intermediate three times. Against the programs measured on a real chip
-    (Qwen3-0.6B's update on an H200, packing off and on, `jaxgrpo.calibration.MEASURED`), the products alone
+    (Qwen3-0.6B's update on an H200, packing off and on, `jaxgrpo.tools.calibration.MEASURED`), the products alone
     estimate 1/3.0 and 1/4.9 of the measured time; with results counted, 1/1.3 of it in both layouts; with
     operands and results, 1.6x and 1.8x the measured time."""
     name = eqn.primitive.name

@@ -136,11 +136,11 @@ def train_main(argv: list[str] | None = None) -> int:
     _distributed_init()
     import jax
 
-    from jaxgrpo.checkpoint import CheckpointError, storage_failure
+    from jaxgrpo.run.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.config import Config, resolve_packing
     from jaxgrpo.errors import ConfigError
-    from jaxgrpo.metrics import plot_run
-    from jaxgrpo.rundir import RunDirectory, RunDirectoryError, storage_error_message
+    from jaxgrpo.run.metrics import plot_run
+    from jaxgrpo.run.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.train import preflight
     from jaxgrpo.train.health import NoLearningSignal, NonFiniteUpdates
     from jaxgrpo.train.loop import Trainer
@@ -178,7 +178,7 @@ def train_main(argv: list[str] | None = None) -> int:
 def _print_run_summary(run_dir: str, plots: list[str]) -> None:
     """What a finished `jaxgrpo-train` run prints: its held-out evaluation from first to last, and where its
     metrics, curves and checkpoints are."""
-    from jaxgrpo.metrics import EVAL_FILE, read_jsonl
+    from jaxgrpo.run.metrics import EVAL_FILE, read_jsonl
 
     eval_path = os.path.join(run_dir, EVAL_FILE)
     if os.path.exists(eval_path):
@@ -212,7 +212,7 @@ def compile_main(argv: list[str] | None = None) -> int:
                              "chunks) for the TPU too, to compare with the plain forms a TPU gets by default")
     parser.add_argument("--calibration", nargs="*", default=None, metavar="PATH",
                         help="measured runs to calibrate the estimates against, beside those committed in "
-                             "jaxgrpo.calibration: device-check results (device_check_*.json, or directories "
+                             "jaxgrpo.tools.calibration: device-check results (device_check_*.json, or directories "
                              "holding them; default: benchmarks/results, where it exists)")
     args = parser.parse_args(argv)
     # A CPU process: the TPU devices come from libtpu's topology description, not from attached chips.
@@ -226,8 +226,8 @@ def compile_main(argv: list[str] | None = None) -> int:
         from jaxgrpo.train import preflight
 
         preflight.check_budget(cfg, preflight.model_config_of(cfg))  # the buckets fit the model's context window
-        from jaxgrpo import calibration
-        from jaxgrpo import compile as aot
+        from jaxgrpo.tools import calibration
+        from jaxgrpo.tools import compile as aot
 
         calibrations = calibration.load(["benchmarks/results"] if args.calibration is None else args.calibration)
         report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.DEFAULT_PROGRAMS),
@@ -248,7 +248,7 @@ def plot_main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--out", help="output directory (default RUN_DIR/plots)")
     args = parser.parse_args(argv)
-    from jaxgrpo.metrics import plot_run
+    from jaxgrpo.run.metrics import plot_run
 
     try:
         paths = plot_run(args.run_dir, args.out)
@@ -313,7 +313,8 @@ def export_main(argv: list[str] | None = None) -> int:
     form.add_argument("--base", action="store_true",
                       help="a LoRA run: write the base model its adapters apply to (dequantized under QLoRA)")
     args = parser.parse_args(argv)
-    from jaxgrpo import export, runs
+    from jaxgrpo.evaluation import runs
+    from jaxgrpo.tools import export
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
     chosen = "peft" if args.peft else "base" if args.base else "model"
@@ -355,7 +356,7 @@ def eval_main(argv: list[str] | None = None) -> int:
                                       "else eval_<split>.jsonl here); the summary goes beside it as .summary.json")
     args = parser.parse_args(argv)
 
-    from jaxgrpo import policy_eval, runs
+    from jaxgrpo.evaluation import policy_eval, runs
     from jaxgrpo.config import apply_overrides, validate
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
@@ -413,7 +414,7 @@ def eval_main(argv: list[str] | None = None) -> int:
 def _model_eval_config(target: str, step: int | None):
     """`jaxgrpo-eval`'s config for a model (not a run directory): the defaults with `target` as the model and 200
     questions; a directory of checkpoints without its config, a --step, or a model that does not load are refused."""
-    from jaxgrpo import runs
+    from jaxgrpo.evaluation import runs
     from jaxgrpo.config import Config
     from jaxgrpo.train.state import MODEL_BUILDERS
 
@@ -438,7 +439,7 @@ def study_main(argv: list[str] | None = None) -> int:
         description="Run a study file's grid (configurations x seeds, one run directory per cell; resumable) and "
                     "collate it: mean and 95%% t-interval over seeds per metric, plots and report.md.",
     )
-    parser.add_argument("study", help="a study file defining study() -> jaxgrpo.study.Study")
+    parser.add_argument("study", help="a study file defining study() -> jaxgrpo.evaluation.study.Study")
     parser.add_argument("--out", help="the study directory (default: runs/studies/<study name>)")
     parser.add_argument("--workers", type=int, default=1, help="cells run at once, each in its own process (default 1)")
     parser.add_argument("--collate-only", action="store_true", help="run nothing; report the cells finished so far")
@@ -448,7 +449,7 @@ def study_main(argv: list[str] | None = None) -> int:
                         help="run again, from scratch, the cells whose recorded config differs from the one the "
                              "study now gives them (without it such cells are an error)")
     args = parser.parse_args(argv)
-    from jaxgrpo import study as studies
+    from jaxgrpo.evaluation import study as studies
 
     try:
         if args.workers < 1:
