@@ -46,7 +46,7 @@ PARITY = ["torch==2.13.0"]
 
 # The peer for the side-by-side benchmarks; the tests run the loss cross-check against it too.
 PEERS = ["trl==1.16.0", "accelerate==1.15.0", "datasets==5.2.0"]
-# Loads a LoRA run's adapters exported in PEFT's format onto the base (tests/test_lora.py).
+# Loads a LoRA run's adapters exported in PEFT's format onto the base (tests/models/test_lora.py).
 PEFT = ["peft==0.21.2"]
 BENCH = PARITY + PEERS
 

@@ -3,6 +3,8 @@
 import gc
 import os
 
+from tests.support.paths import REPO_ROOT
+
 # Must happen before jax is imported anywhere in the test session.
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -54,7 +56,7 @@ def _release_compiled_programs():
     gc.collect()
 
 
-SHARED = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
+SHARED = os.path.abspath(os.path.join(REPO_ROOT, "..", "shared"))
 
 
 @pytest.fixture(scope="session")

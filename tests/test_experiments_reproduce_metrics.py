@@ -1,5 +1,5 @@
 """Every experiment file runs two steps of the tiny model on the toy task and reproduces its recorded metrics
-(a file of its own, apart from tests/test_trainer.py, so `pytest -n 2 --dist loadfile` can run the two at once)."""
+(a file of its own, apart from tests/train/test_trainer.py, so `pytest -n 2 --dist loadfile` can run the two at once)."""
 
 import json
 import os
@@ -10,9 +10,10 @@ import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.train import Trainer
-from tests import experiment_metrics
+from tests.support import experiment_metrics
+from tests.support.paths import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 
 
@@ -28,7 +29,7 @@ SMOKE = sorted(RECORDED)  # the experiment files that existed when the metrics w
 def test_every_experiment_runs_two_steps_and_reproduces_its_recorded_metrics(name, tmp_path):
     """Each experiment file, on the tiny model and the toy task: finite metrics, parameters change, and
     every metric equals what the trainer computed before it was split into jaxgrpo/train/
-    (tests/data/experiment_metrics.json), within the tolerance of the run's dtype on any CPU family
+    (tests/support/experiment_metrics.json), within the tolerance of the run's dtype on any CPU family
     (`experiment_metrics.TOLERANCE`)."""
     cfg = load_experiment(os.path.join(EXPERIMENTS, name + ".py"))
     overrides, reward_fns = experiment_metrics.tiny_overrides(cfg, tmp_path / "run")

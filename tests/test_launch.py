@@ -19,7 +19,9 @@ import textwrap
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.paths import REPO_ROOT
+
+REPO = REPO_ROOT
 LAUNCH = os.path.join(REPO, "launch")
 SCRIPTS = sorted(
     os.path.join(LAUNCH, f) for f in os.listdir(LAUNCH) if f.endswith((".sh", ".sbatch"))

@@ -12,7 +12,9 @@ import ast
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxgrpo"
+from tests.support.paths import REPO_ROOT
+
+ROOT = pathlib.Path(REPO_ROOT) / "jaxgrpo"
 
 #: The layers, bottom first: (what it is, the modules and packages in it).
 LAYERS = [

@@ -18,10 +18,12 @@ import time
 import numpy as np
 import pytest
 
+from tests.support.paths import REPO_ROOT
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_ROOT
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 #: Figures each notebook must draw (one per plotting cell).
 EXPECTED_FIGURES = {"estimators_compared.ipynb": 3, "prototype_advantage.ipynb": 2}

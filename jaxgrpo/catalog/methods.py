@@ -6,7 +6,7 @@ not in the loop" with the reason its registration declares), **built in** (imple
 than as a kernel: where, and how to turn it on), **needs rollout support**
 (which part of the system beyond the kernels it needs), or is
 **out of scope** (and why).
-`tests/test_method_catalog.py` checks that every method of the catalog is
+`tests/catalog/test_method_catalog.py` checks that every method of the catalog is
 listed, that every registry name cited exists, and that `docs/methods.md` is
 up to date. Regenerate the document with::
 
@@ -379,7 +379,7 @@ def render() -> str:
         "Every method of the GRPO-family method catalog with its status:",
         "",
         "- **kernel**: implemented as registered kernels (names below; `jaxgrpo.get(kind, name)`), each of",
-        "  which runs from an experiment file (tests/test_train_every_kernel.py runs every one two steps).",
+        "  which runs from an experiment file (tests/train/test_train_every_kernel.py runs every one two steps).",
         "  Names starting with `experimental/` are documented reconstructions of methods whose formula",
         "  could not be verified; their docstrings say what is reconstructed.",
         "- **kernel, not in the loop**: implemented as registered kernels, at least one of which needs an",

@@ -55,7 +55,7 @@ class KernelInfo:
     ranges: Mapping[str, Range] = dataclasses.field(default_factory=dict)
     #: An advantage that compares each completion with the others of its prompt's group: with one completion
     #: per prompt (group_size=1) it is 0 for every row, so `validate` refuses that pairing. Declared at
-    #: registration (tests/test_kernels_group_relative.py checks each declaration against the kernel).
+    #: registration (tests/kernels/test_kernels_group_relative.py checks each declaration against the kernel).
     group_relative: bool = False
 
     def check_kwargs(self, kwargs: Mapping[str, Any], *, prefix: str = "", context: Mapping[str, Any] | None = None):
@@ -84,10 +84,10 @@ def register(kind: str, name: str, *, paper: str, experimental: bool = False, lo
       experimental: whether the formula is a documented reconstruction.
       loop: why the kernel cannot run in jaxgrpo's training loop, e.g. "needs a multi-turn environment"
         (what it reads that the loop cannot produce); None (the default) for a kernel an experiment can
-        select, which tests/test_train_every_kernel.py then runs for two steps.
+        select, which tests/train/test_train_every_kernel.py then runs for two steps.
       ranges: for each numeric hyper-parameter (and string one with fixed values), (range, what it is),
         e.g. {"eps_low": (">= 0", "the lower clip epsilon")} (see `jaxgrpo.kernels.hyperparameters`).
-        Every built-in kernel declares one for each numeric hyper-parameter (tests/test_config.py checks).
+        Every built-in kernel declares one for each numeric hyper-parameter (tests/config/test_config.py checks).
       group_relative: an advantage whose value for a row compares it with the other rows of its group
         (GRPO, RLOO, ...): zero for every row of a group of one, so it cannot train with group_size=1.
       overwrite: allow replacing an existing entry (handy when re-running a

@@ -5,7 +5,7 @@ has no `tokenizer.json`: its vocabulary, merges, token types, special token ids 
 metadata under llama.cpp's key names, which gguf-py reads. `tokenizer_from_gguf_metadata` builds the
 `tokenizers.Tokenizer` they describe and wraps it in a `PreTrainedTokenizerFast`, so `encode`,
 `batch_decode` and `apply_chat_template` work as for any Hugging Face tokenizer. The token ids equal
-those of transformers' own GGUF conversion (tests/test_models_tokenizer.py), which imports torch.
+those of transformers' own GGUF conversion (tests/models/test_models_tokenizer.py), which imports torch.
 
 Supported `tokenizer.ggml.model` values:
 

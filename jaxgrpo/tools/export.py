@@ -4,12 +4,12 @@ The directory holds `config.json` (the family's transformers config), `model.saf
 Hugging Face tensor names and [out, in] layouts), `generation_config.json` (the stop tokens) and the
 tokenizer's files with its chat template. `AutoModelForCausalLM.from_pretrained(out)` and
 `AutoTokenizer.from_pretrained(out)` then give the same logits as the jaxgrpo decoder (checked to 1e-4
-per family in tests/test_export.py).
+per family in tests/tools/test_export.py).
 
 A LoRA run (`Config.lora`) exports three ways: merged (the default: each adapted projection written as
 W + (alpha / r) A B, W dequantized under QLoRA, so transformers needs nothing more), its adapters alone in PEFT's
 format (`export_adapters`: `adapter_config.json` + `adapter_model.safetensors`, which `peft` loads onto the base,
-checked to 1e-4 in tests/test_lora.py), or the base the adapters apply to (`adapters=False`, for a base with no
+checked to 1e-4 in tests/models/test_lora.py), or the base the adapters apply to (`adapters=False`, for a base with no
 Hugging Face original, e.g. the main job's GGUF).
 
 The mapping is the inverse of `jaxgrpo.models.weights.decoder_params`. What needs no conversion, and why:

@@ -32,7 +32,7 @@ built models laid out on the global mesh.
   metrics, plots and progress bars come from process 0 only, and so do the run directory's lock
   and checks (`jaxgrpo.run.rundir`), whose verdict every process gets.
 
-The result equals a single-process run on the same number of devices (`tests/test_multihost.py`).
+The result equals a single-process run on the same number of devices (`tests/train/test_multihost.py`).
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ import jax
 import numpy as np
 
 from jaxgrpo.run.metrics import read_jsonl
+from tests.support.paths import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 
 
 def child_env(cache_dir: str | os.PathLike) -> dict:

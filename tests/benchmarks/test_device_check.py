@@ -1,0 +1,86 @@
+"""benchmarks/device_check.py runs end to end (`--small`, on this CPU) and writes every section it measures."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+
+SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "device_check.py")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("device_check") / "device_check.json"
+    # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
+               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_on_one_step_off"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, "XLA_FLAGS": flags})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_every_section_is_measured(result):
+    assert result["small"] and result["env"]["platform"] == "cpu" and result["env"]["jax"]
+    assert result["env"]["device_count"] == 1
+    for section in ("matmul", "attention", "sampler", "decode_loop", "train", "torch"):
+        assert section in result and "error" not in result[section], (section, result.get(section))
+    assert result["matmul"]["peak_flops"] > 0 and result["matmul"]["bandwidth"] > 0
+
+
+def test_attention_forms_agree_with_the_reference(result):
+    attention = result["attention"]
+    assert {"xla/packed", "xla/unpacked", "cpu/packed", "cpu/unpacked"} <= set(attention)
+    for name, entry in attention.items():
+        assert entry["seconds"] > 0, name
+        for part, difference in entry.get("relative_difference_from_xla", {}).items():
+            assert difference < 1e-2, (name, part, difference)  # bfloat16 outputs and gradients
+
+
+def test_sampler_and_train_figures_are_consistent(result):
+    sampler = result["sampler"]
+    assert sampler["tokens_per_second"] > 0 and sampler["hbm_floor_ms_per_step"] > 0
+    shapes = result["shapes"]
+    for key in ("packing_on", "packing_off"):
+        run = result["train"][key]
+        assert "error" not in run, run
+        assert run["packing"] == (key == "packing_on")
+        assert run["update_seconds"] > 0 and run["step_seconds"] > 0  # timed apart: no order between them
+        assert 0 < run["mfu"] < 1 and run["estimate_seconds"] > 0
+        assert run["measured_over_estimate"] == pytest.approx(run["update_seconds"] / run["estimate_seconds"])
+        assert run["update_tokens"] == shapes["prompts"] * shapes["samples"] * (shapes["prompt_len"] + shapes["new_tokens"])
+        assert len(run["steps"]) == shapes["steps"]
+        assert all(step["frac_signal_rows"] > 0 for step in run["steps"])  # the parity reward varies in a group
+
+
+def test_one_step_off_is_timed_beside_the_synchronous_step(result):
+    run, sync = result["train"]["packing_on_one_step_off"], result["train"]["packing_on"]
+    assert "error" not in run, run
+    assert run["max_staleness"] == 1 and sync["max_staleness"] == 0
+    assert run["step_speedup_over_sync"] == pytest.approx(sync["step_seconds"] / run["step_seconds"])
+    assert len(run["steps"]) == result["shapes"]["steps"] and run["update_seconds"] > 0
+
+
+def test_the_decode_loop_is_timed_plain_with_graphs_and_through_the_engine(result):
+    decode = result["decode_loop"]
+    for name in ("plain", "graphs", "engine"):  # a CPU accepts the GPU's graph options and ignores them
+        assert "error" not in decode[name], (name, decode[name])
+        assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
+    profile = decode["profile"]
+    assert profile["wall_seconds"] > 0 and profile["device_busy_seconds"] is None  # no accelerator in the trace
+    unrematerialized = result["train"]["packing_off_remat_off"]
+    assert unrematerialized["remat"] is False and unrematerialized["update_seconds"] > 0
+    assert "error" not in unrematerialized
+
+
+def test_the_torch_anchor_ran_in_its_own_processes(result):
+    torch_section = result["torch"]
+    if "skipped" in torch_section:
+        pytest.importorskip("torch")  # only a machine without torch may skip the anchor
+    assert torch_section["generate"]["tokens_per_second"] > 0
+    assert torch_section["update"]["seconds"] > 0
+    assert all(run["speedup_over_torch"] > 0 for run in result["train"].values())
