@@ -125,6 +125,26 @@ def live_blocks(low, high, block_size):
     return first, ((high + block_size - 1) // block_size - first) * (low < high)
 
 
+def _fold_head(h, q_ref, keys, values, allowed, scale, top_ref, total_ref, out_ref):
+    """Kv head h's online-softmax step over one block of keys and values [block, D]: its stacked queries' scores
+    where `allowed` [Q, block], the running max (`top_ref`), sum of weights (`total_ref`) and weighted values
+    (`out_ref`) rescaled to the new max."""
+    # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only
+    # at the default precision, and a float32 cache is multiplied in full float32.
+    precision = jax.lax.Precision.HIGHEST if keys.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+    scores = jax.lax.dot_general(q_ref[h], keys, (((1,), (1,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32) * scale  # [Q, block]
+    scores = jnp.where(allowed, scores, MASKED_SCORE)
+    previous = top_ref[h]  # [Q, 1]
+    top = jnp.maximum(previous, scores.max(axis=-1, keepdims=True))
+    weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
+    rescale = jnp.exp(previous - top)
+    top_ref[h] = top
+    total_ref[h] = rescale * total_ref[h] + weights.sum(axis=-1, keepdims=True)
+    out_ref[h] = rescale * out_ref[h] + jnp.dot(weights.astype(values.dtype), values, precision=precision,
+                                                preferred_element_type=jnp.float32)
+
+
 def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs, scale, block_size, capacity, length,
             window, has_key_mask):
     """Grid step r: fold cache row r's live blocks into the state of its stacked queries [kv, Q, D],
@@ -197,21 +217,7 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
         if has_key_mask:
             allowed &= mask_ref[pl.ds(block, 1), :] != 0  # [1, block]: a row of the blocked mask
         for h in range(kv_heads):  # unrolled: one [Q, D] x [D, block] product per kv head
-            keys, values = k_buffer[slot, h], v_buffer[slot, h]  # [block, D]
-            # Stated, not inherited from jax_default_matmul_precision: Mosaic takes a bfloat16 product only
-            # at the default precision, and a float32 cache is multiplied in full float32.
-            precision = jax.lax.Precision.HIGHEST if keys.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-            scores = jax.lax.dot_general(q_ref[h], keys, (((1,), (1,)), ((), ())), precision=precision,
-                                         preferred_element_type=jnp.float32) * scale  # [Q, block]
-            scores = jnp.where(allowed, scores, MASKED_SCORE)
-            previous = top_ref[h]  # [Q, 1]
-            top = jnp.maximum(previous, scores.max(axis=-1, keepdims=True))
-            weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
-            rescale = jnp.exp(previous - top)
-            top_ref[h] = top
-            total_ref[h] = rescale * total_ref[h] + weights.sum(axis=-1, keepdims=True)
-            out_ref[h] = rescale * out_ref[h] + jnp.dot(weights.astype(values.dtype), values, precision=precision,
-                                                        preferred_element_type=jnp.float32)
+            _fold_head(h, q_ref, k_buffer[slot, h], v_buffer[slot, h], allowed, scale, top_ref, total_ref, out_ref)
         return carry
 
     jax.lax.fori_loop(0, count, fold_block, 0)
