@@ -94,8 +94,8 @@ def _decode_step(decoder, with_prefix: bool):
 def programs() -> dict[str, str]:
     """{program name: its StableHLO text without debug information}."""
     from jaxgrpo import train
-    from jaxgrpo.tools import compile as aot
     from jaxgrpo.models import Decoder
+    from jaxgrpo.tools import compile as aot
 
     texts = {}
     for short, model in MODELS.items():

@@ -37,9 +37,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxgrpo.tools import compile as aot  # noqa: E402
 from jaxgrpo.models import architectures  # noqa: E402
 from jaxgrpo.models.attention.pallas_decode import default_block_size, live_blocks  # noqa: E402
+from jaxgrpo.tools import compile as aot  # noqa: E402
 
 # The fixed cost of one Pallas TPU grid step ("~0.35 us", the Pallas TPU pipelining guide). The kernel runs
 # one step per cache row and layer; its loop over a row's blocks is not charged (its DMAs are).

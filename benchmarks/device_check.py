@@ -483,8 +483,8 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     median), with MFU and the compile report's estimate of the same update."""
     import jax
 
-    from jaxgrpo.train import Trainer
     from jaxgrpo.distributed import gather_rows
+    from jaxgrpo.train import Trainer
     from jaxgrpo.train.rollout import row_stats
 
     cfg = train_config(model_name, shapes, packing, attention, remat, max_staleness)

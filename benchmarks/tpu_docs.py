@@ -597,9 +597,9 @@ def retrace(report: dict) -> list[str]:
     import jax
 
     from jaxgrpo import train
-    from jaxgrpo.tools import compile as aot
     from jaxgrpo.config import apply_overrides, load_experiment
     from jaxgrpo.models import backend
+    from jaxgrpo.tools import compile as aot
 
     cfg = load_experiment(os.path.join(ROOT, report["experiment"]))
     apply_overrides(cfg, list(report.get("overrides") or []))

@@ -136,9 +136,9 @@ def train_main(argv: list[str] | None = None) -> int:
     _distributed_init()
     import jax
 
-    from jaxgrpo.run.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.config import Config, resolve_packing
     from jaxgrpo.errors import ConfigError
+    from jaxgrpo.run.checkpoint import CheckpointError, storage_failure
     from jaxgrpo.run.metrics import plot_run
     from jaxgrpo.run.rundir import RunDirectory, RunDirectoryError, storage_error_message
     from jaxgrpo.train import preflight
@@ -314,8 +314,8 @@ def export_main(argv: list[str] | None = None) -> int:
                       help="a LoRA run: write the base model its adapters apply to (dequantized under QLoRA)")
     args = parser.parse_args(argv)
     from jaxgrpo.evaluation import runs
-    from jaxgrpo.tools import export
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
+    from jaxgrpo.tools import export
 
     chosen = "peft" if args.peft else "base" if args.base else "model"
     try:
@@ -356,8 +356,8 @@ def eval_main(argv: list[str] | None = None) -> int:
                                       "else eval_<split>.jsonl here); the summary goes beside it as .summary.json")
     args = parser.parse_args(argv)
 
-    from jaxgrpo.evaluation import policy_eval, runs
     from jaxgrpo.config import apply_overrides, validate
+    from jaxgrpo.evaluation import policy_eval, runs
     from jaxgrpo.models import UnsupportedConfigError, WeightFileError
 
     # Everything is checked here, in one line each, before a model is built.
@@ -414,8 +414,8 @@ def eval_main(argv: list[str] | None = None) -> int:
 def _model_eval_config(target: str, step: int | None):
     """`jaxgrpo-eval`'s config for a model (not a run directory): the defaults with `target` as the model and 200
     questions; a directory of checkpoints without its config, a --step, or a model that does not load are refused."""
-    from jaxgrpo.evaluation import runs
     from jaxgrpo.config import Config
+    from jaxgrpo.evaluation import runs
     from jaxgrpo.train.state import MODEL_BUILDERS
 
     if os.path.isdir(target) and os.path.isdir(os.path.join(target, runs.CHECKPOINTS)):

@@ -25,27 +25,10 @@ logger = logging.getLogger(__name__)
 
 def run(trainer: Trainer, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
         on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:
-    """Trains for `cfg.steps` steps into `cfg.run_dir`; returns the records of the steps it ran.
-
-    A run directory that already holds a run is refused unless `resume` (continue from its newest
-    checkpoint that restores, with a config that differs only in `rundir.RESUMABLE_KEYS`) or
-    `overwrite` (delete its run files and start over; refused when it holds files no run wrote); a directory
-    another run holds is refused (`jaxgrpo.run.rundir.RunDirectoryError`). The run stops with `NoLearningSignal`
-    after `cfg.max_steps_without_signal` consecutive steps in which no row trains, with `NonFiniteUpdates`
-    after `cfg.max_nonfinite_steps` consecutive steps with an update skipped as non-finite (each warned
-    about; the state stays as before it), and warns once of each sign
-    of collapse (`jaxgrpo.train.health`: entropy fallen while accuracy does not rise, every completion
-    truncated).
-
-    `on_step(step, record)` is called after each step's metrics, evaluation
-    and checkpoint are written (e.g. for live plots in a notebook).
-
-    `profile` N > 0 traces the N steps after the run's first (which compiles) with `jax.profiler` into
-    RUN_DIR/profile/steps_<first>-<last>/, and writes there where they went (`profiling.StepTracer`:
-    host phases, compiled programs, the model's parts); the path is logged.
-    """
-    from jaxgrpo.run.checkpoint import Checkpointer
+    """`trainer.run(...)`: trains for `cfg.steps` steps into `cfg.run_dir` and returns the records of the steps it
+    ran (`Trainer.run` says what each argument does, when a run is refused and when it stops)."""
     from jaxgrpo.config import to_dict
+    from jaxgrpo.run.checkpoint import Checkpointer
     from jaxgrpo.run.metrics import EVAL_FILE, MetricsWriter
     from jaxgrpo.run.rundir import RunDirectory
 

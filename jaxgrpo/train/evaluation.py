@@ -9,8 +9,8 @@ import numpy as np
 
 from jaxgrpo import rewards
 from jaxgrpo.config import Config
-from jaxgrpo.distributed import gather_rows, process_block
 from jaxgrpo.data.evaluate import pass_at_k
+from jaxgrpo.distributed import gather_rows, process_block
 from jaxgrpo.train.rollout import decode, score
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from jaxgrpo import rewards
-from jaxgrpo.evaluation import policy_eval
 from jaxgrpo.config import Config
+from jaxgrpo.evaluation import policy_eval
 from jaxgrpo.train import evaluation
 
 EXAMPLES = [{"question": f"What is {a}?", "answer": str(a)} for a in (3, 5, 7, 9)]

@@ -20,8 +20,8 @@ import pytest
 import jaxgrpo
 from jaxgrpo import kernels
 from jaxgrpo.catalog import docs, peers
-from jaxgrpo.tools.cli import kernels_main
 from jaxgrpo.kernels.aggregation import AGGREGATION_MODES
+from jaxgrpo.tools.cli import kernels_main
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 

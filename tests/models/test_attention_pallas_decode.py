@@ -20,13 +20,13 @@ from jax.experimental.pallas import tpu as pltpu
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo.tools import compile as aot
 from jaxgrpo.models import Decoder, KVCache, architectures
 from jaxgrpo.models.attention import pallas_decode, pallas_tpu
 from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, live_blocks,
                                                     xla_cache_attention_state)
-from tests.support.tiny_models import llama_and_gemma3
+from jaxgrpo.tools import compile as aot
 from tests.support.paths import REPO_ROOT
+from tests.support.tiny_models import llama_and_gemma3
 
 LAYERS, ROWS, KV_HEADS, CAPACITY, HEAD_DIM, BLOCK = 2, 4, 2, 64, 16, 16
 # Row 0 unpadded, row 1 from the third block (empty below 41 slots: a live row follows an empty one), row 2

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgrpo.data import toy
 from jaxgrpo.config import LORA_TARGETS, apply_overrides, load_experiment
-from jaxgrpo.run.metrics import read_jsonl
+from jaxgrpo.data import toy
 from jaxgrpo.models import Decoder, lora
 from jaxgrpo.models.config import PROJECTIONS
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.train import Trainer
 from tests.support.tiny_models import llama_and_gemma3
 
@@ -233,8 +233,8 @@ def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as
     """`jaxgrpo-compile` of a LoRA run (the sampler's decode loop and the update): the trained parameters are the
     adapters, the report names the settings, and the update's inputs hold the read-only base (its weights are
     program arguments, not constants folded in)."""
-    from jaxgrpo.tools import compile as aot
     from jaxgrpo import train
+    from jaxgrpo.tools import compile as aot
 
     cfg = load_experiment(TOY)
     apply_overrides(cfg, ["lora.rank=4", "lora.alpha=8.0", f"lora.quantize_base={quantize_base or 'none'}"])
@@ -290,8 +290,8 @@ WIDE_LLAMA = dict(family="llama", hidden_size=256, intermediate_size=512, num_la
 def hf_lora_run(tmp_path_factory):
     """A random Llama saved as a Hugging Face directory (the base), and a 3-step LoRA run on it with a checkpoint
     each step: (run directory, base directory, the trained `Trainer`)."""
-    from jaxgrpo.tools import export
     from jaxgrpo.models import DecoderConfig
+    from jaxgrpo.tools import export
 
     root = tmp_path_factory.mktemp("hf_lora")
     tokenizer = toy.CharTokenizer()
@@ -321,8 +321,8 @@ def test_a_lora_checkpoint_holds_only_the_adapters(hf_lora_run, tmp_path, capsys
     """The checkpoint holds the adapters and their Adam moments, each with its checksum, and nothing of the base:
     its arrays are under a tenth of a full fine-tune's checkpoint's of the same model (the adapters are 2.8% of its
     weights), written the same way. That full fine-tune has no adapters to export: --peft is one line, exit 2."""
-    from jaxgrpo.tools import cli
     from jaxgrpo.run.checkpoint import CHECKSUMS
+    from jaxgrpo.tools import cli
 
     run_dir, base_dir, trainer = hf_lora_run
     weights = nnx.state(trainer.policy.decoder, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
@@ -400,8 +400,8 @@ def test_a_qlora_models_exports_give_its_logits(quantize_base, tmp_path):
     import torch
     import transformers
 
-    from jaxgrpo.tools import export
     from jaxgrpo.models import DecoderConfig
+    from jaxgrpo.tools import export
 
     tokenizer = toy.CharTokenizer()
     model = Decoder(DecoderConfig(vocab_size=tokenizer.vocab_size, **WIDE_LLAMA), rngs=nnx.Rngs(0))

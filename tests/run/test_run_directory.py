@@ -20,11 +20,11 @@ import pytest
 
 import jaxgrpo.rewards
 import jaxgrpo.train.loop
-from jaxgrpo.run.checkpoint import CheckpointError, Checkpointer
-from jaxgrpo.tools.cli import plot_main, train_main
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
+from jaxgrpo.run.checkpoint import CheckpointError, Checkpointer
 from jaxgrpo.run.metrics import MetricsWriter, read_jsonl
 from jaxgrpo.run.rundir import RunDirectory, RunDirectoryError
+from jaxgrpo.tools.cli import plot_main, train_main
 from jaxgrpo.train import NoLearningSignal, NonFiniteUpdates, Trainer
 from tests.support.paths import REPO_ROOT
 

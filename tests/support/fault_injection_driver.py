@@ -30,11 +30,11 @@ import jax  # noqa: F401  (imported, not started: the children start their own b
 import matplotlib
 import tensorboardX  # noqa: F401  (imports torch: seconds each run would otherwise spend)
 
+import jaxgrpo.data.toy  # noqa: F401
 import jaxgrpo.run.checkpoint
-import jaxgrpo.tools.cli
 import jaxgrpo.run.metrics
 import jaxgrpo.sampler
-import jaxgrpo.data.toy  # noqa: F401
+import jaxgrpo.tools.cli
 import jaxgrpo.train.loop
 
 matplotlib.use("Agg")  # as jaxgrpo.run.metrics.plot_run sets it

@@ -24,8 +24,8 @@ from typing import Callable
 
 import pytest
 
-from jaxgrpo.tools import cli
 from jaxgrpo.config import apply_overrides, load_experiment, to_dict
+from jaxgrpo.tools import cli
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

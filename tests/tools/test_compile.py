@@ -11,10 +11,10 @@ import jax
 import pytest
 from flax import nnx
 
-from jaxgrpo.tools import cli
-from jaxgrpo.tools import compile as aot
 from jaxgrpo import train
 from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.tools import cli
+from jaxgrpo.tools import compile as aot
 
 TOY = "experiments/toy_sum.py"
 QUICKSTART = "experiments/quickstart.py"

@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxgrpo.tools import calibration, cli
-from jaxgrpo.tools import compile as aot
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import OutOfDeviceMemory, requested_bytes
+from jaxgrpo.tools import calibration, cli
+from jaxgrpo.tools import compile as aot
 from jaxgrpo.train import device_memory
 from tests.support.paths import REPO_ROOT
 

@@ -13,9 +13,9 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxgrpo.tools import cli, export  # noqa: E402
-from jaxgrpo.models import Decoder, DecoderConfig, RopeConfig, load  # noqa: E402
 from jaxgrpo.data.toy import CharTokenizer  # noqa: E402
+from jaxgrpo.models import Decoder, DecoderConfig, RopeConfig, load  # noqa: E402
+from jaxgrpo.tools import cli, export  # noqa: E402
 
 VOCAB = CharTokenizer().vocab_size
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4, num_kv_heads=2,

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from jaxgrpo.tools import compile as aot
 from jaxgrpo import train
 from jaxgrpo.config import load_experiment, validate
+from jaxgrpo.tools import compile as aot
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

@@ -13,9 +13,9 @@ from jaxgrpo import kernels
 from jaxgrpo.config import Config, apply_overrides, load_experiment, validate
 from jaxgrpo.envs.games import GuessNumber
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.models import Decoder, DecoderConfig, registry
 from jaxgrpo.models.tokenizer import load_tokenizer
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.train import Trainer, inputs, register_model_builder, stages
 from tests.support.tiny_models import register_two_turn_episodes
 

@@ -8,8 +8,8 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxgrpo.data import toy
 from jaxgrpo.config import Config, apply_overrides
+from jaxgrpo.data import toy
 from jaxgrpo.train import state as state_lib, step as step_lib
 
 N, PROMPT, COMPLETION = 8, 4, 5

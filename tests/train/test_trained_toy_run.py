@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from jaxgrpo.tools import cli
 from jaxgrpo.config import load_experiment
 from jaxgrpo.run.metrics import read_jsonl
+from jaxgrpo.tools import cli
 from jaxgrpo.train.loop import Trainer
 from tests.support.paths import REPO_ROOT
 

@@ -13,8 +13,8 @@ import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.models import packing
+from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.train import Trainer
 from jaxgrpo.train.batch import group_lengths
 from jaxgrpo.train.warmup import supervised_warmup

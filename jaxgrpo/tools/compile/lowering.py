@@ -15,9 +15,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo.tools.compile.analysis import itemsize, per_chip_bytes
 from jaxgrpo.config import Config, resolve_packing
 from jaxgrpo.distributed import BATCH_AXES
+from jaxgrpo.tools.compile.analysis import itemsize, per_chip_bytes
 
 
 ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK = 16, 8
