@@ -162,23 +162,17 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
 
 
 def lower_forward(cfg: Config, mesh, abstract: Abstract):
-    """The lowered reference / old-policy log-prob forward over one step's batch, its tokens per call, and
-    its jaxpr."""
-    from jaxgrpo import train
+    """The lowered reference / old-policy log-prob forward over one step's batch (the trainer's own,
+    `train.step.make_forward_fn`), its tokens per call, and its jaxpr."""
+    from jaxgrpo.train import step
 
     _, _, length, completion = _batch_shapes(cfg)
     rows = NamedSharding(mesh, P(BATCH_AXES))
-
-    def forward(rest, params, tokens, attention, positions):
-        policy = nnx.merge(abstract.graphdef, params, rest)
-        logp, _, values = train.completion_outputs(policy, tokens, attention, positions, completion,
-                                                     cfg.sampling.temperature, with_values=cfg.value_head)
-        return logp, (values if values is not None else jnp.zeros_like(logp))
-
+    forward = step.make_forward_fn(cfg, abstract.graphdef, abstract.rest)
     shape = (cfg.batch_size, length)
     with jax.set_mesh(mesh):
-        traced = jax.jit(forward).trace(abstract.rest, abstract.state.params, _sharded(shape, jnp.int32, rows),
-                                        _sharded(shape, jnp.bool_, rows), _sharded(shape, jnp.int32, rows))
+        traced = forward.trace(abstract.state.params, _sharded(shape, jnp.int32, rows),
+                               _sharded(shape, jnp.bool_, rows), _sharded(shape, jnp.int32, rows), completion)
         return traced.lower(), cfg.batch_size * length, traced.jaxpr
 
 
