@@ -371,6 +371,7 @@ def test_an_error_after_the_model_is_built_is_one_line_from_the_program(tmp_path
 # warm-up's update (`jit_update`, seconds of compilation) compiles.
 _SIGINT_DRIVER = """
 import sys
+import time
 import jax._src.compiler as compiler
 
 marker, argv = sys.argv[1], sys.argv[2:]
@@ -378,9 +379,16 @@ compile_and_load = compiler.backend_compile_and_load
 
 
 def marked(backend, module, *args, **kwargs):
+    name = str(module.operation.attributes["sym_name"]).strip('"')
     with open(marker, "a") as f:
-        f.write(str(module.operation.attributes["sym_name"]).strip('"') + "\\n")
-    return compile_and_load(backend, module, *args, **kwargs)
+        f.write(name + "\\n")
+    compiled = compile_and_load(backend, module, *args, **kwargs)
+    # The update's compilation stays open until the test's Ctrl-C arrives (a cached or fast compile would
+    # otherwise end, and the run with it, before a loaded machine's test process sends it).
+    deadline = time.monotonic() + (120 if name == "jit_update" else 0)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    return compiled
 
 
 compiler.backend_compile_and_load = marked
