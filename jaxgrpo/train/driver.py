@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import jax
 
@@ -17,13 +17,10 @@ from jaxgrpo.train import warmup as warmup_lib
 from jaxgrpo.train.health import RunWatch
 from jaxgrpo.train.state import LoopState
 
-if TYPE_CHECKING:
-    from jaxgrpo.train.loop import Trainer
-
 logger = logging.getLogger(__name__)
 
 
-def run(trainer: Trainer, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+def run(trainer, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
         on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:
     """`trainer.run(...)`: trains for `cfg.steps` steps into `cfg.run_dir` and returns the records of the steps it
     ran (`Trainer.run` says what each argument does, when a run is refused and when it stops)."""
@@ -86,7 +83,7 @@ def run(trainer: Trainer, *, resume: bool = False, overwrite: bool = False, prog
             writer.close()
 
 
-def evaluate(trainer: Trainer, step: int) -> dict:
+def evaluate(trainer, step: int) -> dict:
     """The held-out metrics of the policy after `step` steps (`evaluation.evaluate`, or `evaluate_episodes`
     with an environment)."""
     if trainer.cfg.environment is not None:
@@ -94,7 +91,7 @@ def evaluate(trainer: Trainer, step: int) -> dict:
     return evaluation.evaluate(trainer.cfg, trainer.generate, trainer.tokenizer, trainer.reward_fns, trainer.eval_examples, step)
 
 
-def _tracer(trainer: Trainer, start: int, count: int, *, write: bool) -> profiling.StepTracer:
+def _tracer(trainer, start: int, count: int, *, write: bool) -> profiling.StepTracer:
     """A tracer of the `count` steps after step `start + 1` (the run's first, which compiles)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ConfigError(f"profile must be a number of steps >= 0, got {count!r}")
@@ -108,7 +105,7 @@ def _tracer(trainer: Trainer, start: int, count: int, *, write: bool) -> profili
     return profiling.StepTracer(directory, start + 2, count, write=write)
 
 
-def _start(trainer: Trainer, checkpointer, writer, resume: bool) -> LoopState:
+def _start(trainer, checkpointer, writer, resume: bool) -> LoopState:
     """The state the run starts from: under `resume` the newest checkpoint's, else `loop_state` at step 0 (a
     trainer's first run: its initial state)."""
     restored = state_lib.restore(checkpointer, trainer.loop_state) if resume else None

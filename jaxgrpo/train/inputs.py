@@ -22,7 +22,7 @@ import numpy as np
 from jaxgrpo import kernels
 
 if TYPE_CHECKING:  # a type only: the config validates its stages (`check_config`), not the other way round
-    from jaxgrpo.config import Config
+    from jaxgrpo.config.fields import Config
 
 ROW, GROUP, TOKEN, STATIC, LOSS = "row [N]", "group [num_groups]", "token [N, T]", "static int", "loss (in the update)"
 STEP = "step [S] (one row per policy turn of an episode)"

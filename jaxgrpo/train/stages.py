@@ -35,7 +35,7 @@ from jaxgrpo.errors import ConfigError
 from jaxgrpo.train import inputs as inputs_lib, trackers
 
 if TYPE_CHECKING:  # a type only: the config validates its stages (`check_config`), not the other way round
-    from jaxgrpo.config import Config
+    from jaxgrpo.config.fields import Config
 
 
 class Stage(NamedTuple):

@@ -26,7 +26,7 @@ from jaxgrpo.distributed import gather_rows
 from jaxgrpo.kernels.segments import masked_mean
 
 if TYPE_CHECKING:  # a type only: the config validates its stages (`check_config`), not the other way round
-    from jaxgrpo.config import Config
+    from jaxgrpo.config.fields import Config
 
 #: The key of the training examples holding their position in the training split (added when tracking).
 PROMPT_INDEX = "prompt_index"
