@@ -10,7 +10,7 @@ from typing import Callable
 import jax
 
 from jaxgrpo import profiling
-from jaxgrpo.config import Config
+from jaxgrpo.config import Config, to_dict
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.train import evaluation, state as state_lib
 from jaxgrpo.train import warmup as warmup_lib
@@ -24,7 +24,6 @@ def run(trainer, *, resume: bool = False, overwrite: bool = False, progress: boo
         on_step: Callable[[int, dict], None] | None = None, profile: int = 0) -> list[dict]:
     """`trainer.run(...)`: trains for `cfg.steps` steps into `cfg.run_dir` and returns the records of the steps it
     ran (`Trainer.run` says what each argument does, when a run is refused and when it stops)."""
-    from jaxgrpo.config import to_dict
     from jaxgrpo.run.checkpoint import Checkpointer
     from jaxgrpo.run.metrics import EVAL_FILE, MetricsWriter
     from jaxgrpo.run.rundir import RunDirectory
@@ -88,7 +87,8 @@ def evaluate(trainer, step: int) -> dict:
     with an environment)."""
     if trainer.cfg.environment is not None:
         return evaluation.evaluate_episodes(trainer.cfg, trainer.run_episodes, trainer.eval_examples, step)
-    return evaluation.evaluate(trainer.cfg, trainer.generate, trainer.tokenizer, trainer.reward_fns, trainer.eval_examples, step)
+    return evaluation.evaluate(trainer.cfg, trainer.generate, trainer.tokenizer, trainer.reward_fns,
+                               trainer.eval_examples, step)
 
 
 def _tracer(trainer, start: int, count: int, *, write: bool) -> profiling.StepTracer:

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from jaxgrpo.config import Config
+from jaxgrpo.config import Config, resolve_packing, validate
 from jaxgrpo.errors import ConfigError
 
 
@@ -162,7 +162,6 @@ def check_trainer(cfg: Config, model, task, reward_fns, mesh):
     """What a `Trainer` is given, checked before anything is built: the config (its packing settled for the
     platform), what it names (task, rewards, model, context budget, mesh), then the data and the fields the
     stages' kernels read. Returns (cfg, task, reward_fns, train examples, held-out examples)."""
-    from jaxgrpo.config import resolve_packing, validate
     from jaxgrpo.models.attention import target_platform as attention_platform
     from jaxgrpo.train import guidance, stages
 
