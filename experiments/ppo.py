@@ -5,8 +5,8 @@ from jaxgrpo.config import Config
 
 def config() -> Config:
     c = Config()
-    c.value_head = True  # advantages from GAE over the value head, whitened over the batch
-    c.gae_gamma, c.gae_lambda = 1.0, 1.0
+    c.advantage = "gae"  # advantages from GAE over a value head, whitened over the batch
+    c.advantage_kwargs = {"gamma": 1.0, "lam": 1.0}
     c.value_coef = 0.5
     c.loss = "ppo_clip"
     c.loss_kwargs = {"eps_low": 0.2, "clip_ratio_c": 3.0}

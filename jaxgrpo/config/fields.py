@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from typing import Any
+
+from jaxgrpo import kernels
 
 
 #: Parameter dtypes a policy can be built in (`jaxgrpo.train.state.build_model`).
@@ -23,6 +26,44 @@ ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "pallas_gpu", "cpu")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
+#: Fields that became stages (a kernel by name with keyword arguments, like the others), and what to write instead.
+#: Setting one is refused with its replacement; a run's config.json that has them is read as the new fields
+#: (`migrate`).
+REPLACED = {
+    "value_head": "advantage='gae' (PPO: GAE over a value head, whose gamma and lam go in advantage_kwargs)",
+    "gae_gamma": "advantage_kwargs={'gamma': ...} with advantage='gae'",
+    "gae_lambda": "advantage_kwargs={'lam': ...} with advantage='gae'",
+    "dynamic_sampling": "group_filter='dynamic_sampling_filter' (DAPO's dynamic sampling; its atol in "
+                        "group_filter_kwargs)",
+    "overlong_cache_len": "reward_penalty='overlong_penalty' with reward_penalty_kwargs={'cache_len': ...} (DAPO's "
+                          "overlong shaping)",
+}
+
+
+def replaced(name: str) -> str | None:
+    """The one-line error for setting a field that became a stage, or None for any other name."""
+    if name not in REPLACED:
+        return None
+    return f"{name} is now a stage like the others: set {REPLACED[name]}"
+
+
+def migrate(values: dict) -> dict:
+    """A config dict (config.json) with the fields that became stages rewritten as those stages: a run written
+    before keeps reading, resuming and comparing the same."""
+    values = dict(values)
+    gamma, lam = values.pop("gae_gamma", 1.0), values.pop("gae_lambda", 1.0)
+    if values.pop("value_head", False):
+        values["advantage"] = "gae"
+        values["advantage_kwargs"] = {"gamma": float(gamma), "lam": float(lam)}
+    if values.pop("dynamic_sampling", False):
+        values["group_filter"] = "dynamic_sampling_filter"
+    cache_len = values.pop("overlong_cache_len", 0)
+    if cache_len:
+        values["reward_penalty"] = "overlong_penalty"
+        values["reward_penalty_kwargs"] = {"cache_len": int(cache_len)}
+    return values
+
+
 class _Fields:
     """Base of the config sections: assigning an attribute that is not a field is an error.
 
@@ -33,6 +74,8 @@ class _Fields:
 
     def __setattr__(self, name: str, value: Any) -> None:
         fields = self.__dataclass_fields__
+        if name in REPLACED and name not in fields:
+            raise AttributeError(replaced(name))
         if name not in fields and not isinstance(getattr(type(self), name, None), property):
             close = difflib.get_close_matches(name, fields, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"valid fields: {', '.join(fields)}"
@@ -210,17 +253,19 @@ class Config(_Fields):
     kl_kind: str = "k3"
     kl_kwargs: dict = dataclasses.field(default_factory=dict)
     entropy_coef: float = 0.0
-    #: DAPO dynamic sampling: drop groups with all-equal correctness and sample more.
-    dynamic_sampling: bool = False
+    #: A registered "selection" or "mask" kernel returning bool[N], the rows whose groups are kept, or None: the
+    #: other groups are sampled again with new prompts, up to `max_sampling_rounds` rounds in all (DAPO's dynamic
+    #: sampling: "dynamic_sampling_filter", which keeps the groups whose correctness varies).
+    group_filter: str | None = None
+    group_filter_kwargs: dict = dataclasses.field(default_factory=dict)
     max_sampling_rounds: int = 3
-    #: DAPO overlong shaping in tokens (0 disables): penalty in the last `overlong_cache_len` tokens.
-    overlong_cache_len: int = 0
-    #: PPO with a value head and GAE: GAE is the advantage, so the host stages (reward_shaping, advantage,
-    #: token_credit, row_weights) stay at their defaults (another is refused, not ignored).
-    value_head: bool = False
+    #: A registered "reward" kernel whose f32[N] is added to each scored row's reward, or None (DAPO's overlong
+    #: shaping: "overlong_penalty" with {"cache_len": ...}; a kernel's `max_len` defaults to sampling.max_new_tokens).
+    reward_penalty: str | None = None
+    reward_penalty_kwargs: dict = dataclasses.field(default_factory=dict)
+    #: Weight of the value loss. A value head is part of the policy when the advantage reads per-token `values`
+    #: (advantage="gae": PPO with GAE over the value head; `Config.value_head`).
     value_coef: float = 0.5
-    gae_gamma: float = 1.0
-    gae_lambda: float = 1.0
 
     # Batch shapes.
     prompts_per_step: int = 8
@@ -292,6 +337,13 @@ class Config(_Fields):
     #: collapse_entropy=0 turns the entropy sign off; collapse_window=0 both.
     collapse_entropy: float = 0.1
     collapse_window: int = 5
+
+    @property
+    def value_head(self) -> bool:
+        """Whether the policy carries a value head: the advantage stage names a kernel reading per-token `values`
+        (GAE), which the value head provides and the value loss (`value_coef`) trains."""
+        return any("values" in inspect.signature(k.fn).parameters for kind in ("advantage", "token_advantage")
+                   for k in kernels.list_kernels(kind) if k.name == self.advantage)
 
     @property
     def batch_size(self) -> int:

@@ -49,11 +49,6 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
             f"micro-batch of {micro} sequences cannot be split over {num_devices} devices; "
             f"make micro_batch_size a multiple of {num_devices}"
         )
-    if not 0 <= cfg.overlong_cache_len <= cfg.sampling.max_new_tokens:
-        raise ConfigError(
-            f"overlong_cache_len={cfg.overlong_cache_len} must lie in [0, sampling.max_new_tokens="
-            f"{cfg.sampling.max_new_tokens}]: the penalty window sits at the end of the completion budget"
-        )
     if cfg.steps < 0:
         raise ConfigError(f"steps must be >= 0, got {cfg.steps}")
     if cfg.lora is not None:
@@ -130,8 +125,6 @@ def _check_ranges(cfg: Config) -> None:
         (cfg.kl_coef >= 0,
          f"kl_coef must be >= 0 (a negative coefficient rewards drifting from the reference), got {cfg.kl_coef}"),
         (cfg.value_coef >= 0, f"value_coef must be >= 0, got {cfg.value_coef}"),
-        (0 <= cfg.gae_gamma <= 1, f"gae_gamma must be in [0, 1], got {cfg.gae_gamma}"),
-        (0 <= cfg.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {cfg.gae_lambda}"),
         (cfg.max_sampling_rounds >= 1, f"max_sampling_rounds must be >= 1, got {cfg.max_sampling_rounds}"),
         (0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32) (a JAX PRNG seed), got {cfg.seed}"),
         (cfg.warmup_sft_steps >= 0, f"warmup_sft_steps must be >= 0, got {cfg.warmup_sft_steps}"),
@@ -186,9 +179,10 @@ def _check_environment(cfg: Config) -> None:
               f"raise it"),
              (not cfg.packing, "packing lays out a prompt and one completion per row, but an episode's observations "
                                "sit inside its completion; set packing=false (or leave it None) with an environment"),
-             (not cfg.dynamic_sampling, "dynamic_sampling does not resample environment episodes yet; set "
-                                        "dynamic_sampling=false with an environment"),
-             (not cfg.overlong_cache_len, "overlong_cache_len penalizes one completion's length; set it to 0 with an "
+             (cfg.group_filter is None, f"group_filter={cfg.group_filter!r} does not resample environment episodes "
+                                        "yet; set group_filter=None with an environment"),
+             (cfg.reward_penalty is None, f"reward_penalty={cfg.reward_penalty!r} penalizes one completion; set it to "
+                                          "None with an "
                                           "environment (the episode's token budget is environment.max_context)")]
     for ok, message in rules:
         if not ok:
@@ -212,8 +206,8 @@ def _check_partial(cfg: Config) -> None:
                           f"sampling.max_new_tokens={limit}: a long row could not end within the staleness bound; "
                           f"raise either so that their product is >= {limit}")
     for on, what in ((cfg.environment is not None, "environment episodes"),
-                     (cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance"),
-                     (cfg.value_head, "value_head")):
+                     (cfg.group_filter is not None, "group_filter"), (cfg.guidance is not None, "guidance"),
+                     (cfg.value_head, f"a value head (advantage={cfg.advantage!r})")):
         if on:
             raise ConfigError(f"partial_rollout_tokens={budget} continues single-turn rows only; it does not "
                               f"combine with {what}: set partial_rollout_tokens=0 or turn {what} off")

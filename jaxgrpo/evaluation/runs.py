@@ -14,7 +14,7 @@ import os
 import typing
 from typing import Any
 
-from jaxgrpo.config import Config, optional_section
+from jaxgrpo.config import Config, migrate, optional_section
 from jaxgrpo.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -27,7 +27,8 @@ class RunReadError(UserError, ValueError):
 
 def config_from_dict(values: dict, cfg: Any = None) -> Config:
     """The `Config` that `to_dict` wrote as `values` (config.json); keys it does not know are an error."""
-    cfg = Config() if cfg is None else cfg
+    if cfg is None:  # the top level: fields that became stages since the run was written read as those stages
+        cfg, values = Config(), migrate(values)
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     for name, value in values.items():
         if name not in fields:

@@ -28,7 +28,7 @@ class Scorers(NamedTuple):
 
     reference: Callable  # the KL reference's log-probs (a KL term)
     policy: Callable  # the current policy's log-probs (a stage reading `trainer_logp`)
-    values: Callable  # the value head's values (`value_head`)
+    values: Callable  # the value head's values (an advantage reading them: `Config.value_head`)
 
 
 #: Task-provided per-row ids: the field, and the key of the task's examples that holds it.
@@ -76,7 +76,8 @@ def batch_inputs(cfg: Config, rollout: Trajectories, stats: RowStats, reward_wei
 
 
 def gae_advantages(cfg: Config, rollout: Trajectories, mask: np.ndarray, valid: np.ndarray, old_logp, ref_logp, old_values):
-    """PPO's (advantages, returns) f32[n, C]: GAE over the value head, whitened over the whole batch's tokens.
+    """PPO's (advantages, returns) f32[n, C]: the advantage stage's GAE over the value head, whitened over the whole
+    batch's tokens.
 
     The reward sits on each row's last completion token, minus the KL to the reference per token with a KL term.
     """
@@ -85,8 +86,8 @@ def gae_advantages(cfg: Config, rollout: Trajectories, mask: np.ndarray, valid: 
     token_rewards[np.arange(len(last)), last] = rollout.rewards * valid
     if cfg.kl_coef:
         token_rewards = token_rewards - cfg.kl_coef * (old_logp - ref_logp) * mask
-    adv, returns = kernels.gae(jnp.asarray(token_rewards), jnp.asarray(old_values), jnp.asarray(mask),
-                               gamma=cfg.gae_gamma, lam=cfg.gae_lambda)
+    gae = stages.kernel_of(cfg, stages.STAGE["advantage"])  # `gae`: (advantages, returns)
+    adv, returns = gae(jnp.asarray(token_rewards), jnp.asarray(old_values), jnp.asarray(mask), **cfg.advantage_kwargs)
     whole = gather_rows({"adv": np.asarray(adv), "mask": mask})  # the per-token advantages of every host
     advantages = np.asarray(kernels.masked_whiten(jnp.asarray(whole["adv"]), jnp.asarray(whole["mask"])))
     return advantages[process_block(len(advantages))], np.asarray(returns)

@@ -67,7 +67,7 @@ def truncation_collapse(records: Sequence[dict], *, window: int, max_new_tokens:
     return CollapseSign("truncation", (
         f"step {step}: every completion of the last {window} steps ran to sampling.max_new_tokens={max_new_tokens} "
         f"without a stop token, so the rewards judge cut-off text; raise sampling.max_new_tokens, penalize "
-        f"overlong completions (overlong_cache_len) or add a KL term (kl_coef=0.05)"))
+        f"overlong completions (reward_penalty='overlong_penalty') or add a KL term (kl_coef=0.05)"))
 
 
 def collapse_warnings(records: Sequence[dict], *, entropy_floor: float, window: int,
@@ -101,7 +101,7 @@ NO_SIGNAL = {
         "frac_signal_rows=0: within every group the rewards were equal, so the update has no learning signal",
         "every row's advantage was zero: the rewards were equal within every group (a reward that is the same "
         "for every completion, groups of one, or a task the policy always or never solves; try "
-        "dynamic_sampling=true, more varied rewards or a larger group_size)",
+        "group_filter='dynamic_sampling_filter', more varied rewards or a larger group_size)",
     ),
 }
 

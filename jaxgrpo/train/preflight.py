@@ -194,8 +194,8 @@ def _check_multi_process(cfg: Config) -> None:
         raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of each "
                           f"process's own; set mesh.rollout_devices to a multiple of the {jax.process_count()} "
                           f"processes (e.g. {jax.process_count()})")
-    if samples_locally(cfg):  # the rounds of dynamic sampling and guidance are agreed across processes
-        for on, what in ((cfg.dynamic_sampling, "dynamic_sampling"), (cfg.guidance is not None, "guidance")):
+    if samples_locally(cfg):  # the rounds of a group filter and guidance are agreed across processes
+        for on, what in ((cfg.group_filter is not None, "group_filter"), (cfg.guidance is not None, "guidance")):
             if on:
                 raise ConfigError(f"{what} agrees its sampling rounds across processes, which sampling on each "
                                   f"process's own devices (the rollout engine, one-step-off, environments) does "

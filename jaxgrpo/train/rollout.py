@@ -14,10 +14,10 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from jaxgrpo import kernels, profiling, sampler
+from jaxgrpo import profiling, sampler
 from jaxgrpo.config import Config
 from jaxgrpo.distributed import across_processes, local_rows, process_block, to_host
-from jaxgrpo.train import inputs as inputs_lib
+from jaxgrpo.train import inputs as inputs_lib, stages
 
 
 class Trajectories(NamedTuple):
@@ -191,16 +191,19 @@ def decode(tokenizer, out) -> list[str]:
 
 def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, group_ids: np.ndarray) -> Trajectories:
     """The `Trajectories` of a sampled `sampler.Generation` (numpy rows) of `examples` (one per row): decoded, rewarded
-    (with DAPO's overlong penalty when configured), every row kept."""
+    (plus the `reward_penalty` stage's penalty, e.g. DAPO's overlong shaping), every row kept."""
     mask = out.completion_mask.astype(np.float32)
     lengths = mask.sum(-1).astype(np.int32)
     texts = tokenizer.batch_decode([t[: n] for t, n in zip(out.completion_tokens, lengths)], skip_special_tokens=True)
     result = score(cfg, reward_fns, texts, examples, lengths)
-    shaped = result.rewards
-    if cfg.overlong_cache_len:
-        shaped = shaped + np.asarray(kernels.overlong_penalty(
-            lengths, max_len=cfg.sampling.max_new_tokens, cache_len=cfg.overlong_cache_len)) * result.valid
     correct = result.per_reward[cfg.correctness_reward].astype(np.float32)
+    shaped = result.rewards
+    penalty = stages.kernel_of(cfg, stages.STAGE["reward_penalty"])
+    if penalty is not None:
+        fields = dict(lengths=lengths, correct=correct, group_ids=group_ids, num_groups=int(group_ids.max()) + 1,
+                      valid=result.valid)
+        kwargs = stages.kwargs_of(cfg, stages.STAGE["reward_penalty"])
+        shaped = shaped + np.asarray(inputs_lib.call(penalty, fields, kwargs)) * result.valid
     return Trajectories(
         # The untruncated policy log-probs: what the trainer computes for the same tokens.
         out.prompt_tokens, out.prompt_mask.astype(bool), out.completion_tokens, mask,
@@ -228,10 +231,11 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     kept: list[Trajectories] = []
     rejected: list[Trajectories] = []
     rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
+    keeps = stages.kernel_of(cfg, stages.STAGE["group_filter"])  # the groups to keep (DAPO's dynamic sampling)
     while True:
         lacking = local_groups - sum(len(r.rewards) for r in kept) // g
         need = lacking if local else int(across_processes(lacking).max())
-        if need <= 0 or rounds >= (cfg.max_sampling_rounds if cfg.dynamic_sampling else 1):
+        if need <= 0 or rounds >= (cfg.max_sampling_rounds if keeps is not None else 1):
             break
         block = process_block(need * jax.process_count())
         examples = prompts.take(need * jax.process_count(), block)
@@ -252,8 +256,9 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
             for name, value in guided.items():
                 timings[name] = timings.get(name, 0) + value
         group_ids, correct = rollout.group_ids, rollout.correct
-        if cfg.dynamic_sampling:
-            keep = np.asarray(kernels.dynamic_sampling_filter(correct, group_ids, num_groups=need, valid=rollout.valid))
+        if keeps is not None:
+            keep = np.asarray(keeps(correct, group_ids, num_groups=need, valid=rollout.valid,
+                                    **cfg.group_filter_kwargs))
             keep_groups = np.unique(group_ids[keep])
             rollout = rollout._replace(kept=np.isin(group_ids, keep_groups))
             kept.append(select_groups(rollout, keep_groups))

@@ -13,6 +13,12 @@
 | `loss_mask` | mask | bool[N]: rows the loss sees (a mask of the batch's rewards and groups) |
 | `kl_kind` (`kl_kwargs`) | kl | the per-token KL to the reference, weighted by `kl_coef` in the loss (on when > 0) |
 | `value_tracker` | selection (a tracker) | a state per prompt, kept in the train state; provides `baseline` |
+| `reward_penalty` | reward | f32[N] added to each scored row's reward as it is sampled (DAPO's overlong shaping) |
+| `group_filter` | selection, mask | bool[N]: the rows whose groups are kept, the others sampled again (DAPO) |
+
+The advantage stage also decides whether the policy has a value head: an advantage reading per-token `values`
+(`gae`) gets one, trained by the value loss (`Config.value_head`), and the host stages around it keep their
+defaults (GAE over the value head is the whole advantage).
 
 Each kernel reads the fields its signature names (`jaxgrpo.train.inputs`). `check_config` refuses a
 stage given a kernel of the wrong kind, a kernel whose registration declares it cannot run in the
@@ -44,6 +50,9 @@ class Stage(NamedTuple):
     kwargs: str = ""  # the config field of its keyword arguments ("" : field + "_kwargs")
     #: The fields the stage passes its kernel (None: any field the run provides).
     passes: tuple[str, ...] | None = None
+    #: (keyword argument, dotted config field): a kernel's argument of that name the experiment does not set is
+    #: the config's value (e.g. a length penalty's `max_len` is the sampler's `max_new_tokens`).
+    defaults: tuple[tuple[str, str], ...] = ()
 
     @property
     def kwargs_field(self) -> str:
@@ -62,12 +71,31 @@ STAGES = (
     Stage("loss_mask", ("mask",), passes=ROW_MASK_INPUTS),
     Stage("kl_kind", ("kl",), kwargs="kl_kwargs", passes=("logp", "ref_logp", "old_logp", "mask")),
     Stage("value_tracker", ("selection",), passes=("state", "prompt_ids", "rewards", "kl", "valid")),
+    Stage("reward_penalty", ("reward",), passes=("lengths", "correct", "group_ids", "num_groups", "valid"),
+          defaults=(("max_len", "sampling.max_new_tokens"),)),
+    # The filter's `rewards` are each row's correctness (`correctness_reward`): DAPO keeps groups by accuracy.
+    Stage("group_filter", ("selection", "mask"), passes=ROW_MASK_INPUTS),
 )
+STAGE = {stage.field: stage for stage in STAGES}
 
 #: Stages computed on the host before the update (the loss runs inside it).
 HOST_STAGES = ("reward_shaping", "advantage", "token_credit", "row_weights")
 #: The fields a policy loss may read besides (logp, old_logp, advantages, mask) (`step.make_loss_fn`).
 LOSS_FIELDS = ("entropy", "num_groups", *inputs_lib.LOSS_ROW_FIELDS)
+
+
+def kwargs_of(cfg: Config, stage: Stage) -> dict:
+    """The keyword arguments a stage gives its kernel: the experiment's, with the stage's `defaults` for the
+    arguments of the kernel the experiment leaves unset."""
+    kwargs = dict(getattr(cfg, stage.kwargs_field))
+    kernel = kernel_of(cfg, stage)
+    for name, path in stage.defaults:
+        if kernel is not None and name not in kwargs and name in inspect.signature(kernel).parameters:
+            value = cfg
+            for part in path.split("."):
+                value = getattr(value, part)
+            kwargs[name] = value
+    return kwargs
 
 
 def kernel_of(cfg: Config, stage: Stage):
@@ -79,7 +107,7 @@ def kernel_of(cfg: Config, stage: Stage):
 def info_of(cfg: Config, stage: Stage):
     """The registry entry (`KernelInfo`) of the kernel a stage names, or None when the stage is off."""
     name = getattr(cfg, stage.field)
-    if name is None or (stage.field == "advantage" and cfg.value_head):  # a value head: GAE is the advantage
+    if name is None:
         return None
     for kind in stage.kinds:
         if name in {k.name for k in kernels.list_kernels(kind)}:
@@ -101,6 +129,10 @@ def check_config(cfg: Config) -> None:
     for stage in STAGES:
         found = info_of(cfg, stage)
         if found is None:
+            if getattr(cfg, stage.kwargs_field):  # arguments of no kernel: a typo'd or forgotten stage name
+                raise ConfigError(f"{stage.kwargs_field}={getattr(cfg, stage.kwargs_field)!r} is set but {stage.field} "
+                                  f"is None, so nothing would read it; name the kernel ({stage.field}=...) or drop "
+                                  f"{stage.kwargs_field}")
             continue
         kernel, name = found.fn, found.name
         if stage.field == "value_tracker" and name not in trackers.TRACKERS:
@@ -109,7 +141,7 @@ def check_config(cfg: Config) -> None:
         if found.loop:
             raise ConfigError(f"{stage.field}={name!r} cannot run in jaxgrpo's loop: it {found.loop}; pick another "
                              f"{found.kind} kernel (or call it from a custom loop)")
-        kwargs = getattr(cfg, stage.kwargs_field)
+        kwargs = kwargs_of(cfg, stage)
         allowed = inputs_lib.hyperparameters(kernel)
         if stage.passes is not None:
             allowed = [a for a in allowed if a not in stage.passes]
@@ -128,6 +160,8 @@ def check_config(cfg: Config) -> None:
         # its ddof is refused here, before anything compiles, not at the first update.
         found.check_kwargs(kwargs, prefix=stage.kwargs_field + ".",
                            context={"group_size": cfg.group_size, "batch_size": cfg.batch_size})
+        if stage.field == "group_filter":
+            _check_keeps_rows(cfg, found, kwargs)
         if takes_any:
             continue
         missing = [p.name for p in inspect.signature(kernel).parameters.values()
@@ -144,31 +178,47 @@ def check_config(cfg: Config) -> None:
     check_group_size(cfg)
 
 
+def _check_keeps_rows(cfg: Config, found, kwargs: dict) -> None:
+    """A group filter returns bool[N], the rows to keep (traced on a batch of the config's shape, not run): a kernel
+    of weights would keep every row with a weight that is not 0."""
+    import jax
+
+    n, groups = cfg.batch_size, cfg.prompts_per_step
+    out = jax.eval_shape(lambda r, g, v: found.fn(r, g, num_groups=groups, valid=v, **kwargs),
+                         jax.ShapeDtypeStruct((n,), np.float32), jax.ShapeDtypeStruct((n,), np.int32),
+                         jax.ShapeDtypeStruct((n,), np.bool_))
+    if getattr(out, "shape", None) != (n,) or out.dtype != np.bool_:
+        raise ConfigError(f"group_filter={found.name!r} returns {getattr(out, 'dtype', type(out).__name__)}"
+                          f"{list(getattr(out, 'shape', ()))}, not bool[{n}] (the rows to keep); pick a filter such "
+                          "as 'dynamic_sampling_filter'")
+
+
 def _check_value_head(cfg: Config) -> None:
-    """A value head computes the advantages by GAE (`batch.gae_advantages`), so the host stages of a group advantage
-    do not run: one set besides its default is refused rather than ignored."""
-    accepted = {f.name: (f.default,) for f in dataclasses.fields(cfg) if f.name in HOST_STAGES}
-    accepted["advantage"] += ("gae",)  # names what runs (the registered GAE kernel): no stage ignored
-    ignored = [f"{name}={getattr(cfg, name)!r}" for name in HOST_STAGES if getattr(cfg, name) not in accepted[name]]
-    ignored += [f"{name}_kwargs={getattr(cfg, name + '_kwargs')!r}" for name in HOST_STAGES
+    """An advantage over a value head (GAE, `batch.gae_advantages`) is the whole advantage: the other host stages
+    do not run around it, so one set besides its default is refused rather than ignored."""
+    others = [name for name in HOST_STAGES if name != "advantage"]
+    accepted = {f.name: (f.default,) for f in dataclasses.fields(cfg) if f.name in others}
+    ignored = [f"{name}={getattr(cfg, name)!r}" for name in others if getattr(cfg, name) not in accepted[name]]
+    ignored += [f"{name}_kwargs={getattr(cfg, name + '_kwargs')!r}" for name in others
                 if getattr(cfg, name + "_kwargs")]
     if ignored:
-        raise ConfigError(f"value_head=true computes the advantages by GAE over the value head, so {', '.join(ignored)} "
-                          f"would not run; drop {'it' if len(ignored) == 1 else 'them'}, or set value_head=false")
+        raise ConfigError(f"advantage={cfg.advantage!r} computes the advantages by GAE over the value head, so "
+                          f"{', '.join(ignored)} would not run; drop {'it' if len(ignored) == 1 else 'them'}, or pick "
+                          "a group advantage")
 
 
 def check_group_size(cfg: Config) -> None:
     """Refuses one completion per prompt with a group-relative advantage (`KernelInfo.group_relative`), which
     would give every row an advantage of 0: a run that trains nothing."""
-    advantage = info_of(cfg, STAGES[1])  # None with a value head: GAE needs no group
+    advantage = info_of(cfg, STAGES[1])
     if cfg.group_size != 1 or advantage is None or not advantage.group_relative:
         return
     alone = [k.name for k in kernels.list_kernels("advantage") if not k.group_relative and k.loop is None]
     raise ValueError(
         f"group_size=1 with advantage={advantage.name!r}: a group-relative advantage compares each completion with "
         "the others of its prompt, so with one completion per prompt it is 0 for every row and nothing trains; set "
-        f"group_size >= 2, or pick an advantage that works with one sample ({', '.join(alone)}), or value_head=true "
-        "(PPO with GAE)"
+        f"group_size >= 2, or pick an advantage that works with one sample ({', '.join(alone)}), or advantage='gae' "
+        "(PPO: GAE over a value head)"
     )
 
 

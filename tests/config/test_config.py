@@ -4,13 +4,15 @@ import copy
 import dataclasses
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from jaxgrpo.config import Config, ExperimentError, apply_overrides, load_experiment, valid_keys, validate
+from jaxgrpo.config import Config, ExperimentError, apply_overrides, load_experiment, to_dict, valid_keys, validate
+from jaxgrpo.evaluation.runs import config_from_dict
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -18,11 +20,11 @@ EXPERIMENTS = sorted(f for f in os.listdir(os.path.join(ROOT, "experiments")) if
 
 
 def test_overrides_set_nested_typed_fields():
-    cfg = apply_overrides(Config(), ["optimizer.lr=1e-6", "group_size=8", "dynamic_sampling=true",
+    cfg = apply_overrides(Config(), ["optimizer.lr=1e-6", "group_size=8", "group_filter=dynamic_sampling_filter",
                                       "loss_kwargs.eps_high=0.28", "aggregation_max_len=none", "task.name=gsm8k"])
     assert cfg.optimizer.lr == 1e-6 and isinstance(cfg.optimizer.lr, float)
     assert cfg.group_size == 8 and isinstance(cfg.group_size, int)
-    assert cfg.dynamic_sampling is True
+    assert cfg.group_filter == "dynamic_sampling_filter"
     assert cfg.loss_kwargs == {"eps_high": 0.28}
     assert cfg.aggregation_max_len is None
     assert cfg.task.name == "gsm8k"
@@ -152,8 +154,8 @@ def test_optimizer_values_must_make_sense(override, needle):
     ("kl_coef=-0.1", "kl_coef must be >= 0"),
     ("max_sampling_rounds=0", "max_sampling_rounds must be >= 1"),
     ("value_coef=-1", "value_coef must be >= 0"),
-    ("gae_gamma=1.1", "gae_gamma must be in [0, 1]"),
-    ("gae_lambda=-0.1", "gae_lambda must be in [0, 1]"),
+    ("reward_penalty_kwargs={'cache_len': 8}", "reward_penalty_kwargs={'cache_len': 8} is set but reward_penalty is "
+                                               "None, so nothing would read it"),
     ("mesh.data=0", "mesh.data must be -1 (every remaining device) or >= 1"),
     ("mesh.model=-2", "mesh.model must be -1 (every remaining device) or >= 1"),
     ("max_nonfinite_steps=-1", "max_nonfinite_steps must be >= 0 (0 = never stop)"),
@@ -168,25 +170,71 @@ def test_one_completion_per_prompt_is_refused_for_a_group_relative_advantage(adv
     cfg = apply_overrides(Config(), ["group_size=1", f"advantage={advantage}"])
     with pytest.raises(ValueError, match=rf"group_size=1 with advantage='{advantage}': .* 0 for every row .* set "
                                          r"group_size >= 2, or pick an advantage that works with one sample \(.*"
-                                         r"reinforce_pp.*\), or value_head=true"):
+                                         r"reinforce_pp.*\), or advantage='gae'"):
         validate(cfg)
 
 
 @pytest.mark.parametrize("overrides", [["advantage=reinforce_pp"], ["advantage=reinforce_pp_baseline"],
-                                       ["value_head=true"], ["advantage=experimental/spo_advantage",
+                                       ["advantage=gae"], ["advantage=experimental/spo_advantage",
                                                              "value_tracker=experimental/spo_value_tracker"]],
                          ids=["reinforce_pp", "reinforce_pp_baseline", "gae", "spo"])
 def test_one_completion_per_prompt_is_allowed_for_advantages_that_need_no_group(overrides):
     validate(apply_overrides(Config(), ["group_size=1", *overrides]))
 
 
-@pytest.mark.parametrize("override, named", [("advantage=rloo", "advantage='rloo'"),
+@pytest.mark.parametrize("override, named", [("reward_shaping=overlong_penalty", "reward_shaping="),
                                              ("token_credit=importance_correction", "token_credit="),
-                                             ("advantage_kwargs={'eps': 0.001}", "advantage_kwargs=")])
+                                             ("row_weights=dgpo_question_weights", "row_weights=")])
 def test_a_value_head_refuses_the_group_advantage_stages_it_would_ignore(override, named):
     """GAE over the value head is the advantage: a host stage set beside it is refused, not silently skipped."""
-    line = _rejected("value_head=true", override)
-    assert "value_head=true computes the advantages by GAE" in line and named in line and "value_head=false" in line
+    line = _rejected("advantage=gae", override)
+    assert "advantage='gae' computes the advantages by GAE over the value head" in line and named in line
+    assert Config(advantage="gae").value_head and not Config().value_head
+
+
+def test_gae_discounts_out_of_range_are_named():
+    assert "advantage_kwargs.gamma" in _rejected("advantage=gae", "advantage_kwargs={'gamma': 1.1}")
+    assert "advantage_kwargs.lam" in _rejected("advantage=gae", "advantage_kwargs={'lam': -0.1}")
+    # A length penalty's window lies inside its max_len, which is the sampler's max_new_tokens unless given.
+    for cache_len in (0, 2000):
+        line = _rejected("reward_penalty=overlong_penalty", f"reward_penalty_kwargs.cache_len={cache_len}")
+        assert "reward_penalty_kwargs.cache_len" in line
+    validate(apply_overrides(Config(), ["reward_penalty=overlong_penalty", "reward_penalty_kwargs.cache_len=64"]))
+
+
+@pytest.mark.parametrize("old, new", [
+    ("value_head=true", "advantage='gae'"), ("gae_gamma=0.9", "advantage_kwargs={'gamma'"),
+    ("gae_lambda=0.9", "advantage_kwargs={'lam'"), ("dynamic_sampling=true", "group_filter='dynamic_sampling_filter'"),
+    ("overlong_cache_len=8", "reward_penalty='overlong_penalty'")])
+def test_a_flag_that_became_a_stage_is_refused_with_the_stage_to_set(old, new):
+    """The flags dynamic_sampling, overlong_cache_len and value_head (with gae_gamma, gae_lambda) are stages now: an
+    old experiment file or --set names the stage to set, in one line, instead of "unknown key"."""
+    with pytest.raises(KeyError) as error:
+        apply_overrides(Config(), [old])
+    assert "is now a stage like the others" in str(error.value) and new in str(error.value)
+    cfg = Config()
+    with pytest.raises(AttributeError, match="is now a stage like the others: set " + re.escape(new)):
+        setattr(cfg, old.split("=")[0], True)
+
+
+def test_a_run_written_with_the_old_flags_reads_as_their_stages():
+    """A config.json written before the flags became stages resumes and compares as the same run."""
+    old = {**to_dict(Config()), "value_head": True, "gae_gamma": 0.9, "gae_lambda": 0.8, "dynamic_sampling": True,
+           "overlong_cache_len": 16}
+    cfg = config_from_dict(old)
+    assert (cfg.advantage, cfg.advantage_kwargs) == ("gae", {"gamma": 0.9, "lam": 0.8}) and cfg.value_head
+    assert cfg.group_filter == "dynamic_sampling_filter"
+    assert (cfg.reward_penalty, cfg.reward_penalty_kwargs) == ("overlong_penalty", {"cache_len": 16})
+    unchanged = {**to_dict(Config()), "value_head": False, "dynamic_sampling": False, "overlong_cache_len": 0}
+    assert to_dict(config_from_dict(unchanged)) == to_dict(Config())
+
+
+def test_a_group_filter_must_return_the_rows_to_keep():
+    """A selection kernel of weights (not bool[N]) named as the group filter would keep every row: refused."""
+    line = _rejected("group_filter=dgpo_question_weights")
+    assert "group_filter='dgpo_question_weights' returns float32" in line and "not bool[64]" in line
+    validate(apply_overrides(Config(), ["group_filter=mc_grpo_pivot_mask"]))
+    validate(apply_overrides(Config(), ["group_filter=dynamic_sampling_filter", "group_filter_kwargs.atol=0.1"]))
 
 
 def test_mesh_takes_the_remaining_devices_on_one_axis_only():

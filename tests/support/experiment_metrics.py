@@ -42,8 +42,8 @@ def tiny_overrides(cfg, run_dir) -> tuple[list[str], list | None]:
         overrides.append("correctness_reward=first_char_parity")
     if cfg.group_size > 1:
         overrides += ["prompts_per_step=8", f"group_size={5 if cfg.loss_mask else 4}"]
-    if cfg.overlong_cache_len:
-        overrides.append("overlong_cache_len=2")
+    if cfg.reward_penalty == "overlong_penalty":  # a window inside the 3 new tokens
+        overrides.append("reward_penalty_kwargs.cache_len=2")
     return overrides, reward_fns
 
 

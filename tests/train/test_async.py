@@ -196,7 +196,7 @@ def test_a_run_with_partial_rollouts_resumes_with_its_carried_groups(tmp_path):
     (["partial_rollout_tokens=8"], "partial_rollout_tokens=8 is not below sampling.max_new_tokens=8"),
     (["max_staleness=1"], "set max_staleness >= 2"),
     (["partial_rollout_tokens=2"], "partial_rollout_tokens=2 x max_staleness=2 is below sampling.max_new_tokens=8"),
-    (["dynamic_sampling=true"], "does not combine with dynamic_sampling"),
+    (["group_filter=dynamic_sampling_filter"], "does not combine with group_filter"),
     (["partial_rollout_tokens=-1"], "partial_rollout_tokens must be >= 0"),
 ])
 def test_a_partial_rollout_config_that_cannot_run_is_one_line(tmp_path, overrides, message):
@@ -229,7 +229,8 @@ def test_a_correction_stage_refuses_trajectories_without_behaviour_logprobs_in_o
 @pytest.mark.parametrize("overrides, message", [
     ([], "max_staleness=1 in a multi-process run samples on devices of each process's own; set mesh.rollout_devices"),
     (["mesh.rollout_devices=3"], "mesh.rollout_devices=3 does not split evenly over the 2 processes"),
-    (["mesh.rollout_devices=2", "dynamic_sampling=true"], "dynamic_sampling agrees its sampling rounds across processes"),
+    (["mesh.rollout_devices=2", "group_filter=dynamic_sampling_filter"],
+     "group_filter agrees its sampling rounds across processes"),
     (["mesh.rollout_devices=2", "max_staleness=2", "partial_rollout_tokens=1"], "partial_rollout_tokens runs in one process"),
 ])
 def test_what_multi_process_one_step_off_cannot_run_is_one_line(tmp_path, monkeypatch, overrides, message):

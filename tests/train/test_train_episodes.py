@@ -71,7 +71,7 @@ def test_a_run_on_episodes_records_steps_and_held_out_episodes(trainer):
 @pytest.mark.parametrize("overrides, message", [
     (["environment.name=chess"], "environment.name='chess' is not a registered environment"),
     (["environment.name=calculator", "packing=true"], "set packing=false"),
-    (["environment.name=calculator", "dynamic_sampling=true"], "dynamic_sampling does not resample"),
+    (["environment.name=calculator", "group_filter=dynamic_sampling_filter"], "does not resample environment episodes"),
     (["environment.name=calculator", "environment.max_context=64"], "cannot hold a prompt"),
     (["environment.name=calculator", "environment.max_turns=0"], "max_turns must be >= 1"),
 ])

@@ -35,7 +35,6 @@ NEEDS = {
     "stratified_grpo": ["advantage_kwargs.num_strata=2"],
     "experimental/spo_advantage": ["group_size=1"],  # single-stream: one completion per prompt
     "mc_grpo_pivot_mask": ["group_size=5"],  # an odd group: the median is one of its samples
-    "gae": ["value_head=true"],  # PPO: GAE over the value head is the advantage
 }
 
 

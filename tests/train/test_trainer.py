@@ -30,7 +30,8 @@ TOY = os.path.join(EXPERIMENTS, "toy_sum.py")
 METHODS = {
     "grpo": [],
     "dr_grpo": ["advantage=dr_grpo", "aggregation=seq_mean_token_sum_norm"],
-    "dapo": ["loss_kwargs={'eps_low': 0.2, 'eps_high': 0.28}", "aggregation=token_mean", "dynamic_sampling=true"],
+    "dapo": ["loss_kwargs={'eps_low': 0.2, 'eps_high': 0.28}", "aggregation=token_mean",
+             "group_filter=dynamic_sampling_filter"],
 }
 
 
@@ -231,7 +232,7 @@ def test_a_step_without_signal_trains_nothing_and_still_reports_its_samples(tmp_
     """Dynamic sampling finds no group with signal in any round: no row trains (zero gradient), and the
     reward metrics describe the rows that were sampled and scored instead of going NaN."""
     cfg = toy_config(tmp_path, "steps=1", "warmup_sft_steps=0", "task.num_eval_examples=0", "checkpoint_every=0",
-                     "dynamic_sampling=true", "max_sampling_rounds=2", "sampling.max_new_tokens=3",
+                     "group_filter=dynamic_sampling_filter", "max_sampling_rounds=2", "sampling.max_new_tokens=3",
                      "correctness_reward=always_wrong")
     (record,) = Trainer(cfg, reward_fns=[(always_wrong, 1.0)]).run(progress=False)
     assert record["sampling_rounds"] == 2
