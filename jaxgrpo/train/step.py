@@ -159,6 +159,12 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
     return loss_fn
 
 
+#: The loss function's metrics that are a micro-batch's share of a minibatch total (its loss terms aggregated over
+#: the whole minibatch's denominator): the minibatch's value is their sum over micro-batches. The others are means
+#: over a micro-batch's tokens, combined weighted by its tokens.
+SUMMED_METRICS = ("policy_loss", "value_loss")
+
+
 def all_finite(tree) -> Array:
     """bool[]: every floating-point element of `tree` is finite (integer leaves always are)."""
     flags = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
@@ -216,13 +222,13 @@ def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransfo
             micro, micro_layout = inputs
             (loss, metrics), grads = grad_fn(state.params, micro, denominator, micro_layout)
             tokens = micro.completion_mask.sum()
-            weighted = {k: v * tokens for k, v in metrics.items()}
+            weighted = {k: v if k in SUMMED_METRICS else v * tokens for k, v in metrics.items()}
             return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss), (weighted, tokens)
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         (grads, loss), (metrics, tokens) = jax.lax.scan(micro_step, (zeros, jnp.zeros((), jnp.float32)), (batch, layout))
         total_tokens = jnp.maximum(tokens.sum(), 1.0)
-        metrics = {k: v.sum() / total_tokens for k, v in metrics.items()}
+        metrics = {k: v.sum() if k in SUMMED_METRICS else v.sum() / total_tokens for k, v in metrics.items()}
         with jax.named_scope("optimizer"):
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)

@@ -172,6 +172,10 @@ def test_micro_batches_give_the_full_batch_update(tmp_path):
     cfg.micro_batch_size = cfg.batch_size // 4
     micro, micro_metrics = trainer.update(on_device(trainer, start), batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), *host_params(full, micro))
+    # The minibatch's loss, and its policy loss (the loss without a value head: a sum of the micro-batches'
+    # shares, not a token-weighted mean of them, which had read a quarter of it here), whatever the split.
+    for metrics in (full_metrics, micro_metrics):
+        np.testing.assert_allclose(metrics["policy_loss"], full_metrics["loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(full_metrics["loss"], micro_metrics["loss"], rtol=1e-5, atol=1e-7)
     assert not np.allclose(jax.tree.leaves(host_params(full)[0])[0], jax.tree.leaves(start.params)[0])
 
