@@ -19,7 +19,7 @@ ROOT = pathlib.Path(REPO_ROOT) / "jaxgrpo"
 #: The layers, bottom first: (what it is, the modules and packages in it).
 LAYERS = [
     ("helpers every layer may use", ["jaxgrpo.errors", "jaxgrpo.distributed", "jaxgrpo.intervals",
-                                     "jaxgrpo.profiling"]),
+                                     "jaxgrpo.profiling", "jaxgrpo.rng"]),
     ("kernels (the package root re-exports them)", ["jaxgrpo.kernels", "jaxgrpo"]),
     ("models, rewards, environments", ["jaxgrpo.models", "jaxgrpo.rewards", "jaxgrpo.envs"]),
     ("tasks and their data, the sampler and the rollout engine", ["jaxgrpo.data", "jaxgrpo.sampler", "jaxgrpo.engine"]),

@@ -47,7 +47,7 @@ class EvalResult:
 def evaluate_policy(trainer, examples: Sequence[dict], ks: Sequence[int], *, step: int = 0) -> EvalResult:
     """Greedy accuracy and pass@k (k in `ks`) of `trainer`'s policy on `examples`.
 
-    The random key is the trainer's evaluation key of `step` (`fold_in(key(seed + 1), step)`), so the
+    The random key is the trainer's evaluation key of `step` (`train.evaluation.evaluation_key`), so the
     samples are those the training run's evaluation at `step` (`train.evaluation.evaluate`) draws when
     max(ks) equals its `eval_pass_k`.
     """

@@ -87,7 +87,7 @@ def check(rank: int, alpha: float, targets: Sequence[str], quantize_base: str | 
 
 
 def apply(model: Decoder, *, rank: int, alpha: float, targets: Sequence[str] = TARGETS,
-          quantize_base: str | None = None, seed: int = 0) -> Decoder:
+          quantize_base: str | None = None, seed: int = 0, key: jax.Array | None = None) -> Decoder:
     """`model` adapted with LoRA on `targets` (a copy sharing its weights; see the module docstring).
 
     Args:
@@ -95,7 +95,8 @@ def apply(model: Decoder, *, rank: int, alpha: float, targets: Sequence[str] = T
       rank, alpha: the adapters' rank r and scale alpha (each adapted product adds (alpha / r) x A B).
       targets: projection names of `TARGETS`.
       quantize_base: None, or "int8" / "nf4": every projection weight (adapted or not) stored quantized by qwix.
-      seed: the adapters' initialization (A per layer; B is zero).
+      seed: the adapters' initialization (A per layer; B is zero), used as `jax.random.key(seed)`.
+      key: the adapters' initialization as a key instead (a run's "adapters" stream, `jaxgrpo.rng`).
 
     Returns an nnx model whose `nnx.LoRAParam`s are the adapters; `model.lora` holds the settings.
     """
@@ -109,7 +110,7 @@ def apply(model: Decoder, *, rank: int, alpha: float, targets: Sequence[str] = T
             setattr(module, name, _quantized(getattr(module, name), projection, quantize_base))
     rule = qwix.LoraRule(module_path=MODULE_PATH, op_names=("einsum",), rank=rank, alpha=float(alpha),
                          weight_qtype=quantize_base)
-    key = jax.random.key(seed)
+    key = jax.random.key(seed) if key is None else key
     for name in targets:
         projection = PROJECTIONS[name]
         module = getattr(layers, projection.module)
@@ -120,7 +121,7 @@ def apply(model: Decoder, *, rank: int, alpha: float, targets: Sequence[str] = T
     provider = ProjectionLoraProvider([rule])
     # The model is not called here (skip_nnx_init): its adapters and quantized weights exist already.
     adapted = qwix.apply_lora_to_model(model, provider, jnp.zeros((1, 1), jnp.int32), methods=("_layers",),
-                                       rngs=nnx.Rngs(seed), skip_nnx_init=True)
+                                       rngs=nnx.Rngs(key), skip_nnx_init=True)
     adapted.lora = LoraSettings(rank, float(alpha), targets, quantize_base)
     return adapted
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import kernels
+from jaxgrpo import kernels, rng
 from jaxgrpo.config import Config
 from jaxgrpo.distributed import across_processes, gather_rows, process_block
 from jaxgrpo.models import packing
@@ -163,16 +163,17 @@ def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | Non
     """The rows i32[micro_batches, micro], packed shape and packing layout of each of a step's minibatches.
 
     Epoch after the first (and every epoch with several minibatches) shuffles whole groups, each group's
-    rows in order, with a generator seeded by (seed, step). The packed shape is None without packing.
+    rows in order, with the step's "minibatches" generator (`jaxgrpo.rng`). The packed shape is None without
+    packing.
     """
     minibatch = num_rows // cfg.num_minibatches
     micro = cfg.micro_batch_size or minibatch
-    rng = np.random.default_rng([cfg.seed, step, 7])
+    order_rng = rng.generator(rng.stream(rng.run_key(cfg.seed), "minibatches", step))
     for epoch in range(cfg.num_epochs):
         order = np.arange(num_rows)
         if epoch or cfg.num_minibatches > 1:
             g = cfg.group_size
-            order = (rng.permutation(num_rows // g)[:, None] * g + np.arange(g)).ravel()
+            order = (order_rng.permutation(num_rows // g)[:, None] * g + np.arange(g)).ravel()
         for m in range(cfg.num_minibatches):
             rows = order[m * minibatch : (m + 1) * minibatch]
             packed_shape, layout = None, ()

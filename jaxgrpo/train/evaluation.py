@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
-from jaxgrpo import rewards
+from jaxgrpo import rewards, rng
 from jaxgrpo.config import Config
 from jaxgrpo.data.evaluate import pass_at_k
 from jaxgrpo.distributed import gather_rows, process_block
@@ -41,15 +41,20 @@ class QuestionFlags(NamedTuple):
     samples_correct: np.ndarray  # f32[Q, n]
 
 
+def evaluation_key(cfg: Config, step: int) -> jax.Array:
+    """The key of the held-out evaluation after `step`: the run's "evaluate" stream (`jaxgrpo.rng`)."""
+    return rng.stream(rng.run_key(cfg.seed), "evaluate", step)
+
+
 def question_flags(cfg: Config, generate: Callable, tokenizer, reward_fns: list, examples: list[dict], step: int,
                    num_samples: int) -> QuestionFlags:
     """One greedy and `num_samples` sampled completions (none when 0) of each question, scored for correctness.
 
     `generate(examples, num_samples, key, greedy=...)` samples a `sampler.Generation`. The random key is
-    `fold_in(key(seed + 1), step)`, so the training run's evaluation at `step` and a later evaluation of
-    its checkpoint (`jaxgrpo.evaluation.policy_eval`) draw the same samples.
+    `evaluation_key(cfg, step)`, so the training run's evaluation at `step` and a later evaluation of its
+    checkpoint (`jaxgrpo.evaluation.policy_eval`) draw the same samples.
     """
-    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
+    key = evaluation_key(cfg, step)
     greedy = decode(tokenizer, generate(examples, 1, key, greedy=True))
     greedy_correct = correct_flags(cfg, tokenizer, reward_fns, greedy, examples)
     texts, correct = [], np.zeros((len(examples), 0), np.float32)
@@ -103,7 +108,7 @@ def evaluate_episodes(cfg: Config, run_episodes: Callable, examples: list[dict],
     greedy=...)` is `Trainer.run_episodes`; the key is the one `question_flags` uses."""
     if not examples:
         return {}
-    key = jax.random.fold_in(jax.random.key(cfg.seed + 1), step)
+    key = evaluation_key(cfg, step)
     greedy, stats = run_episodes(list(examples), 1, key, greedy=True)
     rewards = np.array([t.reward for t in greedy], np.float32)
     metrics = {"greedy_accuracy": float((rewards > 0).mean()), "greedy_reward": float(rewards.mean()),

@@ -49,7 +49,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo import profiling, sampler
+from jaxgrpo import profiling, rng, sampler
 from jaxgrpo.config import Config, resolve_packing
 from jaxgrpo.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.errors import ConfigError
@@ -137,7 +137,9 @@ class Trainer:
             kernel_state = trackers.init_state(cfg, len(self.train_examples))
             train = train._replace(kernel_state=on_mesh(kernel_state, self.mesh))
         self.state_sharding = jax.tree.map(lambda x: x.sharding, train)
-        self.prompts = PromptStream(self.train_examples, cfg.seed)  # read at a `LoopState.data_position`
+        root = rng.run_key(cfg.seed)
+        # The training prompts' order, read at a `LoopState.data_position`.
+        self.prompts = PromptStream(self.train_examples, rng.seed_of(rng.stream(root, "prompts")))
         self.eval_examples = eval_examples
         self._prompt_cache: dict[str, list[int]] = {}
         self._engine, self._engine_params = None, None  # the rollout engine (`engine`)
@@ -146,7 +148,7 @@ class Trainer:
         behaviour = self.behaviour_copy(train.params) if cfg.max_staleness else None
         #: The state the driver holds: the initial one (step 0, the seed's key), then each step's (`run`).
         #: Generation and evaluation sample the policy it holds; `step` and its parts take and return state.
-        self.loop_state = LoopState(train, reference, 0, jax.random.key(cfg.seed), behaviour=behaviour)
+        self.loop_state = LoopState(train, reference, 0, root, behaviour=behaviour)
         self._pending = None  # one-step-off: (behaviour params, the next step's rollout sampled meanwhile)
         self._sampler_thread = None
         self._clock = time.perf_counter()  # the origin of the metrics' time_at_* (seconds)
@@ -329,8 +331,8 @@ class Trainer:
         after them, and the step's timings. The behaviour policy is the learner's (`state.train`), or one-step-off
         `state.behaviour`, one update behind it. With partial rollouts (`cfg.partial_rollout_tokens`) the groups
         `state.partial` carries are continued first, and those still going are carried in the state returned.
-        `key`: the step's (`fold_in(state.key, state.step)`) unless given."""
-        key = jax.random.fold_in(state.key, state.step) if key is None else key
+        `key`: the step's (`rng.stream(state.key, "sample", state.step)`) unless given."""
+        key = rng.stream(state.key, "sample", state.step) if key is None else key
         prompts = self.prompts.at(state.data_position)
         if state.behaviour is None:
             params, version = state.train.params, state.step

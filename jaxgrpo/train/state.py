@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxgrpo import rng
 from jaxgrpo.config import DTYPES, Config, OptimizerConfig
 from jaxgrpo.train.optimizer_state import stored_as
 
@@ -118,7 +119,8 @@ def adapt(model, cfg: Config, mesh=None):
     from jaxgrpo.models import lora
 
     adapted = lora.apply(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, targets=cfg.lora.targets,
-                         quantize_base=cfg.lora.quantize_base, seed=cfg.seed)
+                         quantize_base=cfg.lora.quantize_base,
+                         key=rng.stream(rng.run_key(cfg.seed), "adapters"))
     return lora.shard(adapted, mesh) if mesh is not None else adapted
 
 
@@ -266,7 +268,7 @@ class LoopState(NamedTuple):
     train: TrainState  # the policy's trainable parameters, their optimizer state and kernel state (donated to updates)
     reference: Any  # the KL reference's parameters, None without a copy (no KL term, or LoRA's base: `reference_of`)
     data_position: int  # examples of the prompt stream consumed (`PromptStream.at`)
-    key: Array  # the run's key: step t samples with `fold_in(key, t)`
+    key: Array  # the run's key (`rng.run_key(seed)`): step t samples with `rng.stream(key, "sample", t)`
     step: int = 0  # RL steps done (`train.step` counts the optimizer's updates)
     #: One-step-off (`Config.max_staleness` >= 1): the trainable parameters of the policy that samples this
     #: step's rollout, one update behind `train` (the initial ones at step 0); None in the synchronous loop.

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo import sampler
+from jaxgrpo import rng, sampler
 from jaxgrpo.distributed import BATCH_AXES
 from jaxgrpo.models.decoder import mask_positions
 from jaxgrpo.train import device_memory, state as state_lib, step as step_lib
@@ -79,7 +79,7 @@ def supervised_warmup(trainer, loop_state, steps: int, *, lr: float | None = Non
     update = step_lib.make_update_fn(cfg, trainer.graphdef, trainer.rest, optimizer, trainer.mesh,
                                      jax.tree.map(lambda x: x.sharding, state),
                                      objective=step_lib.likelihood_objective(cfg))
-    stream = PromptStream(trainer.train_examples, cfg.seed + 12345)
+    stream = PromptStream(trainer.train_examples, rng.seed_of(rng.stream(rng.run_key(cfg.seed), "warmup_prompts")))
     rows = NamedSharding(trainer.mesh, P(None, BATCH_AXES))
     losses = []
     for _ in range(steps):

@@ -100,14 +100,21 @@ def test_sampling_through_the_rollout_engine_learns_with_the_trainers_own_weight
     np.testing.assert_allclose(by_engine.policy_logprobs, by_sampler.policy_logprobs, atol=1e-5)
 
 
+def sevens(completions, examples):
+    """The number of 7s in a completion: the most, 2, only for "77", which fills the toy's budget of 2 tokens."""
+    return np.array([c.count("7") for c in completions], np.float32)
+
+
 def test_a_run_driven_to_collapse_warns_once_of_each_sign(tmp_path, caplog):
-    """At a learning rate of 0.1 the toy policy collapses within a few steps: entropy 0 while accuracy is no
-    better than at the start, every completion cut off at the token cap. Each sign is warned about once, in
-    one line naming the step and a fix, and the run goes on."""
+    """Rewarded for one completion, "77", that fills the token budget, and never correct, at a learning rate of
+    0.1 the toy policy collapses within a few steps: entropy 0 while accuracy is no better than at the start,
+    every completion cut off at the cap. Each sign is warned about once, in one line naming the step and a fix,
+    and the run goes on. (The reward makes both signs the policy's goal, so the run reaches them whatever it
+    samples.)"""
     cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=8", "optimizer.lr=0.1",
-                     "collapse_window=3", "max_steps_without_signal=0")
+                     "collapse_window=3", "max_steps_without_signal=0", "correctness_reward=always_wrong")
     with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.health"):
-        history = Trainer(cfg).run(progress=False)
+        history = Trainer(cfg, reward_fns=[(always_wrong, 1.0), (sevens, 1.0)]).run(progress=False)
     assert len(history) == 8 and max(h["entropy"] for h in history[-3:]) < 0.1
     entropy, truncation = (w for w in sorted(collapse_warnings(caplog), key=lambda m: "entropy" not in m))
     assert "mean token entropy" in entropy and "collapse_entropy=0.1" in entropy and "optimizer.lr" in entropy
