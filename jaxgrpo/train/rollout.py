@@ -198,11 +198,12 @@ def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, 
     result = score(cfg, reward_fns, texts, examples, lengths)
     correct = result.per_reward[cfg.correctness_reward].astype(np.float32)
     shaped = result.rewards
-    penalty = stages.kernel_of(cfg, stages.STAGE["reward_penalty"])
+    stage = stages.STAGE["reward_penalty"]
+    penalty = stages.kernel_of(cfg, stage)
     if penalty is not None:
         fields = dict(lengths=lengths, correct=correct, group_ids=group_ids, num_groups=int(group_ids.max()) + 1,
                       valid=result.valid)
-        kwargs = stages.kwargs_of(cfg, stages.STAGE["reward_penalty"])
+        kwargs = stages.kwargs_of(cfg, stage, penalty)
         shaped = shaped + np.asarray(inputs_lib.call(penalty, fields, kwargs)) * result.valid
     return Trajectories(
         # The untruncated policy log-probs: what the trainer computes for the same tokens.
@@ -231,7 +232,9 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     kept: list[Trajectories] = []
     rejected: list[Trajectories] = []
     rounds, timings, sampled_tokens = 0, {"time_sample": 0.0, "time_reward": 0.0}, 0
-    keeps = stages.kernel_of(cfg, stages.STAGE["group_filter"])  # the groups to keep (DAPO's dynamic sampling)
+    # The groups to keep (DAPO's dynamic sampling): the filter reads each row's correctness as its `rewards`.
+    keeps = stages.kernel_of(cfg, stages.STAGE["group_filter"])
+    keeps_kwargs = stages.kwargs_of(cfg, stages.STAGE["group_filter"], keeps) if keeps is not None else {}
     while True:
         lacking = local_groups - sum(len(r.rewards) for r in kept) // g
         need = lacking if local else int(across_processes(lacking).max())
@@ -257,8 +260,8 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
                 timings[name] = timings.get(name, 0) + value
         group_ids, correct = rollout.group_ids, rollout.correct
         if keeps is not None:
-            keep = np.asarray(keeps(correct, group_ids, num_groups=need, valid=rollout.valid,
-                                    **cfg.group_filter_kwargs))
+            fields = dict(rewards=correct, group_ids=group_ids, num_groups=need, valid=rollout.valid)
+            keep = np.asarray(inputs_lib.call(keeps, fields, keeps_kwargs))
             keep_groups = np.unique(group_ids[keep])
             rollout = rollout._replace(kept=np.isin(group_ids, keep_groups))
             kept.append(select_groups(rollout, keep_groups))

@@ -84,11 +84,11 @@ HOST_STAGES = ("reward_shaping", "advantage", "token_credit", "row_weights")
 LOSS_FIELDS = ("entropy", "num_groups", *inputs_lib.LOSS_ROW_FIELDS)
 
 
-def kwargs_of(cfg: Config, stage: Stage) -> dict:
-    """The keyword arguments a stage gives its kernel: the experiment's, with the stage's `defaults` for the
-    arguments of the kernel the experiment leaves unset."""
+def kwargs_of(cfg: Config, stage: Stage, kernel=None) -> dict:
+    """The keyword arguments a stage gives its kernel (`kernel`, when the caller has looked it up): the
+    experiment's, with the stage's `defaults` for the arguments of the kernel the experiment leaves unset."""
     kwargs = dict(getattr(cfg, stage.kwargs_field))
-    kernel = kernel_of(cfg, stage)
+    kernel = kernel_of(cfg, stage) if kernel is None else kernel
     for name, path in stage.defaults:
         if kernel is not None and name not in kwargs and name in inspect.signature(kernel).parameters:
             value = cfg
@@ -210,7 +210,7 @@ def _check_value_head(cfg: Config) -> None:
 def check_group_size(cfg: Config) -> None:
     """Refuses one completion per prompt with a group-relative advantage (`KernelInfo.group_relative`), which
     would give every row an advantage of 0: a run that trains nothing."""
-    advantage = info_of(cfg, STAGES[1])
+    advantage = info_of(cfg, STAGE["advantage"])
     if cfg.group_size != 1 or advantage is None or not advantage.group_relative:
         return
     alone = [k.name for k in kernels.list_kernels("advantage") if not k.group_relative and k.loop is None]
@@ -302,22 +302,22 @@ def token_advantages(cfg: Config, batch: inputs_lib.BatchInputs, num_tokens: int
                      metrics: dict | None = None) -> np.ndarray:
     """The host stages on the whole batch: f32[N, T] advantages (reward shaping, advantage, credit, row weights).
     The kernels' own scalar metrics (e.g. the importance correction's weight statistics) go into `metrics`."""
-    kernel = kernel_of(cfg, STAGES[0])
+    kernel = kernel_of(cfg, STAGE["reward_shaping"])
     if kernel is not None:
         shaped = _first(inputs_lib.call(kernel, batch, cfg.reward_shaping_kwargs), metrics).astype(np.float32)
         batch = batch._replace(rewards=np.where(batch.valid, shaped, batch.rewards).astype(np.float32))
-    kernel = kernel_of(cfg, STAGES[1])
+    kernel = kernel_of(cfg, STAGE["advantage"])
     if reads_steps(kernel, cfg.advantage_kwargs):  # one advantage per policy turn, for the turn's tokens
         advantages = batch.steps.to_tokens(_first(inputs_lib.call(kernel, batch.of_steps(), cfg.advantage_kwargs)))
     else:
         values = _first(inputs_lib.call(kernel, batch, cfg.advantage_kwargs)).astype(np.float32)
         advantages = values if values.ndim == 2 else np.broadcast_to(values[:, None], (len(values), num_tokens))
-    kernel = kernel_of(cfg, STAGES[2])
+    kernel = kernel_of(cfg, STAGE["token_credit"])
     if kernel is not None:
         credit = _first(inputs_lib.call(kernel, batch, cfg.token_credit_kwargs, advantages=advantages), metrics)
         reads_advantages = "advantages" in inspect.signature(kernel).parameters
         advantages = credit if reads_advantages else advantages * credit
-    kernel = kernel_of(cfg, STAGES[3])
+    kernel = kernel_of(cfg, STAGE["row_weights"])
     if kernel is not None:
         weights = _first(inputs_lib.call(kernel, batch, cfg.row_weights_kwargs), metrics).astype(np.float32)
         if weights.shape[0] != len(batch.group_ids):  # one weight per group
