@@ -164,3 +164,36 @@ def test_a_planted_back_import_and_a_planted_circle_are_found():
     modules = sources()
     modules["jaxgrpo.kernels.kl"] += "\nif TYPE_CHECKING:\n    from jaxgrpo.config import Config\n"
     assert back_arrows(imports(modules)) == []
+
+
+#: A module a reader can hold in mind, and a function they can read in one screen or two.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+#: Functions allowed past MAX_FUNCTION_LINES, each with the reason stated in a comment above it.
+LONG_FUNCTIONS = {"jaxgrpo.kernels.losses.sequence.disco"}
+
+
+def oversized(modules: dict[str, str]) -> list[str]:
+    """Every module over MAX_MODULE_LINES and every function (its docstring included) over MAX_FUNCTION_LINES that
+    `LONG_FUNCTIONS` does not allow, as "name: N lines"."""
+    found = []
+    for module, source in modules.items():
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{module}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1  # from `def` (a kernel's registration is its decorator's)
+                if lines > MAX_FUNCTION_LINES and f"{module}.{node.name}" not in LONG_FUNCTIONS:
+                    found.append(f"{module}.{node.name}: {lines} lines")
+    return found
+
+
+def test_no_module_over_600_lines_and_no_function_over_80():
+    assert oversized(sources()) == []
+
+
+def test_a_planted_long_function_and_a_planted_long_module_are_found():
+    modules = sources()
+    modules["jaxgrpo.kernels.kl"] += "\n\ndef _planted():\n" + "    x = 1\n" * 80
+    modules["jaxgrpo.rng"] += "\n" * MAX_MODULE_LINES
+    long_module = f"jaxgrpo.rng: {len(modules['jaxgrpo.rng'].splitlines())} lines"
+    assert sorted(oversized(modules)) == ["jaxgrpo.kernels.kl._planted: 81 lines", long_module]

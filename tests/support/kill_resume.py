@@ -24,9 +24,11 @@ ROOT = REPO_ROOT
 
 
 def child_env(cache_dir: str | os.PathLike) -> dict:
-    """The environment of a run under test: one CPU device, a compilation cache at `cache_dir` shared by the runs."""
+    """The environment of a run under test: one CPU device, a compilation cache at `cache_dir` shared by the runs,
+    LLVM at -O1 like the suite (tests/conftest.py)."""
     return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu",
-                XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_ENABLE_COMPILATION_CACHE="true",
+                XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=1",
+                JAX_ENABLE_COMPILATION_CACHE="true",
                 JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 

@@ -350,6 +350,8 @@ def _log_mean_exp_per_group(x: Array, group_ids: Array, num_groups: int, rows: A
 # KL trust region and its squared hinge) reads as the paper's equations, in one place.
 # The one kernel over 80 lines (105, of which 36 its docstring): the longest paper formula, whose
 # per-token layout the docstring derives; its body reads as the paper's steps in order.
+# The one function of jaxgrpo/ over 80 lines (tests/test_layers.py allows it by name): DisCO's objective, its KL
+# trust region and the token layout that makes `aggregate` reproduce it, kept in one piece to read against the paper.
 @register_loss("disco", paper=_DISCO, ranges={
     "score": ("one of logL, Lratio", "the score function of a completion"),
     "tau": ("> 0", "the temperature of the negatives' log-mean-exp; None: the paper's for the score"),
