@@ -24,9 +24,9 @@ def config() -> Config:
     c.micro_batch_size = 16  # exact gradient accumulation; bounds activation memory to a few GB
     c.sampling.temperature = 1.0
     c.sampling.max_new_tokens = 16  # "The answer is N." takes ~7 tokens; a cut-off reply is scored on what it stated
-    # A cosine decay from 2e-5 to 2e-6 over the 30 steps: learns on seeds 0, 1 and 2 of an AVX2 EPYC, where a
-    # constant 3e-5 collapsed (seed 0: 0.090 -> 0.030) and a constant 1.5e-5 stayed within the base's interval
-    # (docs/tasks.md).
+    # A cosine decay from 2e-5 to 2e-6 over the 30 steps, where a constant 3e-5 collapsed (seed 0: 0.090 -> 0.030)
+    # and a constant 1.5e-5 stayed within the base's interval. Not robust yet: two seeds in three learn, the third
+    # can end in the format-only collapse, depending on the draws (docs/tasks.md).
     c.optimizer.lr = 2e-5
     c.optimizer.decay_steps, c.optimizer.final_lr_fraction = 30, 0.1
     c.steps = 30
