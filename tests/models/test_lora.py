@@ -52,15 +52,17 @@ def test_targets_are_the_decoders_projections():
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_with_b_zero_the_adapted_logits_equal_the_base_exactly(family):
-    """B starts at zero, so each adapted product adds exactly 0: bit for bit the base's logits. Each target's
+def test_with_b_zero_the_adapted_logits_equal_the_base(family):
+    """B starts at zero, so each adapted product adds exactly 0: the base's logits, to a float32 rounding (the
+    adapted graph is another program, which XLA may compile differently: at LLVM -O1 gemma3's logits moved by
+    1.2e-7, one unit in the last place, against bit-equal at -O2). Each target's
     adapter is in the graph: a nonzero B of any one of them changes the logits. Checked on two models adapting
     half the targets each (a module's other projections unadapted, as with a single target), one compiled
     forward per model with one target's B nonzero at a time."""
     model = Decoder(FAMILIES[family], rngs=nnx.Rngs(0))
     adapted = lora.apply(model, rank=4, alpha=8.0, targets=LORA_TARGETS)
     base = logits(model)
-    np.testing.assert_array_equal(logits(adapted), base)
+    np.testing.assert_allclose(logits(adapted), base, rtol=0, atol=1e-6)
     for subset in (LORA_TARGETS[0::2], LORA_TARGETS[1::2]):
         partial = lora.apply(model, rank=4, alpha=8.0, targets=subset)
         graphdef, _ = nnx.split(partial)

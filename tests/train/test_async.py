@@ -12,6 +12,7 @@ import pytest
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.train import Trainer
+from tests.support.experiment_metrics import first_char_parity
 from tests.support.paths import REPO_ROOT
 
 TOY = os.path.join(REPO_ROOT, "experiments", "toy_sum.py")
@@ -25,12 +26,22 @@ def toy(tmp_path, *overrides):
     return cfg
 
 
+#: A reward nearly every group of the toy's samples splits on (`first_char_parity`), so every step has a gradient
+#: and the policy moves each update whatever the run draws; the toy's own sums are right 1 time in 45 at first.
+SIGNAL = ["correctness_reward=first_char_parity"]
+
+
+def with_signal(cfg):
+    """A trainer of `cfg` (made with `SIGNAL` among its overrides) rewarded by `first_char_parity`."""
+    return Trainer(cfg, reward_fns=[(first_char_parity, 1.0)])
+
+
 def comparable(records):
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
 
 
 def test_each_step_learns_from_the_policy_one_update_back_while_the_next_is_sampled(tmp_path):
-    trainer = Trainer(toy(tmp_path, "steps=4", "checkpoint_every=0"))
+    trainer = with_signal(toy(tmp_path, "steps=4", "checkpoint_every=0", *SIGNAL))
     first = trainer.loop_state
     assert first.behaviour is not None and first.behaviour is not first.train.params  # its own copy
     history = trainer.run(progress=False)
@@ -94,7 +105,7 @@ def test_a_resumed_one_step_off_run_is_the_uninterrupted_run(tmp_path):
 def test_on_a_split_mesh_the_sampler_has_devices_and_weights_of_its_own(tmp_path):
     """8 devices split 4 + 4 (`mesh.rollout_devices=4`): the learner's state on the first four, the behaviour
     policy's weights moved after each update to the last four, where the sampler runs."""
-    trainer = Trainer(toy(tmp_path, "steps=3", "checkpoint_every=0", "mesh.rollout_devices=4"))
+    trainer = with_signal(toy(tmp_path, "steps=3", "checkpoint_every=0", "mesh.rollout_devices=4", *SIGNAL))
     devices = jax.devices()
     assert len(devices) == 8
     learner, sampler = set(devices[:4]), set(devices[4:])
@@ -146,7 +157,8 @@ def partial_toy(tmp_path, *overrides):
 
 @pytest.mark.parametrize("engine", [False, True])
 def test_partial_rollouts_continue_rows_across_a_weight_swap_with_each_tokens_version(tmp_path, engine, caplog):
-    trainer = Trainer(partial_toy(tmp_path, "steps=4", "checkpoint_every=0", f"sampling.engine={engine}"))
+    trainer = with_signal(partial_toy(tmp_path, "steps=5", "checkpoint_every=0", f"sampling.engine={engine}",
+                                      *SIGNAL))
     history = trainer.run(progress=False)
     # A step whose groups all go on trains no row, and is not warned about as a step without signal.
     all_carried = [r["step"] for r in history if r["rows_carried"] == 16]
