@@ -1,5 +1,6 @@
 """Every test sees 8 fake CPU devices, so sharded code paths run on any machine."""
 
+import collections
 import gc
 import os
 
@@ -47,6 +48,25 @@ def pytest_configure(config):
     """
     if hasattr(config.option, "maxworkerrestart"):
         config.option.maxworkerrestart = 0
+
+
+#: Seconds each test file took (setup, call and teardown of its tests), summed where the reports arrive: in the
+#: controller of an xdist session, whose workers forward every report.
+_FILE_SECONDS: collections.Counter = collections.Counter()
+
+
+def pytest_runtest_logreport(report):
+    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The 15 slowest test files after `--durations`' slowest tests: where the suite's time goes, file by file
+    (`--dist loadfile` schedules whole files, so a file is the unit to trim or split)."""
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.write_sep("=", f"slowest 15 of {len(_FILE_SECONDS)} test files (seconds, all their tests)")
+    for path, seconds in _FILE_SECONDS.most_common(15):
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
 
 @pytest.fixture(autouse=True, scope="module")
