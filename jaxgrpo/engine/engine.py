@@ -53,7 +53,7 @@ from jax.sharding import NamedSharding
 
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
-from jaxgrpo.engine.programs import _POOL, STOP_SLOTS, SharedPrefixes, _copy_jit, _decode_jit, _forward_jit
+from jaxgrpo.engine.programs import POOL_SPEC, STOP_SLOTS, SharedPrefixes, copy_program, decode_program, forward_program
 from jaxgrpo.engine.sequences import Completion, LiveSequence, Request, plan_prefix_rows, prefix_key, token_list
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler.distribution import SamplingParams
@@ -115,7 +115,7 @@ class Engine:
         self._graphdef, self._state = nnx.split(model)
         self.config = model.config
         init = functools.partial(paged.init_paged_cache, model.config, int(num_blocks), self.block_size, model.dtype)
-        self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, _POOL))()
+        self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, POOL_SPEC))()
         self.key = jax.random.key(0) if key is None else key
         self._keyed = key is not None
         self.version = 0
@@ -320,7 +320,7 @@ class Engine:
             for i in members:
                 sample_rows[i], owner[i] = row_of[group], requests[i]
         samplings, choice = self._sampling_choice(owner)
-        self.cache, new_tokens, logprobs, policy_logprobs = _forward_jit(
+        self.cache, new_tokens, logprobs, policy_logprobs = forward_program(
             self._graphdef, self._state, self.cache, self._tables(rows), cached, tokens, counts, sample_rows,
             self.key, *self._streams(owner), choice, width=bucket_length(cached.max()) if cached.any() else 0,
             samplings=samplings, mesh=self.mesh)
@@ -376,7 +376,7 @@ class Engine:
         for shard, pairs in enumerate(copies):
             if pairs:
                 sources[shard, :len(pairs)], destinations[shard, :len(pairs)] = zip(*pairs)
-        self.cache = _copy_jit(self.cache, sources.reshape(-1), destinations.reshape(-1), mesh=self.mesh)
+        self.cache = copy_program(self.cache, sources.reshape(-1), destinations.reshape(-1), mesh=self.mesh)
 
     def decode(self, max_steps: int | None = None) -> dict[int, Completion]:
         """Run decode steps until every live sequence has stopped (or `max_steps` steps); returns them by id.
@@ -424,7 +424,7 @@ class Engine:
         padded[sequence.shard, :len(new)] = new
         lengths, counts = np.zeros((2, self.num_shards), np.int32)
         lengths[sequence.shard], counts[sequence.shard] = sequence.length, len(new)
-        self.cache, token, logprob, policy_logprob = _forward_jit(
+        self.cache, token, logprob, policy_logprob = forward_program(
             self._graphdef, self._state, self.cache, self._tables(rows), lengths, padded, counts,
             np.array([sequence.shard], np.int32), self.key, *self._streams([request]), choice, width=width,
             samplings=samplings, mesh=self.mesh)
@@ -502,7 +502,7 @@ class Engine:
                 stops = sorted(set(s.request.stop_tokens))
                 stop[row, :len(stops)] = stops
         samplings, choice = self._sampling_choice([None if s is None else s.request for s in running])
-        self.cache, final = _decode_jit(
+        self.cache, final = decode_program(
             self._graphdef, self._state, self.cache, self._tables(running), lengths, pending,
             np.array([s is not None for s in running]), remaining, stop, self.key,
             *self._streams([None if s is None else s.request for s in running]), choice, np.int32(exit_after), prefixes,

@@ -1,8 +1,8 @@
 """The rollout engine's compiled programs: pure functions of the weights, the paged pool and small per-row arrays.
 
 `Engine` (`jaxgrpo.engine.engine`) schedules; these run on the device, each jitted with the pool donated:
-`_forward_jit` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
-row), `_decode_jit` (a chunk of decode steps over every slot, a `lax.while_loop`), `_copy_jit` (copy-on-write
+`forward_program` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
+row), `decode_program` (a chunk of decode steps over every slot, a `lax.while_loop`), `copy_program` (copy-on-write
 of blocks). On a mesh the paged reads and writes run per `data` shard (`jax.shard_map`). `trace_programs`
 traces them at abstract shapes for `jaxgrpo.tools.compile`.
 """
@@ -48,7 +48,7 @@ def _draw(base_keys, indices, logits, samplings: tuple[SamplingParams, ...], cho
     return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
 
 
-_POOL = P(None, "data")  # [layers, blocks, ...] and [layers, rows, ...]: each data shard its own blocks and rows
+POOL_SPEC = P(None, "data")  # [layers, blocks, ...] and [layers, rows, ...]: each data shard its own blocks and rows
 _ROWS = P("data")
 
 
@@ -66,13 +66,13 @@ def _read(cache, tables, lengths, starts=None, *, width, new, mesh):
         return paged.dense_view(*args[:3], width, new, *args[3:])
 
     arrays = (cache, tables, lengths) if starts is None else (cache, tables, lengths, starts)
-    return _per_shard(view, mesh, (_POOL,) + (_ROWS,) * (len(arrays) - 1), (_POOL, _ROWS))(*arrays)
+    return _per_shard(view, mesh, (POOL_SPEC,) + (_ROWS,) * (len(arrays) - 1), (POOL_SPEC, _ROWS))(*arrays)
 
 
 def _write(cache, tables, start, view, width, counts, *, mesh):
     """`paged.write` of a dense view's columns from `width` on, on each data shard."""
     keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
-    return _per_shard(paged.write, mesh, (_POOL, _ROWS, _ROWS, _POOL, _POOL, _ROWS), _POOL)(
+    return _per_shard(paged.write, mesh, (POOL_SPEC, _ROWS, _ROWS, POOL_SPEC, POOL_SPEC, _ROWS), POOL_SPEC)(
         cache, tables, start, keys, values, counts)
 
 
@@ -200,13 +200,13 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
 def _copy(cache, sources, destinations, *, mesh):
     """Copy block `sources[i]` to `destinations[i]`, ids local to the data shard holding entry i."""
     _COMPILATIONS["copy"] += 1
-    return _per_shard(paged.copy_blocks, mesh, (_POOL, _ROWS, _ROWS), _POOL)(cache, sources, destinations)
+    return _per_shard(paged.copy_blocks, mesh, (POOL_SPEC, _ROWS, _ROWS), POOL_SPEC)(cache, sources, destinations)
 
 
-_forward_jit = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings", "mesh"), donate_argnames=("cache",))
-_decode_jit = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width"),
+forward_program = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings", "mesh"), donate_argnames=("cache",))
+decode_program = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width"),
                       donate_argnames=("cache",))
-_copy_jit = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",))
+copy_program = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",))
 
 
 def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,
@@ -227,7 +227,7 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
     def abstract(shape, dtype, spec=P()):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
 
-    pool = PagedKVCache(abstract(shape, dtype, _POOL), abstract(shape, dtype, _POOL))
+    pool = PagedKVCache(abstract(shape, dtype, POOL_SPEC), abstract(shape, dtype, POOL_SPEC))
     max_blocks = blocks_for(max_context, block_size)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = abstract(key.shape, key.dtype)
@@ -240,11 +240,11 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
 
     samplings = (sampling,)
     with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
-        prefill = _forward_jit.trace(
+        prefill = forward_program.trace(
             graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
             rows(prefill_rows), replicated(draws), key, replicated(draws), replicated(draws), replicated(draws), width=0,
             samplings=samplings, mesh=mesh)
-        decode = _decode_jit.trace(
+        decode = decode_program.trace(
             graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
             rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
             rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)

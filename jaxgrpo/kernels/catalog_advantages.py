@@ -12,22 +12,14 @@ and the generic helpers (`sorted_rows_within_groups`, `lower_median_rows`, `join
 
 from __future__ import annotations
 
-from jaxgrpo.kernels.advantages.baselines import OPMD_BASELINES, _OFF_POLICY_PAPER, asymre, krpo, opmd
+from jaxgrpo.kernels.advantages.baselines import OPMD_BASELINES, asymre, krpo, opmd
 from jaxgrpo.kernels.advantages.common import (
     _check_ids_in_range,
     _check_row_array,
     _group_count,
     _zero_invalid_and_singletons,
 )
-from jaxgrpo.kernels.advantages.group_normalized import (
-    _DGPO_PAPER,
-    _MC_GRPO_PAPER,
-    _median_and_mad,
-    bnpo,
-    dgpo,
-    mc_grpo,
-    ngrpo,
-)
+from jaxgrpo.kernels.advantages.group_normalized import _median_and_mad, bnpo, dgpo, mc_grpo, ngrpo
 from jaxgrpo.kernels.advantages.reshaped import XRPO_BASES, xrpo
 from jaxgrpo.kernels.advantages.structured import (
     SEED_SCALINGS,
@@ -56,9 +48,6 @@ __all__ = [
     "REC_CLIP_MODES",
     "SEED_SCALINGS",
     "XRPO_BASES",
-    "_DGPO_PAPER",
-    "_MC_GRPO_PAPER",
-    "_OFF_POLICY_PAPER",
     "_check_ids_in_range",
     "_check_row_array",
     "_group_count",

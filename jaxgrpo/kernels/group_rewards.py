@@ -9,10 +9,6 @@ reward live in `jaxgrpo.kernels.reward_shaping`.
 from __future__ import annotations
 
 from jaxgrpo.kernels.reward_shaping import (
-    _ADAPTTHINK,
-    _CARE,
-    _PREF_GRPO,
-    _S_GRPO,
     adaptthink_reward,
     grpo_care_bonus,
     pref_grpo_win_rate,
@@ -21,10 +17,6 @@ from jaxgrpo.kernels.reward_shaping import (
 )
 
 __all__ = [
-    "_ADAPTTHINK",
-    "_CARE",
-    "_PREF_GRPO",
-    "_S_GRPO",
     "adaptthink_reward",
     "grpo_care_bonus",
     "pref_grpo_win_rate",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels.advantages.group_normalized import _MC_GRPO_PAPER
+from jaxgrpo.kernels import papers
 from jaxgrpo.kernels.losses.common import MAX_LOG_RATIO
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.segments import fill_masked, lower_median_rows
@@ -94,7 +94,7 @@ def high_entropy_token_mask(entropy, mask, *, top_quantile: float = 0.2) -> Arra
 # --------------------------------------------------------------------- MC-GRPO
 
 # MC-GRPO's advantage, `mc_grpo`, is in `jaxgrpo.kernels.advantages.group_normalized`.
-@register("mask", "mc_grpo_pivot_mask", paper=_MC_GRPO_PAPER)
+@register("mask", "mc_grpo_pivot_mask", paper=papers.MC_GRPO)
 def mc_grpo_pivot_mask(rewards, group_ids, *, num_groups: int, valid=None) -> Array:
     """MC-GRPO's loss mask: bool[N], True for valid rows except each group's median (pivot) rollout.
 

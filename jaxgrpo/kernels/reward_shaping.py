@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import segments
+from jaxgrpo.kernels import papers, segments
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.validation import check_floating, check_outcome_inputs, check_rank, check_same_shape
 
@@ -24,10 +24,9 @@ Array = jax.Array
 # ------------------------------------------------------------------------ DAPO
 
 # DAPO's dynamic-sampling filter, `dynamic_sampling_filter`, is in `jaxgrpo.kernels.selection`.
-_DAPO = "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (2025)"
 
 
-@register("reward", "overlong_penalty", paper=_DAPO, ranges={
+@register("reward", "overlong_penalty", paper=papers.DAPO, ranges={
     "max_len": (">= cache_len", "L_max, the length in tokens beyond which the penalty is -1"),
     "cache_len": ("in (0, max_len]", "L_cache, the window in tokens before max_len where the penalty grows"),
 })
@@ -55,13 +54,7 @@ def overlong_penalty(lengths, *, max_len: int = 20480, cache_len: int = 4096) ->
 # ------------------------------------ Pref-GRPO, S-GRPO, GRPO-CARE, AdaptThink
 
 
-_PREF_GRPO = "Pref-GRPO: Pairwise Preference Reward-based GRPO for Stable Text-to-Image Reinforcement Learning (2025)"
-_S_GRPO = "S-GRPO: Early Exit via Reinforcement Learning in Reasoning Models (2025)"
-_CARE = "GRPO-CARE: Consistency-Aware Reinforcement Learning for Multimodal Reasoning (2025)"
-_ADAPTTHINK = "AdaptThink: Reasoning Models Can Learn When to Think (2025)"
-
-
-@register("reward", "pref_grpo_win_rate", paper=_PREF_GRPO,
+@register("reward", "pref_grpo_win_rate", paper=papers.PREF_GRPO,
           loop="needs a pairwise preference judge (Pref-GRPO's reward model comparing completions)")
 def pref_grpo_win_rate(wins, group_ids, *, num_groups: int, valid=None) -> Array:
     """Pref-GRPO reward: each response's win rate against the rest of its group.
@@ -89,7 +82,7 @@ def pref_grpo_win_rate(wins, group_ids, *, num_groups: int, valid=None) -> Array
     return jnp.where(valid & (opponents > 0), total / jnp.maximum(opponents, 1), 0.0)
 
 
-@register("reward", "s_grpo_serial_rewards", paper=_S_GRPO,
+@register("reward", "s_grpo_serial_rewards", paper=papers.S_GRPO,
           loop=("needs serial early-exit rollouts (the correctness of each early exit of a reasoning path, "
                 "S-GRPO)"))
 def s_grpo_serial_rewards(correct, *, exit_mask=None) -> Array:
@@ -126,7 +119,7 @@ def s_grpo_serial_advantages(rewards, *, exit_mask=None) -> Array:
     return jnp.where(on, rewards - mean[:, None], 0.0)
 
 
-@register("reward", "grpo_care_bonus", paper=_CARE,
+@register("reward", "grpo_care_bonus", paper=papers.GRPO_CARE,
           ranges={"bonus_weight": (">= 0", "lambda, the weight of the consistency bonus"),
                   "max_consistency": ("in [0, 1]", "the cap of the consistency likelihood"),
                   "accuracy_threshold": ("any", "the accuracy above which a row can earn the bonus"),
@@ -171,7 +164,7 @@ def grpo_care_bonus(
     return jnp.where(valid, accuracy + bonus, 0.0)
 
 
-@register("reward", "adaptthink_reward", paper=_ADAPTTHINK,
+@register("reward", "adaptthink_reward", paper=papers.ADAPTTHINK,
           ranges={"delta": (">= 0", "the bonus of a no-thinking answer")},
           loop=("needs a thinking / no-thinking chat template and a reference model's accuracy on each prompt "
                 "(AdaptThink)"))
@@ -203,9 +196,6 @@ def adaptthink_reward(accuracy, reference_accuracy, no_thinking, *, delta: float
 # ---------------------------------------------------------------------- GRPO-λ
 
 
-_LAMBDA = "Stable Reinforcement Learning for Efficient Reasoning (2025)"
-
-
 def _length_rewards(correct, lengths, group_ids, num_groups, valid):
     """Kimi k1.5's group length reward: 0.5 - (len - min_g)/(max_g - min_g); min(0, .) if wrong."""
     lo = segments.gather(segments.min(lengths, group_ids, num_groups, valid), group_ids)
@@ -216,7 +206,7 @@ def _length_rewards(correct, lengths, group_ids, num_groups, valid):
     return jnp.where(correct > 0.5, score, jnp.minimum(score, 0.0))
 
 
-@register("reward", "experimental/grpo_lambda", paper=_LAMBDA, ranges={
+@register("reward", "experimental/grpo_lambda", paper=papers.GRPO_LAMBDA, ranges={
     "top_fraction": ("in [0, 1]", "lambda, the fraction of groups given the length penalty"),
     "length_weight": (">= 0", "w, the weight of the length reward"),
 })
@@ -278,10 +268,7 @@ def grpo_lambda(
 # -------------------------------------------------------------------- ConciseR
 
 
-_CONCISER = "Walk Before You Run! Concise LLM Reasoning via Reinforcement Learning (2025)"
-
-
-@register("reward", "experimental/conciser_length_reward", paper=_CONCISER, ranges={
+@register("reward", "experimental/conciser_length_reward", paper=papers.CONCISER, ranges={
     "max_len": (">= 1", "L_max, the length in tokens at which the bonus reaches 0"),
     "length_coef": (">= 0", "beta, the weight of the length bonus"),
 })

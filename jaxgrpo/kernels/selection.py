@@ -19,11 +19,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages.group_normalized import _DGPO_PAPER
-from jaxgrpo.kernels.advantages.whitened import _SPO
+from jaxgrpo.kernels import papers, segments
 from jaxgrpo.kernels.registry import register
-from jaxgrpo.kernels.reward_shaping import _DAPO
 from jaxgrpo.kernels.segments import masked_mean
 from jaxgrpo.kernels.validation import (
     check_floating,
@@ -233,7 +230,7 @@ def dump_ucb_weights(mean_abs_advantage, counts, *, temperature: float = 0.1) ->
 # ------------------------------------------------------------------------ DAPO
 
 # DAPO's overlong penalty, `overlong_penalty`, is in `jaxgrpo.kernels.reward_shaping`.
-@register("selection", "dynamic_sampling_filter", paper=_DAPO,
+@register("selection", "dynamic_sampling_filter", paper=papers.DAPO,
           ranges={"atol": (">= 0", "the spread of rewards up to which a group counts as all-equal")})
 def dynamic_sampling_filter(rewards, group_ids, *, num_groups: int, valid=None, atol: float = 0.0) -> Array:
     """DAPO's dynamic sampling: keep groups whose raw rewards are not all equal.
@@ -259,7 +256,7 @@ def dynamic_sampling_filter(rewards, group_ids, *, num_groups: int, valid=None, 
 # ------------------------------------------------------------ DGPO (MathForge)
 
 # DGPO's advantage, `dgpo`, is in `jaxgrpo.kernels.advantages.group_normalized`.
-@register("selection", "dgpo_question_weights", paper=_DGPO_PAPER,
+@register("selection", "dgpo_question_weights", paper=papers.DGPO,
           ranges={"temperature": ("> 0", "the softmax temperature T over -accuracy")})
 def dgpo_question_weights(rewards, group_ids, *, num_groups: int, valid=None, temperature: float = 2.0) -> Array:
     """DGPO's difficulty-aware question weights (DQW), per row: f32[N].
@@ -322,7 +319,7 @@ def spo_tracker_init(num_prompts: int, initial_values=None, *, prior_count: floa
     return SPOTrackerState(prior_count * v0, prior_count * (1.0 - v0))
 
 
-@register("selection", "experimental/spo_value_tracker", paper=_SPO, ranges={
+@register("selection", "experimental/spo_value_tracker", paper=papers.SPO, ranges={
     "kl_half_life": ("> 0", "D_half, the KL at which the forgetting factor halves"),
     "min_forget": ("in [0, max_forget]", "rho_min, the least forgetting factor"),
     "max_forget": ("in [min_forget, 1]", "rho_max, the largest forgetting factor"),
@@ -381,7 +378,7 @@ def spo_value_tracker(
     return SPOTrackerState(new_alpha, new_beta)
 
 
-@register("selection", "experimental/spo_priority", paper=_SPO,
+@register("selection", "experimental/spo_priority", paper=papers.SPO,
           loop=("needs prioritized prompt sampling from the SPO tracker's values; the prompt stream draws prompts"
                 " uniformly without replacement"),
           ranges={"floor": (">= 0", "added to every prompt's priority, so solved and hopeless prompts stay reachable")})
@@ -411,10 +408,7 @@ def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
 # ----------------------------------------------------------------------- TraPO
 
 
-_TRAPO = "TraPO: A Semi-Supervised Reinforcement Learning Framework for Boosting LLM Reasoning (2025)"
-
-
-@register("selection", "experimental/trapo_selection", paper=_TRAPO,
+@register("selection", "experimental/trapo_selection", paper=papers.TRAPO,
           loop="needs a labeled and an unlabeled prompt pool with pass rates tracked across steps (TRAPO)",
           ranges={"top_fraction": ("in [0, 1]", "the fraction of unlabeled prompts kept by similarity rank"),
                   "min_similarity": ("in [-1, 1]", "the cosine similarity above which a prompt is kept")})

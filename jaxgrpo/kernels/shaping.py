@@ -8,11 +8,10 @@ DAPO's overlong penalty lives in `jaxgrpo.kernels.reward_shaping`, its dynamic-s
 
 from __future__ import annotations
 
-from jaxgrpo.kernels.reward_shaping import _DAPO, overlong_penalty
+from jaxgrpo.kernels.reward_shaping import overlong_penalty
 from jaxgrpo.kernels.selection import dynamic_sampling_filter
 
 __all__ = [
-    "_DAPO",
     "dynamic_sampling_filter",
     "overlong_penalty",
 ]

@@ -2,8 +2,8 @@
 
 A layer's queries attend to up to three blocks of keys: a shared prefix (`_prefix_block`), the live slots of the
 row cache and the new tokens. Each block is an online-softmax state (`_softmax_block`), and the states combine
-exactly (`_merge_blocks`). `_cached_attention` is the `attend(q, k, v)` that `Decoder.decode_step` binds for each
-layer (`jaxgrpo.models.layers.Attention` calls it); `_CachedCall` holds what every layer of the call reads. Where
+exactly (`_merge_blocks`). `attend_cached` is the `attend(q, k, v)` that `Decoder.decode_step` binds for each
+layer (`jaxgrpo.models.layers.Attention` calls it); `CachedCall` holds what every layer of the call reads. Where
 the backend has a kernel that reads a cache (`Backend.cache_state`), that cache's block is the kernel's.
 """
 
@@ -75,7 +75,7 @@ def _prefix_block(q, prefix, layer, prefix_mask, scale, dtype, forms):
     return to_rows(top), to_rows(total), to_rows(out)
 
 
-class _CachedCall(NamedTuple):
+class CachedCall(NamedTuple):
     """What every layer of a cached call reads besides its own queries, keys and values (`Decoder.decode_step`).
 
     cache: every layer's (k, v) [L, B, kv, C, D], read-only in the layers; cache_index: the first slot the new
@@ -98,7 +98,7 @@ class _CachedCall(NamedTuple):
     mesh: jax.sharding.Mesh | None
 
 
-def _cached_attention(q, k, v, call: _CachedCall, layer, sliding):
+def attend_cached(q, k, v, call: CachedCall, layer, sliding):
     """Attention output [B, T, kv, G, D] of a cached call's layer `layer` (`sliding`: whether it uses the window)
     over the shared prefix, the live cache and the T new tokens.
 
@@ -165,12 +165,12 @@ def _finish(state, dtype):
     return jnp.transpose(out / total[..., None], (0, 3, 1, 2, 4)).astype(dtype)
 
 
-def _static_index(call: _CachedCall) -> bool:
+def _static_index(call: CachedCall) -> bool:
     """Whether the call's cache index is known when tracing (a Python or numpy int), not a run-time value."""
     return isinstance(call.cache_index, (int, np.integer))
 
 
-def _kernel_block(q, call: _CachedCall, layer, sliding, cache, live, key_mask, query_slot):
+def _kernel_block(q, call: CachedCall, layer, sliding, cache, live, key_mask, query_slot):
     """The backend's read of one cache (`Backend.cache_state`) with a run-time cache index: its online-softmax
     state, or None (a static index, or no kernel for this call: the XLA math then reads that cache)."""
     if _static_index(call):
@@ -179,7 +179,7 @@ def _kernel_block(q, call: _CachedCall, layer, sliding, cache, live, key_mask, q
                                     scale=call.scale, query_slot=query_slot, mesh=call.mesh)
 
 
-def _with_prefix(state, q, call: _CachedCall, layer, sliding, prefix_mask):
+def _with_prefix(state, q, call: CachedCall, layer, sliding, prefix_mask):
     """`state` merged with the shared prefix's block, if the call has a prefix: read by the backend's kernel where it
     has one, else by `_prefix_block`."""
     if call.prefix is None:
@@ -192,7 +192,7 @@ def _with_prefix(state, q, call: _CachedCall, layer, sliding, prefix_mask):
     return _merge_blocks(state, block)
 
 
-def _static_cache_block(q_rows, groups, new_scores, new_values, cache_mask, call: _CachedCall, layer, dtype):
+def _static_cache_block(q_rows, groups, new_scores, new_values, cache_mask, call: CachedCall, layer, dtype):
     """The online-softmax state over the live cache slots and the new tokens with a static cache index: the slots
     below it (sliced, so differentiable) and the new tokens as one block."""
     live = int(call.cache_index)
@@ -208,7 +208,7 @@ def _static_cache_block(q_rows, groups, new_scores, new_values, cache_mask, call
     return _softmax_block(scores, lambda w: _cached_values(w[..., :live], cached_v, dtype) + new_values(w[..., live:]))
 
 
-def _one_chunk(i, state, *, chunk, q_rows, groups, cache_mask, call: _CachedCall, layer, dtype):
+def _one_chunk(i, state, *, chunk, q_rows, groups, cache_mask, call: CachedCall, layer, dtype):
     """`state` merged with the block of chunk `i` of the row cache's slots (`chunk` slots from i * chunk)."""
     cache_k, cache_v = call.cache
     capacity = cache_k.shape[3]
@@ -223,7 +223,7 @@ def _one_chunk(i, state, *, chunk, q_rows, groups, cache_mask, call: _CachedCall
     return _merge_blocks(state, _softmax_block(scores, lambda w: _cached_values(w, values, dtype)))
 
 
-def _run_time_cache_blocks(state, q, q_rows, cache_mask, call: _CachedCall, layer, sliding):
+def _run_time_cache_blocks(state, q, q_rows, cache_mask, call: CachedCall, layer, sliding):
     """`state` merged with the row cache's live slots below a run-time cache index: read by the backend's kernel
     where it has one for this call, else by the XLA math over chunks of `memory.cache_chunk(capacity)` slots."""
     block = _kernel_block(q, call, layer, sliding, call.cache, call.cache_index, call.key_valid, None)

@@ -45,7 +45,7 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   its `attention` implementation (`attention=` at construction: "auto" is splash attention on a TPU, the
   Pallas flash kernel on a GPU, the XLA math on a CPU) runs the training and scoring attention over a layout
   and reads a decode step's caches where it has a kernel for them (`cache_state`: the Pallas decode kernel on a
-  TPU, the C++ kernel on a CPU), the XLA math of `cached_attention._cached_attention` reading them elsewhere.
+  TPU, the C++ kernel on a CPU), the XLA math of `cached_attention.attend_cached` reading them elsewhere.
 
 The two purposes have their own entry points: `forward(tokens, positions, layout)` (training and scoring:
 hidden states, with an `AttentionLayout` saying padded, segments or branches) and `decode_step(...)` (a
@@ -81,15 +81,15 @@ from jaxgrpo.models import backend as backends
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask
 from jaxgrpo.models.backend import Backend
-from jaxgrpo.models.cached_attention import _CachedCall, _cached_attention
+from jaxgrpo.models.cached_attention import CachedCall, attend_cached
 from jaxgrpo.models.config import PROJECTIONS, DecoderConfig
 from jaxgrpo.models.layers import (
     MLP,
     Attention,
     Block,
     RMSNorm,
-    _param,
     apply_rope,
+    param,
     rope_inverse_frequencies,
     rope_tables,
 )
@@ -177,11 +177,11 @@ class Decoder(nnx.Module):
         self.dtype = dtype
         self.remat = remat
         self.attention = attention
-        self.embed = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), param_dtype)
+        self.embed = param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), param_dtype)
         self.layers = Block(c, (c.num_layers,), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.final_norm = RMSNorm((), c.hidden_size, "norm", c, param_dtype)
         if not c.tie_word_embeddings:
-            self.lm_head = _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), param_dtype)
+            self.lm_head = param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), param_dtype)
 
     def init_cache(self, batch_size: int, capacity: int, dtype=None) -> KVCache:
         """An all-zero `KVCache` of [layers, batch_size, kv_heads, capacity, head_dim] (compute dtype by default)."""
@@ -344,11 +344,11 @@ class Decoder(nnx.Module):
 
         full_mask = jax.tree.map(rows, cached_and_new(None))
         sliding_mask = jax.tree.map(rows, cached_and_new(window)) if window else full_mask
-        call = _CachedCall(cache, cache_index, key_valid, (full_mask, sliding_mask), prefix, prefix_valid, backend,
+        call = CachedCall(cache, cache_index, key_valid, (full_mask, sliding_mask), prefix, prefix_valid, backend,
                            window, self.config.attention_scale, mesh)
 
         def attention(sliding, layer):
-            return functools.partial(_cached_attention, call=call, layer=layer, sliding=sliding)
+            return functools.partial(attend_cached, call=call, layer=layer, sliding=sliding)
 
         return self._layers(tokens, positions, attention, mesh, backend, cache=cache, cache_index=cache_index,
                             packed_weights=packed_weights)

@@ -53,7 +53,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
-def _param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal") -> nnx.Param:
+def param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal") -> nnx.Param:
     """A parameter with `logical_axes` metadata; `init` is normal(0.02), zeros or ones."""
     if init == "normal":
         value = 0.02 * jax.random.normal(rngs.params(), shape, param_dtype)
@@ -72,7 +72,7 @@ class RMSNorm(nnx.Module):
         self.eps = config.rms_norm_eps
         self.gemma = config.is_gemma
         init = "zeros" if self.gemma else "ones"
-        self.weight = _param(None, (*stack, dim), ("layers",) * len(stack) + (axis_name,), param_dtype, init)
+        self.weight = param(None, (*stack, dim), ("layers",) * len(stack) + (axis_name,), param_dtype, init)
 
     @jax.named_scope("norm")
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -107,14 +107,14 @@ class Attention(nnx.Module):
         lead = ("layers",) * len(stack)
         self.config = c
         self.dtype = dtype
-        self.q = _param(rngs, (*stack, c.hidden_size, c.num_heads, c.head_dim), lead + PROJECTIONS["q"].axes, param_dtype)
-        self.k = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["k"].axes, param_dtype)
-        self.v = _param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["v"].axes, param_dtype)
-        self.o = _param(rngs, (*stack, c.num_heads, c.head_dim, c.hidden_size), lead + PROJECTIONS["o"].axes, param_dtype)
+        self.q = param(rngs, (*stack, c.hidden_size, c.num_heads, c.head_dim), lead + PROJECTIONS["q"].axes, param_dtype)
+        self.k = param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["k"].axes, param_dtype)
+        self.v = param(rngs, (*stack, c.hidden_size, c.num_kv_heads, c.head_dim), lead + PROJECTIONS["v"].axes, param_dtype)
+        self.o = param(rngs, (*stack, c.num_heads, c.head_dim, c.hidden_size), lead + PROJECTIONS["o"].axes, param_dtype)
         if c.qkv_bias:
-            self.q_bias = _param(rngs, (*stack, c.num_heads, c.head_dim), lead + ("heads", "head_dim"), param_dtype)
-            self.k_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
-            self.v_bias = _param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
+            self.q_bias = param(rngs, (*stack, c.num_heads, c.head_dim), lead + ("heads", "head_dim"), param_dtype)
+            self.k_bias = param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
+            self.v_bias = param(rngs, (*stack, c.num_kv_heads, c.head_dim), lead + ("kv_heads", "head_dim"), param_dtype)
         if c.qk_norm:
             self.q_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
             self.k_norm = RMSNorm(stack, c.head_dim, "head_dim", c, param_dtype)
@@ -129,7 +129,7 @@ class Attention(nnx.Module):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
 
         `attend(q, k, v)` is this layer's attention over the call's keys (the decoder binds it: the attention
-        implementation's over a layout in a forward, `_cached_attention` in a cached call), q [B, T, kv_heads,
+        implementation's over a layout in a forward, `attend_cached` in a cached call), q [B, T, kv_heads,
         G, head_dim] -> [B, T, kv_heads, G, head_dim]. `forms` (`memory_forms`) multiplies the weights. `mesh`
         (or None) lays out the activations: rows over the batch axes, heads over `model`.
         """
@@ -159,9 +159,9 @@ class MLP(nnx.Module):
         e, f = config.hidden_size, config.intermediate_size
         self.dtype = dtype
         self.gemma = config.is_gemma
-        self.gate = _param(rngs, (*stack, e, f), lead + PROJECTIONS["gate"].axes, param_dtype)
-        self.up = _param(rngs, (*stack, e, f), lead + PROJECTIONS["up"].axes, param_dtype)
-        self.down = _param(rngs, (*stack, f, e), lead + PROJECTIONS["down"].axes, param_dtype)
+        self.gate = param(rngs, (*stack, e, f), lead + PROJECTIONS["gate"].axes, param_dtype)
+        self.up = param(rngs, (*stack, e, f), lead + PROJECTIONS["up"].axes, param_dtype)
+        self.down = param(rngs, (*stack, f, e), lead + PROJECTIONS["down"].axes, param_dtype)
 
     @jax.named_scope("mlp")
     def __call__(self, x, forms, mesh=None):

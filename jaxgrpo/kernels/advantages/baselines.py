@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import segments
+from jaxgrpo.kernels import papers, segments
 from jaxgrpo.kernels.advantages.common import (
     STD_EPS,
     _finish,
@@ -181,12 +181,9 @@ def remax(rewards, group_ids, *, num_groups: int, valid=None, baseline_rewards) 
 # ------------------------------------ Off-policy group REINFORCE: AsymRE, OPMD
 
 # Their losses, `rec` and `opmd` (`opmd_loss`), are in `jaxgrpo.kernels.losses.reinforce`.
-_OFF_POLICY_PAPER = (
-    "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm: Demystifying Some Myths About GRPO and Its Friends (2025)"
-)
 
 
-@register_advantage("asymre", paper=_OFF_POLICY_PAPER,
+@register_advantage("asymre", paper=papers.OFF_POLICY_REINFORCE,
                     ranges={"baseline_shift": ("any", "delta, added to the group mean baseline")}, group_relative=True)
 def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: float = -0.1) -> Array:
     """Asymmetric REINFORCE advantage (AsymRE): A_i = r_i - (mean_g + delta), delta = -0.1.
@@ -205,7 +202,7 @@ def asymre(rewards, group_ids, *, num_groups: int, valid=None, baseline_shift: f
 OPMD_BASELINES = ("mean", "logmeanexp")
 
 
-@register_advantage("opmd", paper=_OFF_POLICY_PAPER,
+@register_advantage("opmd", paper=papers.OFF_POLICY_REINFORCE,
                     ranges={"baseline": ("one of mean, logmeanexp", "the group baseline b_g"),
                             "tau": ("> 0", "the temperature of the logmeanexp baseline")}, group_relative=True)
 def opmd(rewards, group_ids, *, num_groups: int, valid=None, baseline: str = "mean", tau: float = 1.0) -> Array:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import betaln, xlogy
 
-from jaxgrpo.kernels import segments
+from jaxgrpo.kernels import papers, segments
 from jaxgrpo.kernels.advantages.common import (
     STD_DDOF,
     STD_EPS,
@@ -136,10 +136,9 @@ def ngrpo(rewards, group_ids, *, num_groups: int, valid=None, r_max: float = 1.0
 # ------------------------------------------------------------------------ HAPO
 
 # HAPO's advantage; the loss it is designed for, `hapo_clip`, is in `jaxgrpo.kernels.losses.adaptive_clip`.
-_HAPO = "From Uniform to Heterogeneous: Tailoring Policy Optimization to Every Token's Nature (2025)"
 
 
-@register_advantage("hapo", paper=_HAPO, ranges={
+@register_advantage("hapo", paper=papers.HAPO, ranges={
     "eps": ("> 0", "added to the token-level std so that a constant group does not divide by 0"),
     "fallback_threshold": ("> 0", "the |advantage| at which a group falls back to GRPO's"),
 }, group_relative=True)
@@ -249,12 +248,9 @@ def bnpo(
 # ------------------------------------------------------------ DGPO (MathForge)
 
 # DGPO's question weights (DQW), `dgpo_question_weights`, are in `jaxgrpo.kernels.selection`.
-_DGPO_PAPER = (
-    "Harder Is Better: Boosting Mathematical Reasoning via Difficulty-Aware GRPO and Multi-Aspect Question Reformulation (2026)"
-)
 
 
-@register_advantage("dgpo", paper=_DGPO_PAPER,
+@register_advantage("dgpo", paper=papers.DGPO,
                     ranges={"eps": ("> 0", "added to the sum of absolute deviations, so a constant group does not divide by 0")}, group_relative=True)
 def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) -> Array:
     """Difficulty-balanced group advantage (DGPO): mean-absolute-deviation scaling.
@@ -285,9 +281,6 @@ def dgpo(rewards, group_ids, *, num_groups: int, valid=None, eps: float = 1e-4) 
 # --------------------------------------------------------------------- MC-GRPO
 
 # MC-GRPO's loss mask, `mc_grpo_pivot_mask`, is in `jaxgrpo.kernels.masks`.
-_MC_GRPO_PAPER = (
-    "MC-GRPO: Median-Centered Group Relative Policy Optimization for Small-Rollout Reinforcement Learning (2026)"
-)
 
 
 def _median_and_mad(rewards, group_ids, num_groups, valid):
@@ -299,7 +292,7 @@ def _median_and_mad(rewards, group_ids, num_groups, valid):
     return median, mad, pivot, nonempty
 
 
-@register_advantage("mc_grpo", paper=_MC_GRPO_PAPER,
+@register_advantage("mc_grpo", paper=papers.MC_GRPO,
                     ranges={"mad_eps": ("> 0", "added to the MAD, so that a group whose MAD is 0 does not divide by 0")}, group_relative=True)
 def mc_grpo(rewards, group_ids, *, num_groups: int, valid=None, mad_eps: float = 1e-3) -> Array:
     """Median-centered advantage (MC-GRPO): A_i = (r_i - median_g) / (MAD_g + 1e-3).

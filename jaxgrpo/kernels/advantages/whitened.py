@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import segments
+from jaxgrpo.kernels import papers, segments
 from jaxgrpo.kernels.advantages.common import checked_lengths, group_centered
 from jaxgrpo.kernels.registry import register, register_advantage
 from jaxgrpo.kernels.validation import check_floating, check_outcome_inputs
@@ -111,10 +111,9 @@ def reinforce_pp_baseline(
 
 # SPO's value tracker and prioritized sampling, `spo_value_tracker` and `spo_priority`, are in
 # `jaxgrpo.kernels.selection`.
-_SPO = "Single-stream Policy Optimization (2025)"
 
 
-@register("advantage", "experimental/spo_advantage", paper=_SPO,
+@register("advantage", "experimental/spo_advantage", paper=papers.SPO,
           ranges={"eps": ("> 0", "added to the batch variance of the whitening")})
 def spo_advantage(rewards, group_ids, *, num_groups: int, baseline, valid=None, eps: float = 1e-8) -> Array:
     """Single-stream SPO advantage: A = whiten_batch(r - v(x)), no group statistics.

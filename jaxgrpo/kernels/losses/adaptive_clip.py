@@ -15,8 +15,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import segments
-from jaxgrpo.kernels.advantages.group_normalized import _HAPO
+from jaxgrpo.kernels import papers, segments
 from jaxgrpo.kernels.losses.common import CLIP_RATIO_C, EPS_HIGH, EPS_LOW, log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import register, register_loss
 from jaxgrpo.kernels.segments import masked_mean
@@ -35,12 +34,6 @@ def _dual_clip(loss: Array, adv: Array, clip_ratio_c: float | None) -> Array:
 
 
 # ------------------------------------------------------------------------ BAPO
-
-
-_BAPO = (
-    "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy Optimization "
-    "with Adaptive Clipping (2025)"
-)
 
 
 def _bound_grid(start: float, stop: float, step: float) -> list[float]:
@@ -128,7 +121,7 @@ def bapo_clip_bounds(
     return cand[index, 0], cand[index, 1], pos_neg[index]
 
 
-@register_loss("bapo", paper=_BAPO, ranges={
+@register_loss("bapo", paper=papers.BAPO, ranges={
     "lower_start": ("in (0, 1]", "the first lower ratio bound c_low of the search"),
     "lower_max": ("in [lower_start, 1]", "the largest lower ratio bound c_low"),
     "lower_step": (">= 0", "the step of c_low"),
@@ -232,7 +225,7 @@ def hapo_adaptive_clip_range(h_hat, eps_low: float = 0.2, eps_high: float = 0.2,
     return low, high
 
 
-@register_loss("hapo_clip", paper=_HAPO, ranges={
+@register_loss("hapo_clip", paper=papers.HAPO, ranges={
     "eps_low": EPS_LOW, "eps_high": (">= 0", "the upper clip epsilon: the ratio is clipped above at 1 + eps_high"),
     "clip_alpha": (">= 0", "the strength of the entropy-adaptive clip range"),
     "adv_beta": (">= 0", "the strength of the entropy-adaptive advantage scaling"),
@@ -303,9 +296,6 @@ def hapo_clip(
 # ------------------------------------------------------------------------- ETR
 
 
-_ETR = "ETR: Outcome-Guided Elastic Trust Regions for Policy Optimization (2026)"
-
-
 def _clipped_surrogate(ratio, adv, low, high):
     """-min(rho A, clip(rho, low, high) A) and whether the clipped branch is active."""
     unclipped = -adv * ratio
@@ -313,7 +303,7 @@ def _clipped_surrogate(ratio, adv, low, high):
     return jnp.maximum(unclipped, clipped), clipped > unclipped
 
 
-@register("loss", "experimental/etr_clip", paper=_ETR, ranges={
+@register("loss", "experimental/etr_clip", paper=papers.ETR, ranges={
     "eps_low": EPS_LOW, "eps_high": EPS_HIGH,
     "advantage_elasticity": (">= 0", "a, the micro slope of the clip scale in |A|"),
     "variance_elasticity": (">= 0", "b, the macro slope of the clip scale in the group variance"),

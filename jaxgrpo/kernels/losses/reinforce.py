@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels.advantages.baselines import _OFF_POLICY_PAPER
+from jaxgrpo.kernels import papers
 from jaxgrpo.kernels.losses.common import log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import register, register_loss
 from jaxgrpo.kernels.segments import masked_mean
@@ -183,7 +183,7 @@ def dro(logp, old_logp, advantages, mask, *, beta: float = 0.1):
 REC_CLIP_MODES = ("one_sided", "two_sided", "none")
 
 
-@register_loss("rec", paper=_OFF_POLICY_PAPER,
+@register_loss("rec", paper=papers.OFF_POLICY_REINFORCE,
                ranges={"clip_mode": ("one of one_sided, two_sided, none", "which tokens the clip keeps"),
                        "eps_low": (">= 0", "the lower clip epsilon"), "eps_high": (">= 0", "the upper clip epsilon")})
 def rec(
@@ -228,7 +228,7 @@ def rec(
     return loss * mask, metrics
 
 
-@register_loss("opmd", paper=_OFF_POLICY_PAPER,
+@register_loss("opmd", paper=papers.OFF_POLICY_REINFORCE,
                ranges={"tau": ("> -1", "the regularization strength; the loss is divided by 1 + tau")})
 def opmd_loss(logp, old_logp, advantages, mask, *, tau: float = 1.0):
     """OPMD policy loss: l_t = -A_t log pi(y_t) / (1 + tau), no importance ratio.
@@ -250,10 +250,7 @@ def opmd_loss(logp, old_logp, advantages, mask, *, tau: float = 1.0):
 # -------------------------------------------------------- Arbitrary-Entropy PO
 
 
-_AEPO = "Arbitrary Entropy Policy Optimization: Entropy Is Controllable in Reinforcement Fine-tuning (2025)"
-
-
-@register("loss", "experimental/aepo_entropy", paper=_AEPO,
+@register("loss", "experimental/aepo_entropy", paper=papers.AEPO,
           ranges={"coef": (">= 0", "c, the weight of the regularizer")})
 def aepo_entropy(logp, old_logp, advantages, mask, *, coef: float = 1.0, positive_only: bool = False):
     """Arbitrary-Entropy PO regularizer (reconstruction): REINFORCE on samples of a tempered policy.
@@ -312,9 +309,6 @@ def aepo_temperature_update(
 # --------------------------------------------------------------- Critique-GRPO
 
 
-_CRITIQUE = "Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical Feedback (2025)"
-
-
 def policy_shaping(p: Array, gamma: float = 0.1) -> Array:
     """f(p) = p / (p + gamma): the off-policy shaping of LUFFY / Critique-GRPO.
 
@@ -323,7 +317,7 @@ def policy_shaping(p: Array, gamma: float = 0.1) -> Array:
     return p / (p + gamma)
 
 
-@register_loss("critique_grpo", paper=_CRITIQUE,
+@register_loss("critique_grpo", paper=papers.CRITIQUE_GRPO,
           loop=("needs critique-guided refinements (the prefix_mask of an off-policy refined prefix), which no "
                 "critic in the loop writes"),
           ranges={"shaping_gamma": ("> 0", "gamma of the policy shaping p / (p + gamma)"),

@@ -3,7 +3,7 @@
 A decode step's attention is memory-bound: each row reads its cached keys and values once and multiplies
 them by a handful of queries (G query heads x T new tokens per kv head). The XLA form reads the whole
 capacity under a mask (a TPU program reads the cache in one masked block, see the decoder's
-`cached_attention._cached_attention`), so a step costs the capacity and not the live length. This kernel
+`cached_attention.attend_cached`), so a step costs the capacity and not the live length. This kernel
 copies only the blocks that hold live keys:
 
 * the grid runs over cache rows (in two runs, one per TensorCore of a megacore chip); the layer, the
@@ -384,7 +384,7 @@ def xla_cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: fl
                               key_mask=None, window: int | None = None, query_slot=None):
     """`cache_attention_state` in plain `jax.numpy`: the reference and test oracle.
 
-    The decoder's math for its cached block (`cached_attention._cached_attention`, a TPU program's one masked
+    The decoder's math for its cached block (`cached_attention.attend_cached`, a TPU program's one masked
     block over the whole capacity): one [share * G * T, D] x [D, C] product per (cache row, kv head), scores
     masked to MASKED_SCORE, then the weights exp(score - max) zeroed where masked, so a query with no
     readable slot gets (MASKED_SCORE, 0, 0) as the kernel gives (the decoder's own form counts such slots
