@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from jaxgrpo.kernels.advantages.group_normalized import hapo
 from jaxgrpo.kernels.losses.adaptive_clip import (
+    _BAPO,
     _bound_grid,
     _dual_clip,
     bapo,
@@ -20,11 +21,16 @@ from jaxgrpo.kernels.losses.adaptive_clip import (
     hapo_clip,
     hapo_entropy_scale,
 )
-from jaxgrpo.kernels.losses.clipped import degrpo, first_token_mask, sapo, sapo_gate
-from jaxgrpo.kernels.losses.reinforce import critique_grpo, policy_shaping
-from jaxgrpo.kernels.losses.sequence import _log_mean_exp_per_group, disco
+from jaxgrpo.kernels.losses.clipped import _SAPO, _THINKLESS, degrpo, first_token_mask, sapo, sapo_gate
+from jaxgrpo.kernels.losses.reinforce import _CRITIQUE, critique_grpo, policy_shaping
+from jaxgrpo.kernels.losses.sequence import _DISCO, _log_mean_exp_per_group, disco
 
 __all__ = [
+    "_BAPO",
+    "_CRITIQUE",
+    "_DISCO",
+    "_SAPO",
+    "_THINKLESS",
     "_bound_grid",
     "_dual_clip",
     "_log_mean_exp_per_group",

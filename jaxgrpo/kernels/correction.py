@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
-from jaxgrpo.kernels.credit.importance import importance_correction
+from jaxgrpo.kernels.credit.importance import _PAPER, importance_correction
 
 __all__ = [
+    "_PAPER",
     "importance_correction",
 ]

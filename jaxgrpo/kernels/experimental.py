@@ -20,15 +20,16 @@ The documented reconstructions (registered under `experimental/` names) live in 
 
 from __future__ import annotations
 
-from jaxgrpo.kernels.advantages.reshaped import a_grae
+from jaxgrpo.kernels.advantages.reshaped import _AGRAE, a_grae
 from jaxgrpo.kernels.advantages.whitened import spo_advantage
-from jaxgrpo.kernels.credit.assignment import grpo_vps_progress
-from jaxgrpo.kernels.credit.returns import _last_token_onehot, t_ppo_egae
-from jaxgrpo.kernels.losses.adaptive_clip import _clipped_surrogate, etr_clip
-from jaxgrpo.kernels.losses.reinforce import aepo_entropy, aepo_temperature_update
-from jaxgrpo.kernels.losses.sequence import dhpo
-from jaxgrpo.kernels.reward_shaping import _length_rewards, conciser_length_reward, grpo_lambda
+from jaxgrpo.kernels.credit.assignment import _VPS, grpo_vps_progress
+from jaxgrpo.kernels.credit.returns import _TPPO, _last_token_onehot, t_ppo_egae
+from jaxgrpo.kernels.losses.adaptive_clip import _ETR, _clipped_surrogate, etr_clip
+from jaxgrpo.kernels.losses.reinforce import _AEPO, aepo_entropy, aepo_temperature_update
+from jaxgrpo.kernels.losses.sequence import _DHPO, dhpo
+from jaxgrpo.kernels.reward_shaping import _CONCISER, _LAMBDA, _length_rewards, conciser_length_reward, grpo_lambda
 from jaxgrpo.kernels.selection import (
+    _TRAPO,
     SPOTrackerState,
     spo_priority,
     spo_tracker_init,
@@ -38,6 +39,15 @@ from jaxgrpo.kernels.selection import (
 
 __all__ = [
     "SPOTrackerState",
+    "_AEPO",
+    "_AGRAE",
+    "_CONCISER",
+    "_DHPO",
+    "_ETR",
+    "_LAMBDA",
+    "_TPPO",
+    "_TRAPO",
+    "_VPS",
     "_clipped_surrogate",
     "_last_token_onehot",
     "_length_rewards",

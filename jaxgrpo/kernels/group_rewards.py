@@ -9,6 +9,10 @@ reward live in `jaxgrpo.kernels.reward_shaping`.
 from __future__ import annotations
 
 from jaxgrpo.kernels.reward_shaping import (
+    _ADAPTTHINK,
+    _CARE,
+    _PREF_GRPO,
+    _S_GRPO,
     adaptthink_reward,
     grpo_care_bonus,
     pref_grpo_win_rate,
@@ -17,6 +21,10 @@ from jaxgrpo.kernels.reward_shaping import (
 )
 
 __all__ = [
+    "_ADAPTTHINK",
+    "_CARE",
+    "_PREF_GRPO",
+    "_S_GRPO",
     "adaptthink_reward",
     "grpo_care_bonus",
     "pref_grpo_win_rate",

@@ -54,7 +54,13 @@ def overlong_penalty(lengths, *, max_len: int = 20480, cache_len: int = 4096) ->
 # ------------------------------------ Pref-GRPO, S-GRPO, GRPO-CARE, AdaptThink
 
 
-@register("reward", "pref_grpo_win_rate", paper=papers.PREF_GRPO,
+_PREF_GRPO = "Pref-GRPO: Pairwise Preference Reward-based GRPO for Stable Text-to-Image Reinforcement Learning (2025)"
+_S_GRPO = "S-GRPO: Early Exit via Reinforcement Learning in Reasoning Models (2025)"
+_CARE = "GRPO-CARE: Consistency-Aware Reinforcement Learning for Multimodal Reasoning (2025)"
+_ADAPTTHINK = "AdaptThink: Reasoning Models Can Learn When to Think (2025)"
+
+
+@register("reward", "pref_grpo_win_rate", paper=_PREF_GRPO,
           loop="needs a pairwise preference judge (Pref-GRPO's reward model comparing completions)")
 def pref_grpo_win_rate(wins, group_ids, *, num_groups: int, valid=None) -> Array:
     """Pref-GRPO reward: each response's win rate against the rest of its group.
@@ -82,7 +88,7 @@ def pref_grpo_win_rate(wins, group_ids, *, num_groups: int, valid=None) -> Array
     return jnp.where(valid & (opponents > 0), total / jnp.maximum(opponents, 1), 0.0)
 
 
-@register("reward", "s_grpo_serial_rewards", paper=papers.S_GRPO,
+@register("reward", "s_grpo_serial_rewards", paper=_S_GRPO,
           loop=("needs serial early-exit rollouts (the correctness of each early exit of a reasoning path, "
                 "S-GRPO)"))
 def s_grpo_serial_rewards(correct, *, exit_mask=None) -> Array:
@@ -119,7 +125,7 @@ def s_grpo_serial_advantages(rewards, *, exit_mask=None) -> Array:
     return jnp.where(on, rewards - mean[:, None], 0.0)
 
 
-@register("reward", "grpo_care_bonus", paper=papers.GRPO_CARE,
+@register("reward", "grpo_care_bonus", paper=_CARE,
           ranges={"bonus_weight": (">= 0", "lambda, the weight of the consistency bonus"),
                   "max_consistency": ("in [0, 1]", "the cap of the consistency likelihood"),
                   "accuracy_threshold": ("any", "the accuracy above which a row can earn the bonus"),
@@ -164,7 +170,7 @@ def grpo_care_bonus(
     return jnp.where(valid, accuracy + bonus, 0.0)
 
 
-@register("reward", "adaptthink_reward", paper=papers.ADAPTTHINK,
+@register("reward", "adaptthink_reward", paper=_ADAPTTHINK,
           ranges={"delta": (">= 0", "the bonus of a no-thinking answer")},
           loop=("needs a thinking / no-thinking chat template and a reference model's accuracy on each prompt "
                 "(AdaptThink)"))
@@ -196,6 +202,9 @@ def adaptthink_reward(accuracy, reference_accuracy, no_thinking, *, delta: float
 # ---------------------------------------------------------------------- GRPO-λ
 
 
+_LAMBDA = "Stable Reinforcement Learning for Efficient Reasoning (2025)"
+
+
 def _length_rewards(correct, lengths, group_ids, num_groups, valid):
     """Kimi k1.5's group length reward: 0.5 - (len - min_g)/(max_g - min_g); min(0, .) if wrong."""
     lo = segments.gather(segments.min(lengths, group_ids, num_groups, valid), group_ids)
@@ -206,7 +215,7 @@ def _length_rewards(correct, lengths, group_ids, num_groups, valid):
     return jnp.where(correct > 0.5, score, jnp.minimum(score, 0.0))
 
 
-@register("reward", "experimental/grpo_lambda", paper=papers.GRPO_LAMBDA, ranges={
+@register("reward", "experimental/grpo_lambda", paper=_LAMBDA, ranges={
     "top_fraction": ("in [0, 1]", "lambda, the fraction of groups given the length penalty"),
     "length_weight": (">= 0", "w, the weight of the length reward"),
 })
@@ -268,7 +277,10 @@ def grpo_lambda(
 # -------------------------------------------------------------------- ConciseR
 
 
-@register("reward", "experimental/conciser_length_reward", paper=papers.CONCISER, ranges={
+_CONCISER = "Walk Before You Run! Concise LLM Reasoning via Reinforcement Learning (2025)"
+
+
+@register("reward", "experimental/conciser_length_reward", paper=_CONCISER, ranges={
     "max_len": (">= 1", "L_max, the length in tokens at which the bonus reaches 0"),
     "length_coef": (">= 0", "beta, the weight of the length bonus"),
 })

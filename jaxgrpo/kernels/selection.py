@@ -408,7 +408,10 @@ def spo_priority(values, *, valid=None, floor: float = 0.05) -> Array:
 # ----------------------------------------------------------------------- TraPO
 
 
-@register("selection", "experimental/trapo_selection", paper=papers.TRAPO,
+_TRAPO = "TraPO: A Semi-Supervised Reinforcement Learning Framework for Boosting LLM Reasoning (2025)"
+
+
+@register("selection", "experimental/trapo_selection", paper=_TRAPO,
           loop="needs a labeled and an unlabeled prompt pool with pass rates tracked across steps (TRAPO)",
           ranges={"top_fraction": ("in [0, 1]", "the fraction of unlabeled prompts kept by similarity rank"),
                   "min_similarity": ("in [-1, 1]", "the cosine similarity above which a prompt is kept")})

@@ -7,10 +7,11 @@ VESPO (`vespo`, `gamma_weight`) lives in `jaxgrpo.kernels.losses.sequence`.
 
 from __future__ import annotations
 
-from jaxgrpo.kernels.losses.sequence import MIN_LOG_SEQUENCE_RATIO, gamma_weight, vespo
+from jaxgrpo.kernels.losses.sequence import MIN_LOG_SEQUENCE_RATIO, _VESPO, gamma_weight, vespo
 
 __all__ = [
     "MIN_LOG_SEQUENCE_RATIO",
+    "_VESPO",
     "gamma_weight",
     "vespo",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import papers, segments
+from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.advantages.common import STD_DDOF, STD_EPS, _check_row_array
 from jaxgrpo.kernels.advantages.group_normalized import grpo
 from jaxgrpo.kernels.registry import get_advantage, register, register_advantage
@@ -83,7 +83,10 @@ def xrpo(
 # ---------------------------------------------------------------------- A-GRAE
 
 
-@register("advantage", "experimental/a_grae", paper=papers.A_GRAE, ranges={
+_AGRAE = "Unveiling Implicit Advantage Symmetry: Why GRPO Struggles with Exploration and Difficulty Adaptation (2026)"
+
+
+@register("advantage", "experimental/a_grae", paper=_AGRAE, ranges={
     "positive_scale": (">= 0", "lambda_+, the factor of positive advantages"),
     "difficulty_strength": ("in [0, 1]", "k, the strength of the difficulty weight (keeps it >= 0)"),
     "std_ddof": STD_DDOF, "eps": STD_EPS,

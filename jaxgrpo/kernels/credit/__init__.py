@@ -14,6 +14,10 @@ replaced by 0 before any arithmetic, so NaN or inf there reaches neither the out
 from __future__ import annotations
 
 from jaxgrpo.kernels.credit.assignment import (
+    _PURE,
+    _RANK_GRPO,
+    _SEGMENT,
+    _TW_GRPO,
     _rank_one_hot,
     grpo_vps_progress,
     minmax_token_weights,
@@ -40,6 +44,10 @@ from jaxgrpo.kernels.credit.returns import (
 __all__ = [
     "GAMMA",
     "LAMBDA",
+    "_PURE",
+    "_RANK_GRPO",
+    "_SEGMENT",
+    "_TW_GRPO",
     "_rank_one_hot",
     "discounted_returns",
     "gae",

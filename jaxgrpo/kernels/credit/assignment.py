@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import papers, segments
+from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.advantages.common import STD_DDOF, STD_EPS
 from jaxgrpo.kernels.losses.common import log_ratio
 from jaxgrpo.kernels.registry import register
@@ -29,6 +29,15 @@ from jaxgrpo.kernels.validation import (
 )
 
 Array = jax.Array
+
+
+_TW_GRPO = "Reinforcing Video Reasoning with Focused Thinking (2025)"
+_PURE = "Stop Summation: Min-Form Credit Assignment Is All Process Reward Model Needs for Reasoning (2025)"
+_RANK_GRPO = "Rank-GRPO: Training LLM-based Conversational Recommender Systems with Reinforcement Learning (2025)"
+_SEGMENT = (
+    "Segment Policy Optimization: Effective Segment-Level Credit Assignment in RL for Large Language Models (2025); "
+    "GRPO-VPS (2025)"
+)
 
 
 # --------------------------------------------------------------------- TW-GRPO
@@ -55,7 +64,7 @@ def minmax_token_weights(divergence, position_mask, *, alpha: float = 1.7) -> Ar
     return jnp.where(on, 1.0 + (alpha - 1.0) * scaled, 0.0)
 
 
-@register("credit", "tw_grpo_weights", paper=papers.TW_GRPO,
+@register("credit", "tw_grpo_weights", paper=_TW_GRPO,
           ranges={"alpha": (">= 1", "the largest token weight (the smallest is 1)")},
           loop=("needs log-probs over the whole vocabulary [N, T, V], which the trainer never materializes (it "
                 "scores tokens in vocabulary chunks)"))
@@ -102,7 +111,7 @@ def tw_grpo_weights(token_logprobs, group_ids, *, num_groups: int, mask, valid=N
 # ------------------------------------------------------------------------ PURE
 
 
-@register("credit", "pure_min_form", paper=papers.PURE,
+@register("credit", "pure_min_form", paper=_PURE,
           ranges={"temperature": ("> 0", "T of the softmin over the step rewards")},
           loop="needs a process reward model (a reward for each reasoning step)")
 def pure_min_form(process_rewards, step_mask, *, temperature: float = 0.1, mask=None) -> Array:
@@ -166,7 +175,7 @@ def rank_rewards(hits, *, reward: str = "dcg") -> Array:
     return jnp.flip(jnp.cumsum(jnp.flip(hits * discount, -1), -1), -1)
 
 
-@register("credit", "rank_grpo", paper=papers.RANK_GRPO,
+@register("credit", "rank_grpo", paper=_RANK_GRPO,
           ranges={"reward": ("one of dcg", "the reward of a rank from its hits (causal DCG)"),
                   "std_ddof": STD_DDOF, "eps": STD_EPS},
           loop="needs a ranking task (the relevance of each ranked item)")
@@ -224,7 +233,7 @@ def rank_token_values(rank_values, rank_ids) -> Array:
 # -------------------------------------------------------------------- segments
 
 
-@register("credit", "segment_advantages", paper=papers.SEGMENT_PO,
+@register("credit", "segment_advantages", paper=_SEGMENT,
           loop="needs a segmenter of reasoning steps (segment boundaries), which the loop does not run")
 def segment_advantages(boundaries, values, mask) -> Array:
     """Segment advantages scattered to tokens: A_t = V_{k+1} - V_k for t in segment k.
@@ -265,7 +274,10 @@ def segment_advantages(boundaries, values, mask) -> Array:
 # ----------------------------------------------------------- GRPO-VPS progress
 
 
-@register("credit", "experimental/grpo_vps_progress", paper=papers.GRPO_VPS,
+_VPS = "GRPO-VPS: Enhancing Group Relative Policy Optimization with Verifiable Process Supervision for Effective Reasoning (2026)"
+
+
+@register("credit", "experimental/grpo_vps_progress", paper=_VPS,
           loop="needs a probing pass (the answer probability after each reasoning segment, GRPO-VPS)",
           ranges={"progress_coef": ("any", "c, the weight of each segment's probe progress")})
 def grpo_vps_progress(

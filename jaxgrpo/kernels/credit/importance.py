@@ -10,7 +10,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import papers
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.segments import fill_masked, masked_mean
 from jaxgrpo.kernels.validation import check_token_inputs
@@ -18,7 +17,10 @@ from jaxgrpo.kernels.validation import check_token_inputs
 Array = jax.Array
 
 
-@register("credit", "importance_correction", paper=papers.TRUNCATED_IMPORTANCE_SAMPLING, ranges={
+_PAPER = "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training, Yao et al. (2025)"
+
+
+@register("credit", "importance_correction", paper=_PAPER, ranges={
     "level": ("one of token, sequence", "whether a weight is per token or per sequence"),
     "mode": ("one of truncate, mask", "truncate the weights (TIS) or drop those outside the bounds (MIS)"),
     "threshold": ("> 0", "the upper cap C of the importance weight"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import papers, segments
+from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.registry import register
 from jaxgrpo.kernels.validation import (
     check_floating,
@@ -210,6 +210,9 @@ def optimal_token_baseline(
 # ------------------------------------------------------------------ T-PPO EGAE
 
 
+_TPPO = "Truncated Proximal Policy Optimization (2025)"
+
+
 def _last_token_onehot(mask: Array) -> Array:
     """One-hot [N, T] of each row's last unmasked token (all zero for an empty row)."""
     t = mask.shape[1]
@@ -218,7 +221,7 @@ def _last_token_onehot(mask: Array) -> Array:
     return (positions[None, :] == last[:, None]).astype(mask.dtype)
 
 
-@register("token_advantage", "experimental/t_ppo_egae", paper=papers.T_PPO,
+@register("token_advantage", "experimental/t_ppo_egae", paper=_TPPO,
           loop=("needs truncated rollouts continued across steps (T-PPO's is_complete and bootstrap values), "
                 "which the sampler does not keep"),
           ranges={"gamma": ("in [0, 1]", "the discount factor"), "lam": ("in [0, 1]", "the GAE lambda")})

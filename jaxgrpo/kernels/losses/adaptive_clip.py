@@ -36,6 +36,12 @@ def _dual_clip(loss: Array, adv: Array, clip_ratio_c: float | None) -> Array:
 # ------------------------------------------------------------------------ BAPO
 
 
+_BAPO = (
+    "BAPO: Stabilizing Off-Policy Reinforcement Learning for LLMs via Balanced Policy Optimization "
+    "with Adaptive Clipping (2025)"
+)
+
+
 def _bound_grid(start: float, stop: float, step: float) -> list[float]:
     """start, start + step, ..., stop (the last step clipped to stop), as BAPO's search walks it."""
     grid = [float(start)]
@@ -121,7 +127,7 @@ def bapo_clip_bounds(
     return cand[index, 0], cand[index, 1], pos_neg[index]
 
 
-@register_loss("bapo", paper=papers.BAPO, ranges={
+@register_loss("bapo", paper=_BAPO, ranges={
     "lower_start": ("in (0, 1]", "the first lower ratio bound c_low of the search"),
     "lower_max": ("in [lower_start, 1]", "the largest lower ratio bound c_low"),
     "lower_step": (">= 0", "the step of c_low"),
@@ -296,6 +302,9 @@ def hapo_clip(
 # ------------------------------------------------------------------------- ETR
 
 
+_ETR = "ETR: Outcome-Guided Elastic Trust Regions for Policy Optimization (2026)"
+
+
 def _clipped_surrogate(ratio, adv, low, high):
     """-min(rho A, clip(rho, low, high) A) and whether the clipped branch is active."""
     unclipped = -adv * ratio
@@ -303,7 +312,7 @@ def _clipped_surrogate(ratio, adv, low, high):
     return jnp.maximum(unclipped, clipped), clipped > unclipped
 
 
-@register("loss", "experimental/etr_clip", paper=papers.ETR, ranges={
+@register("loss", "experimental/etr_clip", paper=_ETR, ranges={
     "eps_low": EPS_LOW, "eps_high": EPS_HIGH,
     "advantage_elasticity": (">= 0", "a, the micro slope of the clip scale in |A|"),
     "variance_elasticity": (">= 0", "b, the macro slope of the clip scale in the group variance"),

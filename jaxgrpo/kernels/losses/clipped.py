@@ -13,7 +13,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import papers
 from jaxgrpo.kernels.losses.common import CLIP_RATIO_C, EPS_HIGH, EPS_LOW, log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import register_loss
 from jaxgrpo.kernels.segments import fill_masked, masked_mean
@@ -77,6 +76,9 @@ def ppo_clip(
 # ------------------------------------------------------------------------ SAPO
 
 
+_SAPO = "Soft Adaptive Policy Optimization (2025)"
+
+
 def sapo_gate(ratio: Array, tau: Array | float) -> Array:
     """SAPO's soft gate f(rho) = sigmoid(tau (rho - 1)) * 4 / tau.
 
@@ -86,7 +88,7 @@ def sapo_gate(ratio: Array, tau: Array | float) -> Array:
     return jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
 
 
-@register_loss("sapo", paper=papers.SAPO, ranges={"tau_pos": ("> 0", "the gate temperature for positive advantages"),
+@register_loss("sapo", paper=_SAPO, ranges={"tau_pos": ("> 0", "the gate temperature for positive advantages"),
                                             "tau_neg": ("> 0", "the gate temperature for non-positive advantages")})
 def sapo(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     """SAPO: a temperature-controlled soft gate in place of hard ratio clipping.
@@ -119,13 +121,16 @@ def sapo(logp, old_logp, advantages, mask, *, tau_pos: float = 1.0, tau_neg: flo
 # ---------------------------------------------------------------------- DeGRPO
 
 
+_THINKLESS = "Thinkless: LLM Learns When to Think (2025)"
+
+
 def first_token_mask(mask) -> Array:
     """bool[N, T]: the first unmasked token of each row (Thinkless's mode token)."""
     on = jnp.asarray(mask) > 0
     return on & (jnp.cumsum(on, axis=-1) == 1)
 
 
-@register_loss("degrpo", paper=papers.THINKLESS, ranges={
+@register_loss("degrpo", paper=_THINKLESS, ranges={
     "mode_token_weight": (">= 0", "alpha, the weight of the mode token's loss"),
     "eps_low": EPS_LOW, "eps_high": EPS_HIGH, "clip_ratio_c": CLIP_RATIO_C,
 })

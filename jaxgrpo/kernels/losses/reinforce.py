@@ -250,7 +250,10 @@ def opmd_loss(logp, old_logp, advantages, mask, *, tau: float = 1.0):
 # -------------------------------------------------------- Arbitrary-Entropy PO
 
 
-@register("loss", "experimental/aepo_entropy", paper=papers.AEPO,
+_AEPO = "Arbitrary Entropy Policy Optimization: Entropy Is Controllable in Reinforcement Fine-tuning (2025)"
+
+
+@register("loss", "experimental/aepo_entropy", paper=_AEPO,
           ranges={"coef": (">= 0", "c, the weight of the regularizer")})
 def aepo_entropy(logp, old_logp, advantages, mask, *, coef: float = 1.0, positive_only: bool = False):
     """Arbitrary-Entropy PO regularizer (reconstruction): REINFORCE on samples of a tempered policy.
@@ -309,6 +312,9 @@ def aepo_temperature_update(
 # --------------------------------------------------------------- Critique-GRPO
 
 
+_CRITIQUE = "Critique-GRPO: Advancing LLM Reasoning with Natural Language and Numerical Feedback (2025)"
+
+
 def policy_shaping(p: Array, gamma: float = 0.1) -> Array:
     """f(p) = p / (p + gamma): the off-policy shaping of LUFFY / Critique-GRPO.
 
@@ -317,7 +323,7 @@ def policy_shaping(p: Array, gamma: float = 0.1) -> Array:
     return p / (p + gamma)
 
 
-@register_loss("critique_grpo", paper=papers.CRITIQUE_GRPO,
+@register_loss("critique_grpo", paper=_CRITIQUE,
           loop=("needs critique-guided refinements (the prefix_mask of an off-policy refined prefix), which no "
                 "critic in the loop writes"),
           ranges={"shaping_gamma": ("> 0", "gamma of the policy shaping p / (p + gamma)"),

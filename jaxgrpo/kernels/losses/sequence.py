@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.kernels import papers, segments
+from jaxgrpo.kernels import segments
 from jaxgrpo.kernels.losses.common import MAX_LOG_RATIO, log_ratio, prepare, ratio_metrics
 from jaxgrpo.kernels.registry import register, register_loss
 from jaxgrpo.kernels.segments import fill_masked, masked_mean
@@ -160,6 +160,9 @@ def gmpo(logp, old_logp, advantages, mask, *, eps_low: float = 0.4, eps_high: fl
 # ----------------------------------------------------------------------- VESPO
 
 
+_VESPO = "VESPO: Variational Sequence-Level Soft Policy Optimization for Stable Off-Policy LLM Training (2026)"
+
+
 #: log(1e-8): the lower bound of VESPO's sequence log-ratio (a ratio below 1e-8 counts as 1e-8).
 MIN_LOG_SEQUENCE_RATIO = math.log(1e-8)
 
@@ -176,7 +179,7 @@ def gamma_weight(log_w: Array, k: Array | float, lam: Array | float) -> Array:
     return jnp.where(jnp.isfinite(phi), phi, 0.0)
 
 
-@register_loss("vespo", paper=papers.VESPO, ranges={
+@register_loss("vespo", paper=_VESPO, ranges={
     "k_pos": (">= 0", "the power k of phi for non-negative advantages"),
     "lambda_pos": (">= 0", "the decay lambda of phi for non-negative advantages"),
     "k_neg": (">= 0", "the power k of phi for negative advantages"),
@@ -239,7 +242,10 @@ def vespo(
 # ------------------------------------------------------------------------ DHPO
 
 
-@register("loss", "experimental/dhpo", paper=papers.DHPO, ranges={
+_DHPO = "Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for RLVR (2026)"
+
+
+@register("loss", "experimental/dhpo", paper=_DHPO, ranges={
     "token_weight": ("in [0, 1]", "w, the token ratio's weight in the average mode"),
     "token_eps_low": (">= 0", "the lower clip epsilon of the token branch"),
     "token_eps_high": (">= 0", "the upper clip epsilon of the token branch; None: token_eps_low"),
@@ -326,6 +332,9 @@ def dhpo(
 # ----------------------------------------------------------------------- DisCO
 
 
+_DISCO = "DisCO: Reinforcing Large Reasoning Models with Discriminative Constrained Optimization (2025)"
+
+
 def _log_mean_exp_per_group(x: Array, group_ids: Array, num_groups: int, rows: Array) -> Array:
     """log mean_{rows of g} exp(x) per group, 0 for a group without rows; max-shifted for stability."""
     peak = segments.max(x, group_ids, num_groups, rows)
@@ -343,7 +352,7 @@ def _log_mean_exp_per_group(x: Array, group_ids: Array, num_groups: int, rows: A
 # per-token layout the docstring derives; its body reads as the paper's steps in order.
 # The one function of jaxgrpo/ over 80 lines (tests/test_layers.py allows it by name): DisCO's objective, its KL
 # trust region and the token layout that makes `aggregate` reproduce it, kept in one piece to read against the paper.
-@register_loss("disco", paper=papers.DISCO, ranges={
+@register_loss("disco", paper=_DISCO, ranges={
     "score": ("one of logL, Lratio", "the score function of a completion"),
     "tau": ("> 0", "the temperature of the negatives' log-mean-exp; None: the paper's for the score"),
     "delta": ("> 0", "the KL budget of the trust region"),
