@@ -204,8 +204,10 @@ def compile_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topology", required=True, help="a TPU topology, e.g. v5e:2x4 (8 chips), v5p:4x4x4 (64)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--programs", nargs="*", default=None,
-                        help="which programs: prefill decode forward update (the default: all four) and engine (the "
-                             "rollout engine's prefill and decode chunk, its KV pool at two fill levels)")
+                        help="which programs: engine (the rollout engine's prefill and decode chunk, its KV pool at "
+                             "two fill levels), prefill decode (the fixed-batch sampler's), forward, update; the "
+                             "default: those the experiment runs (engine forward update, or with "
+                             "sampling.engine=false prefill decode forward update)")
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     parser.add_argument("--cpu-forms", action="store_true",
                         help="trace the decoder's CPU-specific forms (bit reads behind barriers, 32-slot cache "
@@ -230,7 +232,7 @@ def compile_main(argv: list[str] | None = None) -> int:
         from jaxgrpo.tools import compile as aot
 
         calibrations = calibration.load(["benchmarks/results"] if args.calibration is None else args.calibration)
-        report = aot.compile_experiment(cfg, args.topology, tuple(args.programs or aot.DEFAULT_PROGRAMS),
+        report = aot.compile_experiment(cfg, args.topology, args.programs or None,
                                         cpu_forms=args.cpu_forms, calibrations=calibrations)
     except (ExperimentError, FileNotFoundError, AttributeError, TypeError, KeyError, ValueError, RuntimeError) as e:
         return _fail("jaxgrpo-compile", e, 2)

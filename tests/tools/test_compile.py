@@ -52,7 +52,7 @@ def reports():
 
     def get(path, topology):
         if (path, topology) not in cache:
-            programs = aot.DEFAULT_PROGRAMS if (path, topology) == (QUICKSTART, ONE_HOST) else ("decode", "update")
+            programs = aot.FIXED_BATCH_PROGRAMS if (path, topology) == (QUICKSTART, ONE_HOST) else ("decode", "update")
             cfg = _config(path, *CASES[path, topology])
             cache[path, topology] = (cfg, aot.compile_experiment(cfg, topology, programs=programs))
         return cache[path, topology]

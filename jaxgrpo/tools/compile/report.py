@@ -18,8 +18,10 @@ from jaxgrpo.tools.compile.lowering import (OutOfMemory, abstract_train_state, c
                                             lower_forward, lower_sampler, lower_update)
 
 
-DEFAULT_PROGRAMS = ("prefill", "decode", "forward", "update")
-PROGRAMS = (*DEFAULT_PROGRAMS, "engine")
+FIXED_BATCH_PROGRAMS = ("prefill", "decode", "forward", "update")
+"""A run's programs with the fixed-batch sampler (`sampling.engine=false`): its prefill and decode loop, the scoring
+forward and the update (`programs_of`)."""
+PROGRAMS = (*FIXED_BATCH_PROGRAMS, "engine")
 SAMPLER_PROGRAMS = ("prefill", "decode", "engine")  # on the sampler's chips under a split mesh
 ENGINE_FILLS = (0.5, 1.0)
 """The rollout engine's fill levels (`--programs engine`): its pool holds this share of every slot's whole context."""
@@ -219,16 +221,24 @@ def program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips
         if with_memory > 0 and not products.loops_counted_once else None, **estimates)
 
 
-def compile_experiment(cfg: Config, topology: str, programs=DEFAULT_PROGRAMS, cpu_forms: bool = False,
+def programs_of(cfg: Config) -> tuple[str, ...]:
+    """The programs a run of `cfg` runs: its sampler's (the rollout engine's with `sampling.engine`, the default;
+    else the fixed batch's prefill and decode), the scoring forward and the update."""
+    return ("engine", "forward", "update") if cfg.sampling.engine else FIXED_BATCH_PROGRAMS
+
+
+def compile_experiment(cfg: Config, topology: str, programs=None, cpu_forms: bool = False,
                        calibrations=None) -> Report:
-    """Compiles `programs` of `cfg` for `topology` and reports each; nothing runs and no weights are read.
+    """Compiles `programs` of `cfg` (default: those its run runs, `programs_of`) for `topology` and reports each;
+    nothing runs and no weights are read.
     `cpu_forms` traces the decoder's CPU-specific forms (`jaxgrpo.models.backend.force_cpu_forms`) too, to compare them.
     `calibrations`: the measured runs each estimate is compared with (`jaxgrpo.tools.calibration.load`; default the
     committed ones, `calibration.MEASURED`)."""
     from jaxgrpo.models import backend
 
     with backend.force_cpu_forms(cpu_forms):
-        return _compile_experiment(cfg, topology, programs, calibrations)
+        return _compile_experiment(cfg, topology, programs_of(cfg) if programs is None else tuple(programs),
+                                   calibrations)
 
 
 def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None) -> Report:
