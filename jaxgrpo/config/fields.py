@@ -107,12 +107,12 @@ class SamplingConfig(_Fields):
     max_new_tokens: int = 128
     max_prompt_len: int = 256
     #: Sample through the rollout engine (`jaxgrpo.engine`: continuous batching over a paged KV cache, one slot
-    #: per sample of a step, the trainer's weights swapped in each step) instead of `sampler.generate`'s fixed
-    #: batch; training and held-out evaluation both. Both draw a token with the same key (its prompt id, sample
-    #: and index in the completion), so they sample the same tokens wherever their logits agree. In a
-    #: multi-process run each process's engine samples its own prompts on its own devices; dynamic sampling
-    #: and guidance, whose rounds are agreed across processes, need `false` there.
-    engine: bool = False
+    #: per sample of a step, the trainer's weights swapped in each step), training and held-out evaluation both;
+    #: `false`: `sampler.generate`'s fixed batch. Both draw a token with the same key (its prompt id, sample and
+    #: index in the completion), so they sample the same tokens wherever their logits agree. In a multi-process
+    #: run each process's engine samples its own prompts on its own devices, the rounds of dynamic sampling
+    #: agreed between the processes.
+    engine: bool = True
 
 
 @dataclasses.dataclass

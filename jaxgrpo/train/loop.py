@@ -354,7 +354,8 @@ class Trainer:
             rollout, timings = rollout_lib.collect(
                 self.cfg, key, prompts, functools.partial(self.generate, params=params), self.tokenizer,
                 self.reward_fns, self.mesh, self._guide(state, params),
-                local=self._samples_on_own_devices(params))
+                local=self._samples_on_own_devices(params),
+                agree=not (self._local_sampler and self.cfg.max_staleness))  # one-step-off's thread: no collective
             timings = guidance.summarize(timings)
         rollout = rollout._replace(policy_version=np.full(len(rollout.rewards), version, np.int32))
         return rollout, state._replace(data_position=prompts.position), timings

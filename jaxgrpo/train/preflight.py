@@ -194,12 +194,9 @@ def _check_multi_process(cfg: Config) -> None:
         raise ConfigError(f"max_staleness={cfg.max_staleness} in a multi-process run samples on devices of each "
                           f"process's own; set mesh.rollout_devices to a multiple of the {jax.process_count()} "
                           f"processes (e.g. {jax.process_count()})")
-    if samples_locally(cfg):  # the rounds of a group filter and guidance are agreed across processes
-        for on, what in ((cfg.group_filter is not None, "group_filter"), (cfg.guidance is not None, "guidance")):
-            if on:
-                raise ConfigError(f"{what} agrees its sampling rounds across processes, which sampling on each "
-                                  f"process's own devices (the rollout engine, one-step-off, environments) does "
-                                  f"not do; set sampling.engine=false (and max_staleness=0), or turn {what} off")
+    if cfg.max_staleness and cfg.group_filter is not None:  # the rounds of a group filter are agreed across processes
+        raise ConfigError("group_filter agrees its sampling rounds across processes, which one-step-off's sampling "
+                          "thread does not do in a multi-process run; set max_staleness=0, or group_filter=None")
 
 
 def samples_locally(cfg: Config) -> bool:

@@ -215,7 +215,8 @@ def scored(cfg: Config, out, examples: list[dict], tokenizer, reward_fns: list, 
 
 
 def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callable, tokenizer, reward_fns: list,
-            mesh, guide: Callable | None = None, local: bool = False) -> tuple[Trajectories, dict]:
+            mesh, guide: Callable | None = None, local: bool = False, agree: bool | None = None
+            ) -> tuple[Trajectories, dict]:
     """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
 
     `generate(examples, num_samples, key, prompt_ids=..., process_local=True)` samples a `sampler.Generation`.
@@ -223,11 +224,13 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     zero-signal groups are resampled: each round reads `need * processes` new prompts, `need` the most
     groups any host still lacks, so every host runs the same rounds with the same shapes. `guide(rollout, key)`
     -> (rollout, counts) rewrites each round's scored groups before that (`guidance.scaffold`); its counts are
-    summed into the timings. `local`: the sampler runs on this process's own devices (one-step-off in a
-    multi-process run, on a thread of its own), so nothing is exchanged between processes here: the rows it
-    returns are all this process's, and `sampled_tokens` counts this process's (one round, no dynamic sampling).
+    summed into the timings. `local`: the sampler runs on this process's own devices (the rollout engine, or
+    one-step-off, in a multi-process run): the rows it returns are all this process's, and `sampled_tokens` counts
+    this process's. `agree` (default `not local`): the processes agree on each round's `need` (a collective, so
+    only from the main thread: not from one-step-off's sampling thread, which samples one round).
     """
     g = cfg.group_size
+    agree = not local if agree is None else agree
     local_groups = cfg.prompts_per_step // jax.process_count()
     kept: list[Trajectories] = []
     rejected: list[Trajectories] = []
@@ -237,7 +240,7 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
     keeps_kwargs = stages.kwargs_of(cfg, stages.STAGE["group_filter"], keeps) if keeps is not None else {}
     while True:
         lacking = local_groups - sum(len(r.rewards) for r in kept) // g
-        need = lacking if local else int(across_processes(lacking).max())
+        need = int(across_processes(lacking).max()) if agree else lacking
         if need <= 0 or rounds >= (cfg.max_sampling_rounds if keeps is not None else 1):
             break
         block = process_block(need * jax.process_count())

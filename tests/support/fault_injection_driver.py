@@ -5,7 +5,8 @@
 PLAN.json: {"argv": [...common jaxgrpo-train arguments...], "runs": [{"run_dir", "resume", "kill"}, ...]},
 `kill` None (run to the end) or {"site", "call", "point"}:
 
-* site "sample" (`sampler.generate`), "update" (`Trainer.update`), "save" (`Checkpointer.save`), "track"
+* site "sample" (`Trainer.generate_tokens`: the trainer's sampling, through the rollout engine or
+  `sampler.generate`), "update" (`Trainer.update`), "save" (`Checkpointer.save`), "track"
   (`Trainer.track`, a stateful kernel's update of its state): the
   process SIGKILLs itself `point` x `SPAN_S[site]` seconds into the `call`-th call of that function
   (from a timer thread, wherever the main thread is then), or at the call's return if it ends sooner;
@@ -33,7 +34,6 @@ import tensorboardX  # noqa: F401  (imports torch: seconds each run would otherw
 import jaxgrpo.data.toy  # noqa: F401
 import jaxgrpo.run.checkpoint
 import jaxgrpo.run.metrics
-import jaxgrpo.sampler
 import jaxgrpo.tools.cli
 import jaxgrpo.train.loop
 
@@ -85,7 +85,7 @@ def _child(argv: list[str], kill: dict | None) -> int:
     if kill:
         site, call, point = kill["site"], kill["call"], kill["point"]
         if site == "sample":
-            _kill_inside(jaxgrpo.sampler, "generate", call, point * SPAN_S[site])
+            _kill_inside(jaxgrpo.train.loop.Trainer, "generate_tokens", call, point * SPAN_S[site])
         elif site == "update":
             _kill_inside(jaxgrpo.train.loop.Trainer, "update", call, point * SPAN_S[site])
         elif site == "track":

@@ -275,14 +275,38 @@ def test_two_processes_run_their_own_environment_episodes_on_their_own_engines_l
     assert [r["step"] for r in records] == [1, 2] and all(np.isfinite(r["loss"]) for r in records)
 
 
-def test_two_processes_sample_through_engines_of_their_own_like_one(tmp_path):
-    """`sampling.engine=true` on 2 hosts x 4 devices: each host's engine (its four devices, its copy of the weights)
-    samples its own prompts; the parameters after two steps equal the 1 x 8 run's (1e-5)."""
+def test_two_processes_sample_a_fixed_batch_over_both_hosts_like_one(tmp_path):
+    """`sampling.engine=false` on 2 hosts x 4 devices: `sampler.generate` runs one program over the global batch,
+    each host passing its own block of the prompts; the parameters after two steps equal the 1 x 8 run's (1e-5)."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(toy=TOY))
-    reference, trained, _ = _one_and_two_processes(tmp_path, script, overrides="sampling.engine=true")
+    reference, trained, _ = _one_and_two_processes(tmp_path, script, overrides="sampling.engine=false")
     np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
     np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
     np.testing.assert_array_equal(trained.pop("__read__"), [0, 1, 2, 3, 8, 9, 10, 11])
     reference.pop("__read__")
     _assert_trained_alike(reference, trained)
+
+
+def test_two_processes_agree_on_the_rounds_of_dynamic_sampling_through_engines_of_their_own(tmp_path):
+    """DAPO's dynamic sampling through each host's own engine (the default sampler), 2 hosts x 4 devices: each
+    round samples the most groups either host still lacks, so both hosts run the same rounds with the same number
+    of rows (their engines exchange nothing while they sample; the rounds are agreed between them), and the step
+    records the rounds both ran."""
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER.format(toy=TOY))
+    port = _free_port()
+    overrides = "group_filter=dynamic_sampling_filter,max_sampling_rounds=4,steps=3"
+    procs = {f"process {i}": _start(script, 2, i, port, tmp_path / "multi", tmp_path / f"multi_{i}.npz", "fresh", 4,
+                                    overrides) for i in range(2)}
+    _wait(procs)
+    first, second = _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
+    rows = first.pop("__scored_rows__")
+    np.testing.assert_array_equal(second.pop("__scored_rows__"), rows)  # the same rounds, the same rows each
+    records = read_jsonl(tmp_path / "multi" / "metrics.jsonl")
+    rounds = [r["sampling_rounds"] for r in records]
+    assert len(rows) == sum(rounds) and max(rounds) > 1, (rows, rounds)  # zero-signal groups were sampled again
+    assert rows[0] == 32 and (rows < 32).any(), rows  # a round after the first samples only what a host lacks
+    first.pop("__read__"), second.pop("__read__")
+    for name in first:
+        np.testing.assert_array_equal(second[name], first[name], err_msg=name)

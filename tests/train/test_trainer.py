@@ -68,8 +68,9 @@ def test_mean_reward_rises_on_the_toy_task(method, tmp_path, caplog):
     and the run gives no collapse warning. (The toy's 60 steps raise it by 0.28-0.35 from the first 15 steps'
     mean to the last 15's; 40 by 0.25-0.30 from the first 10's to the last 10's.)"""
     cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", *METHODS[method])
+    trainer = Trainer(cfg)
     with caplog.at_level(logging.WARNING, logger="jaxgrpo.train.health"):
-        history = Trainer(cfg).run(progress=False)
+        history = trainer.run(progress=False)
     assert collapse_warnings(caplog) == []
     accuracy = np.array([h["accuracy"] for h in history])
     first, last = accuracy[:10].mean(), accuracy[-10:].mean()
@@ -77,24 +78,31 @@ def test_mean_reward_rises_on_the_toy_task(method, tmp_path, caplog):
     assert all(np.isfinite(h["loss"]) for h in history)
     if method == "dapo":
         assert max(h["sampling_rounds"] for h in history) > 1  # zero-signal groups were resampled
+    # The rollout engine sampled every step: one policy version per update after the first step's, every block
+    # back in the pool; sampling again swaps the last update's weights in (the trainer's own arrays, no copy).
+    engine = trainer._engine
+    assert engine.version == 39 and engine.blocks_in_use == 0
+    trainer.generate(trainer.train_examples[:4], 1, jax.random.key(0), greedy=True)
+    params = {id(x) for x in jax.tree.leaves(trainer.state.params)}
+    assert engine.version == 40 and all(id(x) in params for x in jax.tree.leaves(engine._state))
 
 
-def test_sampling_through_the_rollout_engine_learns_with_the_trainers_own_weights(tmp_path):
-    """`sampling.engine`: the engine samples every step with the trainer's weights swapped in (the same arrays,
-    a new policy version each update), its greedy completions are the sampler's, and the toy learns as well."""
-    cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", "sampling.engine=true")
+def test_the_fixed_batch_sampler_learns_and_greedily_samples_what_the_engine_samples(tmp_path):
+    """`sampling.engine=false`: `sampler.generate`'s fixed batch samples every step and the toy learns as it does
+    through the rollout engine (the default); an engine made afterwards holds the trainer's own weight arrays
+    (no copy) and its greedy completions are the sampler's."""
+    cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", "sampling.engine=false")
     trainer = Trainer(cfg)
     history = trainer.run(progress=False)
     accuracy = np.array([h["accuracy"] for h in history])
     assert accuracy[-10:].mean() > accuracy[:10].mean() + 0.15, accuracy
-    engine = trainer._engine
-    assert engine.version == 39 and engine.blocks_in_use == 0  # one version per update after the first step's
+    assert trainer._engine is None  # no engine was made
     examples = trainer.train_examples[:24]
-    by_engine = trainer.generate(examples, 1, jax.random.key(0), greedy=True)  # after the last update: version 40
-    params = {id(x) for x in jax.tree.leaves(trainer.state.params)}
-    assert engine.version == 40 and all(id(x) in params for x in jax.tree.leaves(engine._state))  # no copy
-    trainer.cfg = dataclasses.replace(trainer.cfg, sampling=dataclasses.replace(trainer.cfg.sampling, engine=False))
     by_sampler = trainer.generate(examples, 1, jax.random.key(0), greedy=True)
+    trainer.cfg = dataclasses.replace(trainer.cfg, sampling=dataclasses.replace(trainer.cfg.sampling, engine=True))
+    by_engine = trainer.generate(examples, 1, jax.random.key(0), greedy=True)
+    params = {id(x) for x in jax.tree.leaves(trainer.state.params)}
+    assert trainer._engine.version == 0 and all(id(x) in params for x in jax.tree.leaves(trainer._engine._state))
     for field in ("completion_tokens", "completion_mask", "finish_reason", "prompt_tokens"):
         np.testing.assert_array_equal(np.asarray(getattr(by_engine, field)), np.asarray(getattr(by_sampler, field)))
     np.testing.assert_allclose(by_engine.policy_logprobs, by_sampler.policy_logprobs, atol=1e-5)
