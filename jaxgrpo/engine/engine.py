@@ -101,6 +101,7 @@ class Engine:
         if window is not None and max_context > window:
             raise ConfigError(f"max_context={max_context} exceeds the model's context window of {window}; lower it")
         self.num_slots, self.max_context, self.block_size = int(num_slots), int(max_context), int(block_size)
+        self.context_window = window  # the model's (None: unbounded)
         self.mesh, self.num_shards = mesh, shards
         self.slots_per_shard = self.num_slots // shards
         self.max_blocks = blocks_for(self.max_context, self.block_size)

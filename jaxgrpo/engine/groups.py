@@ -9,9 +9,9 @@ import jax
 import numpy as np
 
 from jaxgrpo.engine.engine import Engine
-from jaxgrpo.engine.sequences import Request, token_list
+from jaxgrpo.engine.sequences import Request
 from jaxgrpo.sampler.distribution import SamplingParams
-from jaxgrpo.sampler.requests import FINISH_LENGTH, FINISH_STOP, Generation, bucket_length, left_pad
+from jaxgrpo.sampler.requests import FINISH_LENGTH, FINISH_STOP, Generation, bucket_length, check_prompts, left_pad
 
 
 def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_samples: int, max_new_tokens: int,
@@ -26,7 +26,8 @@ def generate_groups(engine: Engine, prompts: Sequence[Sequence[int]], *, num_sam
     completions right-padded with `pad_id` to `max_new_tokens`); `logprobs` are the behaviour log-probs,
     `policy_logprobs` the untruncated ones.
     """
-    prompts = [token_list(p) for p in prompts]
+    # The sampler's checks and one-line errors first (a prompt whose row would run past the model's window).
+    prompts = check_prompts(prompts, engine.config.vocab_size, engine.context_window, max_new_tokens)
     g, n = int(num_samples), int(max_new_tokens)
     ids = np.arange(len(prompts)) if prompt_ids is None else np.asarray(prompt_ids, np.int64).reshape(-1)
     if len(ids) != len(prompts):

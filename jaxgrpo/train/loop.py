@@ -283,10 +283,13 @@ class Trainer:
             context = e.max_context if e is not None else (
                 sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens * (2 if self.cfg.partial_rollout_tokens else 1))
             window = sampler.model_context_window(decoder)
+            mesh = _mesh_above_one(self.mesh if self._on_learner(params) else self.rollout_mesh)
+            shards = 1 if mesh is None else mesh.shape["data"]  # the slots split over the data axis
+            rows = self.cfg.prompts_per_step * self.cfg.group_size // jax.process_count()
             self._engine = engine_lib.Engine(  # a slot per sample of this process's share of the step
-                decoder, num_slots=self.cfg.prompts_per_step * self.cfg.group_size // jax.process_count(),
+                decoder, num_slots=-(-rows // shards) * shards,
                 max_context=context if window is None else min(context, window), decode_chunk=s.max_new_tokens,
-                mesh=_mesh_above_one(self.mesh if self._on_learner(params) else self.rollout_mesh))
+                mesh=mesh)
         elif self._engine_params is not params:
             self._engine.update_weights(decoder)
         self._engine_params = params
