@@ -1,8 +1,8 @@
 """The trainer's sampling call through the rollout engine against `sampler.generate`, at the main job's shapes.
 
 The trainer samples through `engine.generate_groups` (`sampling.engine=true`, the default: one slot per sample, the
-engine built as `Trainer.engine` builds it), or with `sampling.engine=false` through `sampler.generate`. This times one such
-call both ways on the same prompts, after a warm-up call of each (compilation excluded), alternating, and
+engine built as `Trainer.engine` builds it), or with `sampling.engine=false` through `sampler.generate`. This times
+one such call both ways on the same prompts, after a warm-up call of each (compilation excluded), alternating, and
 reports medians, their ratio, and the engine's host-side share: the seconds its Python spends outside the
 device programs (admission, block tables, bookkeeping), from `cProfile` over one extra call. Both draw a token
 with the same key (prompt id, sample, index in the completion), so it also reports the share of the timed

@@ -457,7 +457,7 @@ class Engine:
     # -- continuous batching -----------------------------------------------------------------------
 
     def _chunk_rows(self, running: list[LiveSequence | None]) -> tuple[list[LiveSequence | None], SharedPrefixes | None, int]:
-        """The decode chunk's rows, its shared prefixes and their width (`_decode`'s `prefixes`, `prefix_width`).
+        """The decode chunk's rows, its shared prefixes and their width (`engine_decode`'s `prefixes`, `prefix_width`).
 
         Where the samples of a prompt still run together, the rows are reordered (within each data shard) so
         that they sit in consecutive groups of `share` rows reading the prompt's blocks once (`plan_prefix_rows`);

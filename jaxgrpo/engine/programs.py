@@ -89,7 +89,7 @@ def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
     return last, cache
 
 
-def _forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, origins, choice, *,
+def engine_forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, origins, choice, *,
              width, samplings, mesh):
     """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
 
@@ -132,7 +132,7 @@ class SharedPrefixes(NamedTuple):
     starts: jax.Array  # int32 [R]
 
 
-def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, origins,
+def engine_decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, origins,
             choice, exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
     """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
 
@@ -197,16 +197,18 @@ def _decode(graphdef, state, cache, tables, lengths, pending, running, remaining
     return cache, final
 
 
-def _copy(cache, sources, destinations, *, mesh):
+def engine_copy(cache, sources, destinations, *, mesh):
     """Copy block `sources[i]` to `destinations[i]`, ids local to the data shard holding entry i."""
     _COMPILATIONS["copy"] += 1
     return _per_shard(paged.copy_blocks, mesh, (POOL_SPEC, _ROWS, _ROWS), POOL_SPEC)(cache, sources, destinations)
 
 
-forward_program = jax.jit(_forward, static_argnames=("graphdef", "width", "samplings", "mesh"), donate_argnames=("cache",))
-decode_program = jax.jit(_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width"),
-                      donate_argnames=("cache",))
-copy_program = jax.jit(_copy, static_argnames=("mesh",), donate_argnames=("cache",))
+# Named engine_* so a profile's program table tells them from the trainer's and the fixed batch's programs.
+forward_program = jax.jit(engine_forward, static_argnames=("graphdef", "width", "samplings", "mesh"),
+                          donate_argnames=("cache",))
+decode_program = jax.jit(engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh",
+                                                         "prefix_width"), donate_argnames=("cache",))
+copy_program = jax.jit(engine_copy, static_argnames=("mesh",), donate_argnames=("cache",))
 
 
 def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,

@@ -310,7 +310,9 @@ class Trainer:
                 engine, prompts, num_samples=num_samples, key=key, max_new_tokens=max_new_tokens,
                 sampling=self._sampling(greedy),
                 stop_tokens=self.stop_tokens, prompt_ids=prompt_ids, pad_id=self.pad_id)
-        return jax.tree.map(jnp.asarray, out)
+        # On a device of the sampler's, as the fixed batch returns its rows (the learner's, or its own devices).
+        mesh = self.mesh if self._on_learner(params) else self.rollout_mesh
+        return jax.device_put(out, next(d for d in mesh.devices.flat if d.process_index == jax.process_index()))
 
     def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
                      params=None, first_id: int = 0):

@@ -161,7 +161,7 @@ def test_metrics_plots_evaluation_and_a_profile_are_written(tmp_path):
     # (no "score": this run takes its old log-probs from the sampler and has no reference model)
     assert {"sample", "reward", "update", "evaluate", "checkpoint"} <= set(summary["phases"])
     assert sum(summary["phases"].values()) <= summary["wall_seconds"] * 1.01  # the phases do not nest
-    assert {"jit_update", "jit_prefill", "jit_decode_loop"} <= set(summary["programs"])
+    assert {"jit_update", "jit_engine_forward", "jit_engine_decode"} <= set(summary["programs"])  # the engine samples
     assert {"MLP (gate, up, down)", "MLP (gate, up, down) (backward)", "sampling (temperature, truncation, draw)",
             "optimizer (AdamW update)"} <= set(summary["parts"])
     assert sum(summary["parts"].values()) == pytest.approx(sum(summary["programs"].values()))
