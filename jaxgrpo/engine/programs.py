@@ -90,7 +90,7 @@ def _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh):
 
 
 def engine_forward(graphdef, state, cache, tables, lengths, tokens, counts, sample_rows, key, ids, origins, choice, *,
-             width, samplings, mesh):
+                   width, samplings, mesh):
     """Prefill or extend: run new tokens into the cache, then draw one token for each sample row.
 
     Sample row i draws from row `sample_rows[i]`'s logits (the G samples of one prompt share its prefill),
@@ -133,7 +133,7 @@ class SharedPrefixes(NamedTuple):
 
 
 def engine_decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, origins,
-            choice, exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
+                  choice, exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
     """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
 
     The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds

@@ -215,6 +215,10 @@ class Trainer:
             self._view = (params, self.to_sampler(params))
         return self._view[1]
 
+    def _sampling_mesh(self, params):
+        """The mesh the policy of `params` samples on: the learner's, or the sampler's own (`rollout_mesh`)."""
+        return self.mesh if self._on_learner(params) else self.rollout_mesh
+
     def _samples_on_own_devices(self, params) -> bool:
         """Whether the policy of `params` samples on this process's own devices in a multi-process run (each
         process's sampler, one-step-off), so that nothing is exchanged between processes while it samples."""
@@ -283,7 +287,7 @@ class Trainer:
             context = e.max_context if e is not None else (
                 sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens * (2 if self.cfg.partial_rollout_tokens else 1))
             window = sampler.model_context_window(decoder)
-            mesh = _mesh_above_one(self.mesh if self._on_learner(params) else self.rollout_mesh)
+            mesh = _mesh_above_one(self._sampling_mesh(params))
             shards = 1 if mesh is None else mesh.shape["data"]  # the slots split over the data axis
             rows = self.cfg.prompts_per_step * self.cfg.group_size // jax.process_count()
             self._engine = engine_lib.Engine(  # a slot per sample of this process's share of the step
@@ -311,8 +315,8 @@ class Trainer:
                 sampling=self._sampling(greedy),
                 stop_tokens=self.stop_tokens, prompt_ids=prompt_ids, pad_id=self.pad_id)
         # On a device of the sampler's, as the fixed batch returns its rows (the learner's, or its own devices).
-        mesh = self.mesh if self._on_learner(params) else self.rollout_mesh
-        return jax.device_put(out, next(d for d in mesh.devices.flat if d.process_index == jax.process_index()))
+        devices = self._sampling_mesh(params).devices.flat
+        return jax.device_put(out, next(d for d in devices if d.process_index == jax.process_index()))
 
     def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
                      params=None, first_id: int = 0):

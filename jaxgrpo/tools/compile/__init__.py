@@ -49,11 +49,11 @@ from jaxgrpo.tools.compile.chips import CHIPS, EXAMPLE_TOPOLOGIES, GiB, Chip, to
 from jaxgrpo.tools.compile.lowering import (ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK, Abstract, EnginePrograms,
                                             OutOfMemory, abstract_train_state, compile_lowered, decoder_config,
                                             lower_engine, lower_forward, lower_sampler, lower_update)
-from jaxgrpo.tools.compile.report import (FIXED_BATCH_PROGRAMS, ENGINE_FILLS, PROGRAMS, SAMPLER_PROGRAMS, ProgramReport,
+from jaxgrpo.tools.compile.report import (ENGINE_FILLS, FIXED_BATCH_PROGRAMS, PROGRAMS, SAMPLER_PROGRAMS, ProgramReport,
                                           Report, compile_experiment, fits_everywhere, program_report, programs_of)
 
-__all__ = ["CHIPS", "COLLECTIVES", "FIXED_BATCH_PROGRAMS", "ENGINE_BLOCK_SIZE", "ENGINE_DECODE_CHUNK", "ENGINE_FILLS",
-           "EXAMPLE_TOPOLOGIES", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "SAMPLER_PROGRAMS", "Abstract",
+__all__ = ["CHIPS", "COLLECTIVES", "ENGINE_BLOCK_SIZE", "ENGINE_DECODE_CHUNK", "ENGINE_FILLS", "EXAMPLE_TOPOLOGIES",
+           "FIXED_BATCH_PROGRAMS", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "SAMPLER_PROGRAMS", "Abstract",
            "Chip", "EnginePrograms", "GiB", "OutOfMemory", "ProductCount", "ProgramReport", "Report",
            "abstract_train_state", "collectives", "compile_experiment", "compile_lowered", "count_products",
            "decoder_config", "fits_everywhere", "host_transfers", "largest_values", "lower_engine", "lower_forward",
