@@ -34,9 +34,10 @@ def gsm8k_grpo_tpu(model: str, run_dir: str) -> Config:
     c.sampling.max_prompt_len = 512
     c.sampling.max_new_tokens = 1024
     c.sampling.temperature = 1.0
-    # The fixed-batch sampler: its KV cache splits over the FSDP chips and its decode runs the Pallas decode kernel
-    # (1.01-1.04x the HBM floor, docs/tpu.md). The rollout engine's pool splits over the data axis only, here 1:
-    # on a v5e-8 its programs for Qwen3-1.7B need 21.8-45.1 GiB of temporaries per 16 GiB chip (docs/engine.md).
+    # The fixed-batch sampler: its decode runs the Pallas decode kernel over its KV cache (1.01-1.04x the HBM
+    # floor, docs/tpu.md). The rollout engine's programs fit a v5e-8 (3.3-7.0 GiB per chip for Qwen3-1.7B), but its
+    # decode gathers its blocks into dense views each chunk: 4-8 GiB per chip of memory-bound work a chunk against
+    # the fixed batch's 0.14 GiB a step, until paged decode kernels read them in place (docs/engine.md, "Not yet").
     c.sampling.engine = False
     c.mesh.data, c.mesh.fsdp, c.mesh.model = 1, -1, 1
     c.optimizer.lr = 1e-6

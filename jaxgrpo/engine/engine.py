@@ -53,7 +53,16 @@ from jax.sharding import NamedSharding
 
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
-from jaxgrpo.engine.programs import POOL_SPEC, STOP_SLOTS, SharedPrefixes, copy_program, decode_program, forward_program
+from jaxgrpo.engine.programs import (
+    STOP_SLOTS,
+    SharedPrefixes,
+    copy_program,
+    decode_program,
+    forward_program,
+    pool_spec,
+    row_axes,
+    row_shards,
+)
 from jaxgrpo.engine.sequences import Completion, LiveSequence, Request, plan_prefix_rows, prefix_key, token_list
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.sampler.distribution import SamplingParams
@@ -78,9 +87,10 @@ class Engine:
       decode_chunk: decode steps per compiled call between scheduling decisions.
       refill: while requests wait, a decode chunk ends early once this many rows have finished (default
         `max(1, num_slots // 8)`), so freed slots are refilled promptly.
-      mesh: a mesh with a `data` axis: the slots and the pool's blocks are split over it, each shard holding
-        its slots' blocks (a sequence lives on one shard; block tables hold ids local to it), and the
-        model's weights stay as placed. None: one device.
+      mesh: a mesh with a `data` or `fsdp` axis: the slots and the pool's blocks are split over its row axes
+        (`programs.row_axes`: both, as the decoder's activations split their rows), each row shard holding its
+        slots' blocks (a sequence lives on one shard; block tables hold ids local to it), and the model's
+        weights stay as placed. None: one device.
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int = 64, max_context: int | None = None, block_size: int = 16,
@@ -89,12 +99,13 @@ class Engine:
         for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
             if not is_int_in(value, 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if mesh is not None and "data" not in mesh.axis_names:
-            raise ValueError(f"the engine's mesh needs a 'data' axis to split its slots over; got axes {mesh.axis_names}")
-        shards = 1 if mesh is None else int(mesh.shape["data"])
+        if mesh is not None and not row_axes(mesh):
+            raise ValueError(f"the engine's mesh needs a 'data' or 'fsdp' axis to split its slots over; got axes "
+                             f"{mesh.axis_names}")
+        shards = row_shards(mesh)
         if num_slots % shards:
-            raise ConfigError(f"num_slots={num_slots} does not divide over the mesh's {shards} data shards; use a "
-                              f"multiple of {shards}")
+            raise ConfigError(f"num_slots={num_slots} does not divide over the mesh's {shards} row shards (data x "
+                              f"fsdp); use a multiple of {shards}")
         window = model_context_window(model)
         if max_context is None:
             max_context = min(window or 4096, 4096)
@@ -108,15 +119,15 @@ class Engine:
         if num_blocks is None:
             num_blocks = shards * (self.slots_per_shard * self.max_blocks + 1)
         if num_blocks % shards:
-            raise ConfigError(f"num_blocks={num_blocks} does not divide over the mesh's {shards} data shards; use a "
-                              f"multiple of {shards}")
+            raise ConfigError(f"num_blocks={num_blocks} does not divide over the mesh's {shards} row shards (data x "
+                              f"fsdp); use a multiple of {shards}")
         self.allocators = [BlockAllocator(int(num_blocks) // shards, self.block_size) for _ in range(shards)]
         self.decode_chunk = int(decode_chunk)
         self.refill = max(1, self.num_slots // 8) if refill is None else int(refill)
         self._graphdef, self._state = nnx.split(model)
         self.config = model.config
         init = functools.partial(paged.init_paged_cache, model.config, int(num_blocks), self.block_size, model.dtype)
-        self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, POOL_SPEC))()
+        self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, pool_spec(mesh)))()
         self.key = jax.random.key(0) if key is None else key
         self._keyed = key is not None
         self.version = 0
@@ -148,7 +159,7 @@ class Engine:
 
     @property
     def blocks_per_shard(self) -> int:
-        """Blocks in each data shard's part of the pool, its null block included."""
+        """Blocks in each row shard's part of the pool, its null block included."""
         return self.allocators[0].num_blocks
 
     @property
@@ -174,7 +185,7 @@ class Engine:
         return self.allocators[shard].num_free - reserved
 
     def _place(self, requests: Sequence[Request], prompts: Sequence[Sequence[int]]) -> list[int] | None:
-        """A data shard for each request within the shards' free slots and unclaimed blocks, or None if they do
+        """A row shard for each request within the shards' free slots and unclaimed blocks, or None if they do
         not all fit. Requests with one prompt go to one shard while it has room (they share its blocks there)."""
         slots = [len(self._free_slots(d)) for d in range(self.num_shards)]
         blocks = [self._unclaimed_blocks(d) for d in range(self.num_shards)]
@@ -212,7 +223,7 @@ class Engine:
         need = self._worst_case_blocks(len(prompt), budget)
         if need > self.blocks_per_shard - 1:
             raise ConfigError(f"request {request.id}: needs {need} blocks of {self.block_size} but the cache has "
-                              f"{self.blocks_per_shard - 1}{' per data shard' if self.num_shards > 1 else ''}; raise num_blocks or "
+                              f"{self.blocks_per_shard - 1}{' per row shard' if self.num_shards > 1 else ''}; raise num_blocks or "
                               f"lower max_new_tokens")
         if not is_int_in(request.draw_origin, 0, len(prompt)):
             raise ValueError(f"request {request.id}: draw_origin must be an int in [0, {len(prompt)}] (the prompt's "
@@ -282,7 +293,7 @@ class Engine:
     def prefill(self, requests: Sequence[Request]) -> list[int]:
         """Admit `requests` into free slots now and sample each one's first token; returns their ids.
 
-        Requests with the same prompt share its full blocks and one prefill (on one data shard while it has
+        Requests with the same prompt share its full blocks and one prefill (on one row shard while it has
         room). Raises (before touching the cache) if a request is malformed, or the free slots or blocks do not
         hold them all.
         """
@@ -364,7 +375,7 @@ class Engine:
         if shards is None:
             unclaimed = sum(self._unclaimed_blocks(d) for d in range(self.num_shards))
             raise ValueError(f"{len(requests)} requests may need {self._blocks_needed(requests)} blocks but {unclaimed} "
-                             f"are free{' over the data shards' if self.num_shards > 1 else ''}; release sequences "
+                             f"are free{' over the row shards' if self.num_shards > 1 else ''}; release sequences "
                              f"or wait")
         return prompts, free, shards
 
@@ -414,12 +425,12 @@ class Engine:
         need = self._worst_case_blocks(sequence.length, len(new) + max_new_tokens) - len(sequence.blocks)
         if need > self._unclaimed_blocks(sequence.shard):
             raise ValueError(f"extend({sequence_id}) may need {need} blocks but {self._unclaimed_blocks(sequence.shard)}"
-                             f" are free{' on its data shard' if self.num_shards > 1 else ''}; release sequences first")
+                             f" are free{' on its row shard' if self.num_shards > 1 else ''}; release sequences first")
         request = sequence.request if sampling is None else dataclasses.replace(sequence.request, sampling=sampling)
         self._grow(sequence, sequence.length + len(new))
         width = bucket_length(sequence.length)
         samplings, choice = self._sampling_choice([request])
-        # One row per data shard, the sequence's on its shard and the others empty.
+        # One row per row shard, the sequence's on its shard and the others empty.
         rows = [sequence if d == sequence.shard else None for d in range(self.num_shards)]
         padded = np.zeros((self.num_shards, bucket_length(len(new))), np.int32)
         padded[sequence.shard, :len(new)] = new
@@ -459,7 +470,7 @@ class Engine:
     def _chunk_rows(self, running: list[LiveSequence | None]) -> tuple[list[LiveSequence | None], SharedPrefixes | None, int]:
         """The decode chunk's rows, its shared prefixes and their width (`engine_decode`'s `prefixes`, `prefix_width`).
 
-        Where the samples of a prompt still run together, the rows are reordered (within each data shard) so
+        Where the samples of a prompt still run together, the rows are reordered (within each row shard) so
         that they sit in consecutive groups of `share` rows reading the prompt's blocks once (`plan_prefix_rows`);
         otherwise (or when the model slides a window, whose distances need all of a row's positions in one
         view) the rows stay in slot order with no prefixes."""

@@ -3,8 +3,9 @@
 `Engine` (`jaxgrpo.engine.engine`) schedules; these run on the device, each jitted with the pool donated:
 `forward_program` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
 row), `decode_program` (a chunk of decode steps over every slot, a `lax.while_loop`), `copy_program` (copy-on-write
-of blocks). On a mesh the paged reads and writes run per `data` shard (`jax.shard_map`). `trace_programs`
-traces them at abstract shapes for `jaxgrpo.tools.compile`.
+of blocks). On a mesh the slots and the pool's blocks split over its row axes (`row_axes`: `data` and `fsdp`, as
+the decoder's activations split their rows), and the paged reads and writes run per row shard (`jax.shard_map`).
+`trace_programs` traces them at abstract shapes for `jaxgrpo.tools.compile`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxgrpo.distributed import BATCH_AXES
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.engine.paged import PagedKVCache
@@ -48,31 +51,48 @@ def _draw(base_keys, indices, logits, samplings: tuple[SamplingParams, ...], cho
     return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
 
 
-POOL_SPEC = P(None, "data")  # [layers, blocks, ...] and [layers, rows, ...]: each data shard its own blocks and rows
-_ROWS = P("data")
+def row_axes(mesh: jax.sharding.Mesh) -> tuple[str, ...]:
+    """The axes of `mesh` the engine's slots and pool blocks split over: its batch axes (`data`, then `fsdp`; those
+    it has), as the decoder's activations split their rows. Row shard d is the d-th block of rows and of blocks
+    along them together (data-major)."""
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def row_shards(mesh: jax.sharding.Mesh | None) -> int:
+    """How many row shards the engine's slots and blocks split into on `mesh` (1 without one)."""
+    return 1 if mesh is None else math.prod(mesh.shape[a] for a in row_axes(mesh))
+
+
+def pool_spec(mesh: jax.sharding.Mesh) -> P:
+    """The pool's layout, [layers, blocks, ...], and a dense view's, [layers, rows, ...]: each row shard its own."""
+    return P(None, row_axes(mesh))
 
 
 def _per_shard(fn, mesh, in_specs, out_specs):
-    """`fn` run by each of the mesh's `data` shards on its own rows and blocks (a row's block table holds ids
-    local to its shard), or `fn` itself without a mesh."""
+    """`fn` run by each of the mesh's row shards on its own rows and blocks (a row's block table holds ids local
+    to its shard), or `fn` itself without a mesh. Specs: "pool" ([layers, rows or blocks, ...]) or "rows"
+    ([rows, ...])."""
     if mesh is None:
         return fn
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names={"data"}, check_vma=False)
+    axes = row_axes(mesh)
+    spec = {"pool": P(None, axes), "rows": P(axes)}
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec[s] for s in in_specs),
+                         out_specs=jax.tree.map(spec.get, out_specs), axis_names=set(axes), check_vma=False)
 
 
 def _read(cache, tables, lengths, starts=None, *, width, new, mesh):
-    """`paged.dense_view` on each data shard."""
+    """`paged.dense_view` on each row shard."""
     def view(*args):  # (cache, tables, lengths[, starts])
         return paged.dense_view(*args[:3], width, new, *args[3:])
 
     arrays = (cache, tables, lengths) if starts is None else (cache, tables, lengths, starts)
-    return _per_shard(view, mesh, (POOL_SPEC,) + (_ROWS,) * (len(arrays) - 1), (POOL_SPEC, _ROWS))(*arrays)
+    return _per_shard(view, mesh, ("pool",) + ("rows",) * (len(arrays) - 1), ("pool", "rows"))(*arrays)
 
 
 def _write(cache, tables, start, view, width, counts, *, mesh):
-    """`paged.write` of a dense view's columns from `width` on, on each data shard."""
+    """`paged.write` of a dense view's columns from `width` on, on each row shard."""
     keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
-    return _per_shard(paged.write, mesh, (POOL_SPEC, _ROWS, _ROWS, POOL_SPEC, POOL_SPEC, _ROWS), POOL_SPEC)(
+    return _per_shard(paged.write, mesh, ("pool", "rows", "rows", "pool", "pool", "rows"), "pool")(
         cache, tables, start, keys, values, counts)
 
 
@@ -198,9 +218,9 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
 
 
 def engine_copy(cache, sources, destinations, *, mesh):
-    """Copy block `sources[i]` to `destinations[i]`, ids local to the data shard holding entry i."""
+    """Copy block `sources[i]` to `destinations[i]`, ids local to the row shard holding entry i."""
     _COMPILATIONS["copy"] += 1
-    return _per_shard(paged.copy_blocks, mesh, (POOL_SPEC, _ROWS, _ROWS), POOL_SPEC)(cache, sources, destinations)
+    return _per_shard(paged.copy_blocks, mesh, ("pool", "rows", "rows"), "pool")(cache, sources, destinations)
 
 
 # Named engine_* so a profile's program table tells them from the trainer's and the fixed batch's programs.
@@ -219,8 +239,8 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
     `graphdef`, `state`: the decoder split (`state` may be abstract, placed as the run places it). Returns
     {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,
     `draws` first tokens; "engine decode": a chunk of `steps` decode steps of `num_slots` slots holding
-    `width` cached positions each}. With a mesh the pool's blocks and the rows split over its `data` axis,
-    as `Engine(mesh=...)` lays them out.
+    `width` cached positions each}. With a mesh the pool's blocks and the rows split over its row axes
+    (`row_axes`), as `Engine(mesh=...)` lays them out.
     """
     model = nnx.merge(graphdef, state)
     config, dtype = model.config, model.dtype
@@ -229,13 +249,14 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
     def abstract(shape, dtype, spec=P()):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
 
-    pool = PagedKVCache(abstract(shape, dtype, POOL_SPEC), abstract(shape, dtype, POOL_SPEC))
+    axes = () if mesh is None else row_axes(mesh)
+    pool = PagedKVCache(abstract(shape, dtype, P(None, axes)), abstract(shape, dtype, P(None, axes)))
     max_blocks = blocks_for(max_context, block_size)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = abstract(key.shape, key.dtype)
 
     def rows(count, *tail, dtype=jnp.int32):
-        return abstract((count, *tail), dtype, _ROWS)
+        return abstract((count, *tail), dtype, P(axes))
 
     def replicated(count, dtype=jnp.int32):
         return abstract((count,), dtype)

@@ -77,7 +77,7 @@ class LiveSequence:
     length: int
     pending: int
     remaining: int  # tokens it may still sample
-    shard: int = 0  # the data shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
+    shard: int = 0  # the row shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
     shared: int = 0  # its first positions that others may share: its prompt's full blocks but the last token's
     finish_reason: str | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)

@@ -288,7 +288,7 @@ class Trainer:
                 sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens * (2 if self.cfg.partial_rollout_tokens else 1))
             window = sampler.model_context_window(decoder)
             mesh = _mesh_above_one(self._sampling_mesh(params))
-            shards = 1 if mesh is None else mesh.shape["data"]  # the slots split over the data axis
+            shards = engine_lib.row_shards(mesh)  # the slots split over the mesh's data and fsdp axes
             rows = self.cfg.prompts_per_step * self.cfg.group_size // jax.process_count()
             self._engine = engine_lib.Engine(  # a slot per sample of this process's share of the step
                 decoder, num_slots=-(-rows // shards) * shards,

@@ -160,14 +160,15 @@ def test_extend_after_a_tool_turn_equals_a_prefill_of_the_whole_history(family, 
     assert engine.blocks_in_use == 0
 
 
-def test_on_a_mesh_the_slots_and_blocks_split_over_data_and_the_tokens_do_not_change():
-    # 4 data shards of 2 slots: groups of 3 samples split across shards where one has no room, a tool turn
-    # extends a sequence on its shard, and every token and log-prob is the single device's.
+def test_on_a_mesh_the_slots_and_blocks_split_over_data_and_fsdp_and_the_tokens_do_not_change():
+    # 4 x 2 row shards (data x fsdp, as the decoder's activations split rows) of 2 slots: groups of 3 samples split
+    # across shards where one has no room, a tool turn extends a sequence on its shard, and every token and
+    # log-prob is the single device's.
     mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:8])
     requests = _requests(PROMPTS, samples=3, sampling=TRUNCATED) + _long_tailed_requests(10)
-    sharded, single = _engine(num_slots=8, max_context=32, mesh=mesh), _engine(num_slots=8, max_context=32)
-    assert sharded.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, "data")
-    assert sharded.blocks_per_shard == 2 * 8 + 1
+    sharded, single = _engine(num_slots=16, max_context=32, mesh=mesh), _engine(num_slots=16, max_context=32)
+    assert sharded.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"))
+    assert sharded.num_shards == 8 and sharded.blocks_per_shard == 2 * 8 + 1
     for a, b in zip(sharded.generate(requests), single.generate(requests)):
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
@@ -180,7 +181,7 @@ def test_on_a_mesh_the_slots_and_blocks_split_over_data_and_the_tokens_do_not_ch
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
     assert sharded.blocks_in_use == single.blocks_in_use == 0
-    with pytest.raises(ConfigError, match="num_slots=6 does not divide over the mesh's 4 data shards"):
+    with pytest.raises(ConfigError, match=r"num_slots=6 does not divide over the mesh's 8 row shards \(data x fsdp\)"):
         _engine(num_slots=6, mesh=mesh)
 
 

@@ -230,13 +230,14 @@ class EnginePrograms(NamedTuple):
 def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float) -> EnginePrograms:
     """The engine's prefill and decode chunk (`jaxgrpo.engine.trace_programs`) for one step's requests: a slot
     per sample, a pool of blocks holding `fill` of every slot's whole context (prompt and completion), the
-    decode chunk reading that many cached positions. Its blocks and slots split over the mesh's data axis."""
+    decode chunk reading that many cached positions. Its blocks and slots split over the mesh's data and fsdp axes
+    (`engine.row_shards`)."""
     from jaxgrpo import engine, sampler
 
     decoder, graphdef, state = _abstract_decoder(abstract)
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
-    shards, block = mesh.shape["data"], ENGINE_BLOCK_SIZE
-    slots = prompts * g
+    shards, block = engine.row_shards(mesh), ENGINE_BLOCK_SIZE
+    slots = -(-prompts * g // shards) * shards  # a slot per sample, as many on each shard (the trainer's engine)
     context = s.max_prompt_len + s.max_new_tokens
     live = max(block, math.ceil(fill * context / block) * block)  # positions per slot, whole blocks
     num_blocks = shards * (slots // shards * (live // block) + 1)
