@@ -16,8 +16,10 @@ from typing import Any
 from jaxgrpo.config.fields import ATTENTION_NAMES, DTYPES, STATE_DTYPES, Config, LoraConfig
 from jaxgrpo.errors import ConfigError
 
-def validate(cfg: Config, num_devices: int | None = None) -> None:
+def validate(cfg: Config, row_shards: int | None = None) -> None:
     """Checks every value of `cfg` before anything heavy is built; each error names the field and the fix.
+
+    `row_shards`: the mesh's data x fsdp shards, which a micro-batch's rows split over (None: not checked here).
 
     Types first, then ranges, then how the batch shapes fit together, then the kernels the method
     names (registered names, their keyword arguments against the kernels' signatures, and the values
@@ -44,11 +46,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
             f"of group_size={cfg.group_size}; make micro_batch_size (and the minibatch) a multiple of "
             f"{cfg.group_size}, or set packing=false"
         )
-    if num_devices is not None and micro % num_devices and num_devices % micro:
-        raise ConfigError(
-            f"micro-batch of {micro} sequences cannot be split over {num_devices} devices; "
-            f"make micro_batch_size a multiple of {num_devices}"
-        )
+    if row_shards is not None:
+        check_micro_batch_split(cfg, row_shards)
     if cfg.steps < 0:
         raise ConfigError(f"steps must be >= 0, got {cfg.steps}")
     if cfg.lora is not None:
@@ -60,6 +59,18 @@ def validate(cfg: Config, num_devices: int | None = None) -> None:
     _check_partial(cfg)
     _check_kernels(cfg)
 
+
+
+def check_micro_batch_split(cfg: Config, row_shards: int) -> None:
+    """A micro-batch's rows split evenly over the mesh's `row_shards` (data x fsdp): the update lays each
+    micro-batch's rows over them."""
+    micro = cfg.micro_batch_rows
+    if micro % row_shards:
+        raise ConfigError(
+            f"micro-batch of {micro} sequences cannot be split over the mesh's {row_shards} data x fsdp shards; make "
+            f"micro_batch_size (and the minibatch, prompts_per_step x group_size / num_minibatches) a multiple of "
+            f"{row_shards}, or give fewer devices to data and fsdp (mesh.model)"
+        )
 
 def _is_a(value: Any, annotation: Any) -> bool:
     """Whether `value` fits a field annotated `annotation`: an int is a float, a bool is no number."""

@@ -32,7 +32,7 @@ GiB = 1 << 30
 PROGRAMS = ("update", "warm-up update", "sampler", "scoring forward")
 
 
-def smaller_micro_batch(cfg: Config, num_devices: int | None = None) -> int | None:
+def smaller_micro_batch(cfg: Config, row_shards: int | None = None) -> int | None:
     """The largest micro-batch below the current one that the config still accepts (it divides the minibatch,
     holds whole groups under packing, splits over the devices), or None where there is none."""
     minibatch, micro = cfg.minibatch_size, cfg.micro_batch_rows
@@ -40,14 +40,14 @@ def smaller_micro_batch(cfg: Config, num_devices: int | None = None) -> int | No
         if minibatch % candidate:
             continue
         try:
-            validate(dataclasses.replace(cfg, micro_batch_size=candidate), num_devices=num_devices)
+            validate(dataclasses.replace(cfg, micro_batch_size=candidate), row_shards=row_shards)
         except ConfigError:
             continue
         return candidate
     return None
 
 
-def suggestions(cfg: Config, program: str, num_devices: int | None = None) -> list[str]:
+def suggestions(cfg: Config, program: str, row_shards: int | None = None) -> list[str]:
     """The config changes that shrink `program`'s memory, each as `field=value` (or the field to lower), only
     those that change something in `cfg`."""
     s = cfg.sampling
@@ -57,11 +57,12 @@ def suggestions(cfg: Config, program: str, num_devices: int | None = None) -> li
         found = []
         if program == "update":
             micro = cfg.micro_batch_rows
-            smaller = smaller_micro_batch(cfg, num_devices)
+            smaller = smaller_micro_batch(cfg, row_shards)
+            unpacked = smaller_micro_batch(dataclasses.replace(cfg, packing=False), row_shards) if cfg.packing else None
             if smaller is not None:
                 found.append(f"micro_batch_size={smaller} (now {micro})")
-            elif cfg.packing:
-                found.append(f"a smaller micro_batch_size (now {micro}) with packing=false")
+            elif unpacked is not None:  # packing holds whole groups a micro-batch; without it, fewer rows fit
+                found.append(f"micro_batch_size={unpacked} (now {micro}) with packing=false")
         else:  # the warm-up's update takes the whole batch in one micro-batch
             found.append(f"fewer rows (prompts_per_step x group_size, now {cfg.batch_size})")
         if not cfg.remat:
@@ -80,13 +81,13 @@ def suggestions(cfg: Config, program: str, num_devices: int | None = None) -> li
     return [f"fewer rows (prompts_per_step x group_size, now {cfg.batch_size})", *bf16, tokens]
 
 
-def message(cfg: Config, program: str, error: BaseException, device=None, num_devices: int | None = None) -> str:
+def message(cfg: Config, program: str, error: BaseException, device=None, row_shards: int | None = None) -> str:
     """The one line for `error` (a RESOURCE_EXHAUSTED) raised by `program`."""
     needed = requested_bytes(str(error))
     has = None if device is None else device_memory_bytes(device)
     what = f"XLA could not allocate {needed / GiB:.2f} GiB" if needed else "XLA ran out of memory"
     where = f" on a device of {has / GiB:.2f} GiB" if has else ""
-    fixes = suggestions(cfg, program, num_devices)
+    fixes = suggestions(cfg, program, row_shards)
     fix = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
     return f"the {program} does not fit in device memory: {what}{where} (RESOURCE_EXHAUSTED); try {fix}"
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from jaxgrpo.config import Config, resolve_packing, validate
+from jaxgrpo.config.validation import check_micro_batch_split
 from jaxgrpo.errors import ConfigError
 
 
@@ -104,9 +105,10 @@ def check_rollout_split(cfg: Config, num_devices: int, devices: str | None = Non
                           f"{num_devices - 1})")
 
 
-def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1) -> None:
-    """The mesh shape fits `num_devices` (less `mesh.rollout_devices`, an equal share of each process's), and
-    every process reads whole prompt groups."""
+def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1, mesh=None) -> None:
+    """The mesh shape fits `num_devices` (less `mesh.rollout_devices`, an equal share of each process's), a
+    micro-batch's rows split over its data x fsdp shards (those of `mesh` where one is given), and every process
+    reads whole prompt groups."""
     check_rollout_split(cfg, num_devices)
     rollout = cfg.mesh.rollout_devices
     if rollout and rollout % num_processes:
@@ -120,6 +122,12 @@ def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1) -> None:
             f"mesh (data, fsdp, model) = ({', '.join(map(str, shape))}) does not fit the {num_devices} device(s) "
             f"here: the sizes' product must be {num_devices}, or divide it with one axis -1 taking the rest; "
             f"e.g. mesh.data=-1 mesh.fsdp=1 mesh.model=1")
+    if mesh is not None:  # a mesh given: its shape, whatever cfg.mesh says
+        check_micro_batch_split(cfg, math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp")))
+    elif -1 not in shape[:2]:
+        check_micro_batch_split(cfg, shape[0] * shape[1])
+    else:  # -1 in data or fsdp takes the devices mesh.model leaves
+        check_micro_batch_split(cfg, num_devices // shape[2])
     if cfg.prompts_per_step % num_processes:
         raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} is not divisible by the {num_processes} "
                           "processes; each host reads an equal block of whole prompt groups")
@@ -140,11 +148,11 @@ def load_split(cfg: Config, task, split: str, num_examples: int | None = None):
 
 
 def check(cfg: Config, *, task=None, reward_fns=None, model_config=None, num_devices: int | None = None,
-          num_processes: int = 1):
+          num_processes: int = 1, mesh=None):
     """Every check above that what is given allows; returns (task, reward_fns, model_config).
 
     `task`, `reward_fns` and `model_config` are taken as given when passed (a trainer built with its own
-    model or task); `num_devices` None skips the mesh check.
+    model or task); `num_devices` None skips the mesh check; `mesh`: the one the trainer was given, if any.
     """
     task = task_of(cfg) if task is None else task
     reward_fns = reward_fns_of(cfg, task) if reward_fns is None else reward_fns
@@ -154,7 +162,7 @@ def check(cfg: Config, *, task=None, reward_fns=None, model_config=None, num_dev
     if model_config is not None:
         check_budget(cfg, model_config)
     if num_devices is not None:
-        check_mesh(cfg, num_devices, num_processes)
+        check_mesh(cfg, num_devices, num_processes, mesh)
     return task, reward_fns, model_config
 
 
@@ -167,7 +175,7 @@ def check_trainer(cfg: Config, model, task, reward_fns, mesh):
 
     # packing=None: the platform's measured default, settled before anything reads it (and by `cfg`'s setter).
     cfg = resolve_packing(cfg, attention_platform(mesh))
-    validate(cfg, num_devices=None)  # every value, kernel name and kernel argument, before anything is built
+    validate(cfg)  # every value, kernel name and kernel argument, before anything is built
     if cfg.mesh.rollout_devices and mesh is not None:
         raise ConfigError(f"mesh.rollout_devices={cfg.mesh.rollout_devices} splits the devices itself; pass no "
                           "mesh, or set mesh.rollout_devices=0 and sample on the mesh given")
@@ -175,7 +183,7 @@ def check_trainer(cfg: Config, model, task, reward_fns, mesh):
         _check_multi_process(cfg)
     task, reward_fns, _ = check(
         cfg, task=task, reward_fns=reward_fns or None, model_config=None if model is None else model.config,
-        num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count())
+        num_devices=jax.device_count() if mesh is None else mesh.size, num_processes=jax.process_count(), mesh=mesh)
     train_examples = load_split(cfg, task, cfg.task.train_split)
     stages.check_fields(cfg, train_examples)  # every field a stage's kernel reads, before the model is built
     if cfg.guidance is not None:

@@ -56,6 +56,11 @@ def test_batch_not_divisible_says_what_to_change():
     cfg = apply_overrides(Config(), ["prompts_per_step=2", "group_size=4", "micro_batch_size=3"])
     with pytest.raises(ValueError, match="not divisible by micro_batch_size=3"):
         validate(cfg)
+    # The update lays a micro-batch's rows over the data x fsdp shards: fewer rows than shards do not split.
+    cfg = apply_overrides(Config(), ["prompts_per_step=2", "group_size=2"])
+    validate(cfg, row_shards=4)
+    with pytest.raises(ValueError, match="micro-batch of 4 sequences cannot be split over the mesh's 8 data x fsdp"):
+        validate(cfg, row_shards=8)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -182,4 +182,4 @@ def test_unknown_or_unavailable_implementations_are_one_line_errors():
         attention.resolve("pallas_gpu", "tpu")
     cfg = config_lib.Config(attention="splash")
     with pytest.raises(Exception, match="attention must be one of auto, xla, pallas_tpu, pallas_gpu, cpu, got 'splash'"):
-        config_lib.validate(cfg, num_devices=1)
+        config_lib.validate(cfg, row_shards=1)

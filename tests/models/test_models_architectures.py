@@ -183,7 +183,7 @@ def test_image_text_gemma3_directory_loads_its_text_decoder(tiny_architecture, m
 
 def test_the_qwen3_experiment_validates():
     cfg = load_experiment("experiments/qwen3_0_6b_grpo.py")
-    validate(cfg, num_devices=8)
+    validate(cfg, row_shards=8)
     assert (cfg.model, cfg.dtype, cfg.task.name, cfg.batch_size) == ("qwen3-0.6b", "bfloat16", "gsm8k", 128)
     assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model) == (1, -1, 1)
 

@@ -31,8 +31,9 @@ from tests.support.paths import REPO_ROOT
 ROOT = REPO_ROOT
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
 GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
-# The toy run, as small as it gets; cases that reach the trainer fail before its first step.
-SMALL = ["steps=1", "warmup_sft_steps=0", "eval_every=0", "task.num_eval_examples=0", "prompts_per_step=2",
+# The toy run, as small as it gets on the tests' 8 CPU devices (a micro-batch of 8 rows splits over their 8 data
+# shards); cases that reach the trainer fail before its first step.
+SMALL = ["steps=1", "warmup_sft_steps=0", "eval_every=0", "task.num_eval_examples=0", "prompts_per_step=4",
          "group_size=2", "sampling.max_new_tokens=2"]
 
 
@@ -165,6 +166,8 @@ CASES = {
         "sampling.max_prompt_len=200 + sampling.max_new_tokens=100 = 300 positions exceed the context window"),
     "train: mesh not fitting the devices": train("mesh.data=3", needle="mesh (data, fsdp, model) = (3, 1, 1) does not fit"),
     "train: two mesh axes -1": train("mesh.data=-1", "mesh.fsdp=-1", needle="at most one mesh axis may be -1"),
+    "train: micro-batch rows fewer than the data shards": train(
+        "prompts_per_step=2", needle="micro-batch of 4 sequences cannot be split over the mesh's 8 data x fsdp shards"),
     "train: a field the task does not provide": train("advantage=stratified_grpo", "advantage_kwargs.num_strata=2",
                                                       status=1, needle="needs strata_ids"),
     # -- data

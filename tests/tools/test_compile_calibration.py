@@ -275,6 +275,10 @@ def test_the_out_of_memory_line_names_the_program_what_it_needs_and_what_to_chan
     # Micro-batches a mesh of 8 devices cannot split are not suggested.
     assert "micro_batch_size=8 (now 16)" in device_memory.message(_config(), "update", error, None, 8)
     assert device_memory.smaller_micro_batch(_config("micro_batch_size=8"), 8) is None
+    # Packing holds whole groups of 8 a micro-batch: a smaller one needs packing off, which one device allows.
+    assert "micro_batch_size=4 (now 8) with packing=false" in device_memory.message(
+        _config("micro_batch_size=8"), "update", error, None, 1)
+    assert "micro_batch_size" not in device_memory.message(_config("micro_batch_size=8"), "update", error, None, 8)
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +309,9 @@ def test_the_update_sampler_and_scoring_forward_say_they_do_not_fit_with_xla_cha
     with pytest.raises(OutOfDeviceMemory) as raised:
         trainer.update(trainer.state, batch)
     assert str(raised.value).startswith("the update does not fit in device memory: XLA could not allocate 59.57 GiB")
-    assert "\n" not in str(raised.value) and "micro_batch_size" in str(raised.value)
+    # 8 rows a micro-batch over the 8 devices: no smaller micro-batch splits over them, so none is suggested.
+    assert "\n" not in str(raised.value) and "micro_batch_size" not in str(raised.value)
+    assert "optimizer.state_dtype=bfloat16" in str(raised.value)
     assert isinstance(raised.value.__cause__, XlaRuntimeError) and str(raised.value.__cause__) == message
     with monkeypatch.context() as patch:
         patch.setattr(sampler, "generate", _raising(message))  # the fixed batch (sampling.engine=false)
@@ -334,7 +340,7 @@ def test_jaxgrpo_train_prints_the_one_line_and_exits_1(tmp_path, capsys, monkeyp
     lines = [line for line in re.split(r"[\r\n]+", err.strip()) if not re.match(r"train: +\d+%", line)]
     assert lines == [
         "jaxgrpo-train: error: the update does not fit in device memory: XLA could not allocate 512.00 GiB "
-        "(RESOURCE_EXHAUSTED); try micro_batch_size=4 (now 8), dtype=bfloat16, packing=false, "
+        "(RESOURCE_EXHAUSTED); try dtype=bfloat16, packing=false, "
         "optimizer.state_dtype=bfloat16, or fewer tokens per row (sampling.max_new_tokens, now 2)"], err
     with open(tmp_path / "run" / "run.lock") as lock:  # the run directory is free for the next try
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -31,7 +31,7 @@ def test_recipe_is_valid_for_its_slice_and_its_state_fits_a_chip(path):
     cfg = load_experiment(path)
     chip, devices = aot.topology_devices(module.TOPOLOGY)
     mesh = train.make_mesh(cfg, devices)
-    validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
+    validate(cfg, row_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     assert (cfg.prompts_per_step, cfg.group_size, cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens) == (
         16, 8, 512, 1024)
     assert cfg.dtype == "bfloat16" and cfg.remat and not cfg.packing and cfg.mesh.fsdp == -1

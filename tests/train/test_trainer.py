@@ -223,9 +223,10 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
 
 
 def test_packing_needs_micro_batches_of_whole_groups(tmp_path):
-    with pytest.raises(ValueError, match="do not hold whole groups of group_size=8.*packing=false"):
-        Trainer(toy_config(tmp_path, "micro_batch_size=4"))
-    Trainer(toy_config(tmp_path, "micro_batch_size=4", "packing=false"))
+    # Micro-batches of 8 rows split over the tests' 8 devices, and hold no whole group of 16.
+    with pytest.raises(ValueError, match="do not hold whole groups of group_size=16.*packing=false"):
+        Trainer(toy_config(tmp_path, "group_size=16", "micro_batch_size=8"))
+    Trainer(toy_config(tmp_path, "group_size=16", "micro_batch_size=8", "packing=false"))
 
 
 #: 4 steps with a checkpoint each; the killed run dies once step 2 is on disk.

@@ -254,7 +254,7 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     preflight.check_rollout_split(cfg, len(devices), f"{topology}'s {len(devices)} chips")
     learner_devices, sampler_devices = devices[:len(devices) - split], devices[len(devices) - split:]
     mesh = train.make_mesh(cfg, learner_devices)
-    validate(cfg, num_devices=mesh.shape["data"] * mesh.shape["fsdp"])
+    validate(cfg, row_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     abstract = abstract_train_state(cfg, mesh)
     n, chips, reports = abstract.num_params, len(learner_devices), []
     # The sampler's programs run on its own chips (`mesh.rollout_devices`: one-step-off), or on the learner's.
