@@ -273,7 +273,8 @@ class Config(_Fields):
     #: Inner epochs (mu) over the batch and minibatches per epoch (one optimizer update each).
     num_epochs: int = 1
     num_minibatches: int = 1
-    #: Sequences per forward/backward; gradients are accumulated exactly over micro-batches.
+    #: Sequences per forward/backward; gradients are accumulated exactly over micro-batches. A micro-batch's rows
+    #: split over the mesh's data x fsdp shards, so it is a multiple of their count.
     micro_batch_size: int | None = None
     #: Score each micro-batch as packed prompt groups (jaxgrpo.models.packing): each prompt once, the
     #: completions without padding, untrained rows left out; same log-probs. Minibatches and

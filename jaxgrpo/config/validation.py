@@ -16,6 +16,7 @@ from typing import Any
 from jaxgrpo.config.fields import ATTENTION_NAMES, DTYPES, STATE_DTYPES, Config, LoraConfig
 from jaxgrpo.errors import ConfigError
 
+
 def validate(cfg: Config, row_shards: int | None = None) -> None:
     """Checks every value of `cfg` before anything heavy is built; each error names the field and the fix.
 
@@ -60,7 +61,6 @@ def validate(cfg: Config, row_shards: int | None = None) -> None:
     _check_kernels(cfg)
 
 
-
 def check_micro_batch_split(cfg: Config, row_shards: int) -> None:
     """A micro-batch's rows split evenly over the mesh's `row_shards` (data x fsdp): the update lays each
     micro-batch's rows over them."""
@@ -71,6 +71,7 @@ def check_micro_batch_split(cfg: Config, row_shards: int) -> None:
             f"micro_batch_size (and the minibatch, prompts_per_step x group_size / num_minibatches) a multiple of "
             f"{row_shards}, or give fewer devices to data and fsdp (mesh.model)"
         )
+
 
 def _is_a(value: Any, annotation: Any) -> bool:
     """Whether `value` fits a field annotated `annotation`: an int is a float, a bool is no number."""
