@@ -23,6 +23,21 @@ from jax.sharding import NamedSharding, PartitionSpec
 BATCH_AXES = ("data", "fsdp")
 
 
+def batch_axes(mesh: jax.sharding.Mesh) -> tuple[str, ...]:
+    """The `BATCH_AXES` that `mesh` has, in that order: the axes a batch's rows split over (data-major)."""
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def batch_shards(mesh: jax.sharding.Mesh | None) -> int:
+    """How many shards a batch's rows split into on `mesh`: the product of its batch axes (1 without a mesh)."""
+    return 1 if mesh is None else math.prod(mesh.shape[a] for a in batch_axes(mesh))
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The least multiple of `multiple` that is at least `n`."""
+    return -(-n // multiple) * multiple
+
+
 def process_block(num_rows: int) -> slice:
     """This process's contiguous block of `num_rows` rows split evenly over the processes, in process order.
 
@@ -43,8 +58,8 @@ def process_sharding(mesh: jax.sharding.Mesh, num_rows: int) -> NamedSharding:
     single process satisfies); the first that divides `num_rows` and keeps every process's rows in
     its own block wins.
     """
-    batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-    candidates = [batch_axes, *((a,) for a in batch_axes if len(batch_axes) > 1), ()]
+    every = batch_axes(mesh)
+    candidates = [every, *((a,) for a in every if len(every) > 1), ()]
     size = num_rows // jax.process_count()
     for axes in candidates:
         if num_rows % math.prod(mesh.shape[a] for a in axes):
@@ -55,7 +70,7 @@ def process_sharding(mesh: jax.sharding.Mesh, num_rows: int) -> NamedSharding:
                for device, index in rows):
             return sharding
     raise ValueError(
-        f"no split of {num_rows} rows over the mesh's batch axes {batch_axes} (shape {dict(mesh.shape)}) gives each of the "
+        f"no split of {num_rows} rows over the mesh's batch axes {every} (shape {dict(mesh.shape)}) gives each of the "
         f"{jax.process_count()} processes its own block of rows; the data/fsdp axes must separate the hosts"
     )
 

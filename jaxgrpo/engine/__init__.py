@@ -11,8 +11,8 @@ from jaxgrpo.engine.blocks import BlockAllocator, OutOfBlocks
 from jaxgrpo.engine.engine import Engine
 from jaxgrpo.engine.groups import generate_groups
 from jaxgrpo.engine.paged import PagedKVCache
-from jaxgrpo.engine.programs import compilation_counts, row_shards, trace_programs
+from jaxgrpo.engine.programs import compilation_counts, trace_programs
 from jaxgrpo.engine.sequences import Completion, Request
 
 __all__ = ["BlockAllocator", "Completion", "Engine", "OutOfBlocks", "PagedKVCache", "Request", "compilation_counts",
-           "generate_groups", "row_shards", "trace_programs"]
+           "generate_groups", "trace_programs"]

@@ -51,6 +51,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from jaxgrpo.distributed import batch_axes, batch_shards
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.engine.programs import (
@@ -60,8 +61,6 @@ from jaxgrpo.engine.programs import (
     decode_program,
     forward_program,
     pool_spec,
-    row_axes,
-    row_shards,
 )
 from jaxgrpo.engine.sequences import Completion, LiveSequence, Request, plan_prefix_rows, prefix_key, token_list
 from jaxgrpo.errors import ConfigError
@@ -88,7 +87,7 @@ class Engine:
       refill: while requests wait, a decode chunk ends early once this many rows have finished (default
         `max(1, num_slots // 8)`), so freed slots are refilled promptly.
       mesh: a mesh with a `data` or `fsdp` axis: the slots and the pool's blocks are split over its row axes
-        (`programs.row_axes`: both, as the decoder's activations split their rows), each row shard holding its
+        (`distributed.batch_axes`: both, as the decoder's activations split their rows), each row shard holding its
         slots' blocks (a sequence lives on one shard; block tables hold ids local to it), and the model's
         weights stay as placed. None: one device.
     """
@@ -99,10 +98,10 @@ class Engine:
         for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
             if not is_int_in(value, 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if mesh is not None and not row_axes(mesh):
+        if mesh is not None and not batch_axes(mesh):
             raise ValueError(f"the engine's mesh needs a 'data' or 'fsdp' axis to split its slots over; got axes "
                              f"{mesh.axis_names}")
-        shards = row_shards(mesh)
+        shards = batch_shards(mesh)
         if num_slots % shards:
             raise ConfigError(f"num_slots={num_slots} does not divide over the mesh's {shards} row shards (data x "
                               f"fsdp); use a multiple of {shards}")

@@ -3,8 +3,8 @@
 `Engine` (`jaxgrpo.engine.engine`) schedules; these run on the device, each jitted with the pool donated:
 `forward_program` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
 row), `decode_program` (a chunk of decode steps over every slot, a `lax.while_loop`), `copy_program` (copy-on-write
-of blocks). On a mesh the slots and the pool's blocks split over its row axes (`row_axes`: `data` and `fsdp`, as
-the decoder's activations split their rows), and the paged reads and writes run per row shard (`jax.shard_map`).
+of blocks). On a mesh the slots and the pool's blocks split over its batch axes (`distributed.batch_axes`: `data` and
+`fsdp`, as the decoder's activations split their rows), and the paged reads and writes run per row shard (`jax.shard_map`).
 `trace_programs` traces them at abstract shapes for `jaxgrpo.tools.compile`.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -21,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgrpo.distributed import BATCH_AXES
+from jaxgrpo.distributed import batch_axes
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.engine.paged import PagedKVCache
@@ -51,21 +50,9 @@ def _draw(base_keys, indices, logits, samplings: tuple[SamplingParams, ...], cho
     return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
 
 
-def row_axes(mesh: jax.sharding.Mesh) -> tuple[str, ...]:
-    """The axes of `mesh` the engine's slots and pool blocks split over: its batch axes (`data`, then `fsdp`; those
-    it has), as the decoder's activations split their rows. Row shard d is the d-th block of rows and of blocks
-    along them together (data-major)."""
-    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-
-
-def row_shards(mesh: jax.sharding.Mesh | None) -> int:
-    """How many row shards the engine's slots and blocks split into on `mesh` (1 without one)."""
-    return 1 if mesh is None else math.prod(mesh.shape[a] for a in row_axes(mesh))
-
-
 def pool_spec(mesh: jax.sharding.Mesh) -> P:
     """The pool's layout, [layers, blocks, ...], and a dense view's, [layers, rows, ...]: each row shard its own."""
-    return P(None, row_axes(mesh))
+    return P(None, batch_axes(mesh))
 
 
 def _per_shard(fn, mesh, in_specs, out_specs):
@@ -74,7 +61,7 @@ def _per_shard(fn, mesh, in_specs, out_specs):
     ([rows, ...])."""
     if mesh is None:
         return fn
-    axes = row_axes(mesh)
+    axes = batch_axes(mesh)
     spec = {"pool": P(None, axes), "rows": P(axes)}
     return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec[s] for s in in_specs),
                          out_specs=jax.tree.map(spec.get, out_specs), axis_names=set(axes), check_vma=False)
@@ -240,7 +227,7 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
     {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,
     `draws` first tokens; "engine decode": a chunk of `steps` decode steps of `num_slots` slots holding
     `width` cached positions each}. With a mesh the pool's blocks and the rows split over its row axes
-    (`row_axes`), as `Engine(mesh=...)` lays them out.
+    (`distributed.batch_axes`), as `Engine(mesh=...)` lays them out.
     """
     model = nnx.merge(graphdef, state)
     config, dtype = model.config, model.dtype
@@ -249,7 +236,7 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
     def abstract(shape, dtype, spec=P()):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
 
-    axes = () if mesh is None else row_axes(mesh)
+    axes = () if mesh is None else batch_axes(mesh)
     pool = PagedKVCache(abstract(shape, dtype, P(None, axes)), abstract(shape, dtype, P(None, axes)))
     max_blocks = blocks_for(max_context, block_size)
     key = jax.eval_shape(lambda: jax.random.key(0))

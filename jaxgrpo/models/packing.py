@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgrpo.distributed import round_up
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy
 
@@ -80,7 +81,7 @@ def group_lengths(attention_mask, train_mask, completion_len: int, group_size: i
 
 def packed_length(longest: int, multiple: int = PACK_MULTIPLE) -> int:
     """`longest` slots rounded up to a multiple of `multiple` (the static packed row length)."""
-    return max(multiple, -(-int(longest) // multiple) * multiple)
+    return max(multiple, round_up(int(longest), multiple))
 
 
 def _first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jaxgrpo.distributed import BATCH_AXES
+from jaxgrpo.distributed import BATCH_AXES, batch_axes
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
@@ -112,8 +112,7 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Shard the leading (batch) axis over the mesh's `data` and `fsdp` axes, replicate the rest."""
-    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
-    return NamedSharding(mesh, PartitionSpec(axes or None))
+    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh) or None))
 
 
 #: Mesh axes an activation's batch dimension is split over (in this order, those the mesh has): the batch's.

@@ -17,7 +17,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo.distributed import global_rows
+from jaxgrpo.distributed import batch_axes, global_rows
 from jaxgrpo.models import backend as backends, partitioning
 from jaxgrpo.models.decoder import mask_positions
 from jaxgrpo.sampler.distribution import SamplingParams, row_keys, sample_tokens, step_keys
@@ -100,9 +100,8 @@ def layout_for(model, mesh, num_samples: int, prompt_bucket: int, new_bucket: in
         return Layout(num_samples, prompt_bucket, new_bucket, sampling)
     if "data" not in mesh.axis_names:
         raise ValueError(f"mesh must have a 'data' axis to shard the batch over, got axes {mesh.axis_names}")
-    batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
     heads = partitioning.logical_to_mesh_spec(("kv_heads",), (model.config.num_kv_heads,), mesh)[0]
-    return Layout(num_samples, prompt_bucket, new_bucket, sampling, mesh, batch_axes, heads)
+    return Layout(num_samples, prompt_bucket, new_bucket, sampling, mesh, batch_axes(mesh), heads)
 
 
 def _is_done(tokens: jax.Array, stop_tokens: jax.Array) -> jax.Array:

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 
 from jaxgrpo.config import Config, validate
+from jaxgrpo.distributed import batch_shards
 from jaxgrpo.errors import ConfigError, OutOfDeviceMemory, device_memory_bytes, is_resource_exhausted, requested_bytes
 
 GiB = 1 << 30
@@ -34,7 +35,8 @@ PROGRAMS = ("update", "warm-up update", "sampler", "scoring forward")
 
 def smaller_micro_batch(cfg: Config, row_shards: int | None = None) -> int | None:
     """The largest micro-batch below the current one that the config still accepts (it divides the minibatch,
-    holds whole groups under packing, splits over the devices), or None where there is none."""
+    holds whole groups under packing, splits over the mesh's `row_shards`: data x fsdp), or None where there is
+    none."""
     minibatch, micro = cfg.minibatch_size, cfg.micro_batch_rows
     for candidate in range(micro - 1, 0, -1):
         if minibatch % candidate:
@@ -102,6 +104,5 @@ def reported(cfg: Config, program: str, mesh=None):
         if not is_resource_exhausted(error):
             raise
         devices = list(mesh.devices.flat) if mesh is not None else []
-        # The devices a micro-batch's rows are split over (as `validate` counts them): the data and FSDP axes.
-        rows = None if mesh is None else mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
-        raise OutOfDeviceMemory(message(cfg, program, error, devices[0] if devices else None, rows)) from error
+        shards = None if mesh is None else batch_shards(mesh)  # what a micro-batch's rows split over
+        raise OutOfDeviceMemory(message(cfg, program, error, devices[0] if devices else None, shards)) from error

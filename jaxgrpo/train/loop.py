@@ -51,7 +51,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo import profiling, rng, sampler
 from jaxgrpo.config import Config, resolve_packing
-from jaxgrpo.distributed import BATCH_AXES, across_processes, gather_rows, global_batch, local_rows, on_mesh
+from jaxgrpo.distributed import BATCH_AXES, across_processes, batch_shards, round_up, gather_rows, global_batch, local_rows, on_mesh
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.models import packing, partitioning
 from jaxgrpo.models.attention import target_platform as attention_platform
@@ -288,10 +288,10 @@ class Trainer:
                 sampler.bucket_length(s.max_prompt_len) + s.max_new_tokens * (2 if self.cfg.partial_rollout_tokens else 1))
             window = sampler.model_context_window(decoder)
             mesh = _mesh_above_one(self._sampling_mesh(params))
-            shards = engine_lib.row_shards(mesh)  # the slots split over the mesh's data and fsdp axes
+            shards = batch_shards(mesh)  # the slots split over the mesh's data and fsdp axes
             rows = self.cfg.prompts_per_step * self.cfg.group_size // jax.process_count()
             self._engine = engine_lib.Engine(  # a slot per sample of this process's share of the step
-                decoder, num_slots=-(-rows // shards) * shards,
+                decoder, num_slots=round_up(rows, shards),
                 max_context=context if window is None else min(context, window), decode_chunk=s.max_new_tokens,
                 mesh=mesh)
         elif self._engine_params is not params:

@@ -19,6 +19,7 @@ import jax
 
 from jaxgrpo.config import Config, resolve_packing, validate
 from jaxgrpo.config.validation import check_micro_batch_split
+from jaxgrpo.distributed import batch_shards
 from jaxgrpo.errors import ConfigError
 
 
@@ -123,7 +124,7 @@ def check_mesh(cfg: Config, num_devices: int, num_processes: int = 1, mesh=None)
             f"here: the sizes' product must be {num_devices}, or divide it with one axis -1 taking the rest; "
             f"e.g. mesh.data=-1 mesh.fsdp=1 mesh.model=1")
     if mesh is not None:  # a mesh given: its shape, whatever cfg.mesh says
-        check_micro_batch_split(cfg, math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp")))
+        check_micro_batch_split(cfg, batch_shards(mesh))
     elif -1 not in shape[:2]:
         check_micro_batch_split(cfg, shape[0] * shape[1])
     else:  # -1 in data or fsdp takes the devices mesh.model leaves

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from jaxgrpo.distributed import round_up
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.partitioning import activation_spec
 
@@ -108,7 +109,7 @@ def per_shard(fn, q, k, v, masks, mesh):
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     shards = math.prod(sizes[a] for a in ((rows,) if isinstance(rows, str) else rows or ()))
     batch = q.shape[0]
-    padded = -(-batch // shards) * shards
+    padded = round_up(batch, shards)
     if padded != batch:
         q, k, v = (pad(x, 0, padded) for x in (q, k, v))
         masks = jax.tree.map(lambda x: pad(x, 0, padded, PAD_QUERY), masks)

@@ -40,7 +40,6 @@ whole capacity, masked): the oracle the kernel is tested against, in interpret m
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +47,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec
+
+from jaxgrpo.distributed import batch_axes, batch_shards
 
 # The score given to masked keys before the running max is taken: finite, so a row with no live key
 # keeps a finite max and its state (max, 0, 0) leaves a merge unchanged. The decoder uses the same value.
@@ -100,14 +101,6 @@ def default_block_size(capacity: int, largest: int = DEFAULT_BLOCK_SIZE) -> int:
             if capacity % size == 0:
                 return size
     return capacity
-
-
-def row_shards(mesh) -> int:
-    """How many shards `cache_attention_state` splits a cache's rows into on `mesh` (None: one): the product of
-    its "data" and "fsdp" axes. A cache whose rows they do not divide cannot go through the kernel on it."""
-    if mesh is None:
-        return 1
-    return math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.axis_names)
 
 
 def _live_range(start, cache_index, query_slot, window, capacity):
@@ -355,8 +348,8 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
     kernel = functools.partial(_pallas_state, scale=scale, window=window, block_size=block_size, interpret=interpret)
     if mesh is None or mesh.size == 1:
         return kernel(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask)
-    row_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or None
-    shards = row_shards(mesh)
+    row_axes = batch_axes(mesh) or None
+    shards = batch_shards(mesh)
     head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
     if cache_k.shape[1] % shards:
         raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {shards} row shards "

@@ -53,6 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
+from jaxgrpo.distributed import round_up
 from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, flash_common, target_platform
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
@@ -369,10 +370,6 @@ def _backward(q, k, v, ids, out, lse, d_out, *, settings: CallSettings):
     return dq, dk, dv
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def _flash_rows(q, k, v, masks, settings: CallSettings):
     """Flash attention of q [B, kv, T, G, D] over k, v [B, kv, T, D] with `prepare`'s masks; [B, kv, T, G, D].
 
@@ -380,7 +377,7 @@ def _flash_rows(q, k, v, masks, settings: CallSettings):
     (`PAD_QUERY`, `PAD_KEY` ids), and each call's ids are laid out per row and per slot."""
     batch, heads, length, groups, head_dim = q.shape
     tiling = settings.tiling
-    rows, slots = _round_up(length * groups, tiling.block_q), _round_up(length, tiling.block_k)
+    rows, slots = round_up(length * groups, tiling.block_q), round_up(length, tiling.block_k)
     padded_dim = max(16, pl.next_power_of_2(head_dim))
     q = flash_common.pad(flash_common.pad(q.reshape(batch, heads, length * groups, head_dim), 2, rows), 3, padded_dim)
     k, v = (flash_common.pad(flash_common.pad(x, 2, slots), 3, padded_dim) for x in (k, v))

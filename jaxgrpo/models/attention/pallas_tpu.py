@@ -46,6 +46,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
 
+from jaxgrpo.distributed import batch_shards, round_up
 from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, flash_common, pallas_decode,
                                       target_platform, xla)
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
@@ -207,7 +208,7 @@ def _union(kernel):
 def _splash_rows(q, k, v, masks, *, window, logit_soft_cap, interpret):
     """Splash attention of rows q [B, H, T, D], k and v [B, kv, T, D] with `prepare`'s ids; [B, H, T, D]."""
     batch, heads, length, _ = q.shape
-    padded = -(-length // BLOCKS[-1]) * BLOCKS[-1]
+    padded = round_up(length, BLOCKS[-1])
     q, k, v = (flash_common.pad(x, 2, padded) for x in (q, k, v))
     ids = {name: flash_common.pad(x, 1, padded, PAD_KEY if name.endswith("key") else PAD_QUERY)
            for name, x in masks.items() if x.ndim == 2}
@@ -268,7 +269,7 @@ def cache_state(q, cache_k, cache_v, layer, live, key_mask, sliding, *, window=N
     state in XLA (one masked block over the capacity, as the decoder's own TPU form), partitioned by XLA.
     """
     valid_start = jnp.argmax(key_mask, axis=1).astype(jnp.int32)  # 0 for a row with no key: masked anyway
-    if cache_k.shape[1] % pallas_decode.row_shards(mesh):
+    if cache_k.shape[1] % batch_shards(mesh):
         state = pallas_decode.xla_cache_attention_state
     else:
         state = functools.partial(pallas_decode.cache_attention_state, mesh=mesh,

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo.config import Config, resolve_packing
-from jaxgrpo.distributed import BATCH_AXES
+from jaxgrpo.distributed import BATCH_AXES, batch_shards, round_up
 from jaxgrpo.tools.compile.analysis import itemsize, per_chip_bytes
 
 
@@ -231,17 +231,17 @@ def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float) -> EnginePr
     """The engine's prefill and decode chunk (`jaxgrpo.engine.trace_programs`) for one step's requests: a slot
     per sample, a pool of blocks holding `fill` of every slot's whole context (prompt and completion), the
     decode chunk reading that many cached positions. Its blocks and slots split over the mesh's data and fsdp axes
-    (`engine.row_shards`)."""
+    (`distributed.batch_shards`)."""
     from jaxgrpo import engine, sampler
 
     decoder, graphdef, state = _abstract_decoder(abstract)
     s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
-    shards, block = engine.row_shards(mesh), ENGINE_BLOCK_SIZE
-    slots = -(-prompts * g // shards) * shards  # a slot per sample, as many on each shard (the trainer's engine)
+    shards, block = batch_shards(mesh), ENGINE_BLOCK_SIZE
+    slots = round_up(prompts * g, shards)  # a slot per sample, as many on each shard (the trainer's engine)
     context = s.max_prompt_len + s.max_new_tokens
     live = max(block, math.ceil(fill * context / block) * block)  # positions per slot, whole blocks
     num_blocks = shards * (slots // shards * (live // block) + 1)
-    rows = math.ceil(prompts / shards) * shards
+    rows = round_up(prompts, shards)
     traced = engine.trace_programs(
         graphdef, state, num_slots=slots, num_blocks=num_blocks, block_size=block, max_context=context,
         prefill_rows=rows, prompt_len=sampler.bucket_length(s.max_prompt_len), draws=slots, width=live,

@@ -11,6 +11,7 @@ import jax
 from flax import nnx
 
 from jaxgrpo.config import Config, resolve_packing, validate
+from jaxgrpo.distributed import batch_shards
 from jaxgrpo.tools.compile.analysis import (collectives, count_products, host_transfers, itemsize, largest_values,
                                             per_chip_bytes)
 from jaxgrpo.tools.compile.chips import GiB, Chip, topology_devices
@@ -254,7 +255,7 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     preflight.check_rollout_split(cfg, len(devices), f"{topology}'s {len(devices)} chips")
     learner_devices, sampler_devices = devices[:len(devices) - split], devices[len(devices) - split:]
     mesh = train.make_mesh(cfg, learner_devices)
-    validate(cfg, row_shards=mesh.shape["data"] * mesh.shape["fsdp"])
+    validate(cfg, row_shards=batch_shards(mesh))
     abstract = abstract_train_state(cfg, mesh)
     n, chips, reports = abstract.num_params, len(learner_devices), []
     # The sampler's programs run on its own chips (`mesh.rollout_devices`: one-step-off), or on the learner's.
