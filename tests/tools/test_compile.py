@@ -11,8 +11,9 @@ import jax
 import pytest
 from flax import nnx
 
-from jaxgrpo import train
+from jaxgrpo import sampler, train
 from jaxgrpo.config import apply_overrides, load_experiment
+from jaxgrpo.distributed import round_up
 from jaxgrpo.tools import cli
 from jaxgrpo.tools import compile as aot
 
@@ -97,6 +98,14 @@ def test_quickstart_programs_and_their_collectives_on_one_host(reports):
         assert program.compiler_seconds is None or program.compiler_seconds > 0
         assert program.model_flops_seconds == pytest.approx(program.model_flops / aot.CHIPS["v5e"].peak_flops)
     assert prefill.step_floor_seconds is None
+    # A prefill computes logits only at each prompt's last position (what it draws from): 2·N per prompt token
+    # less the unembedding's 2·V·E elsewhere, so its estimated MFU stays a bound below 100%.
+    c = aot.decoder_config(cfg)
+    unembedding = c.vocab_size * c.hidden_size
+    prompt_tokens = cfg.prompts_per_step * sampler.bucket_length(cfg.sampling.max_prompt_len)
+    assert prefill.model_flops == pytest.approx(
+        (2 * (report.num_params - unembedding) * prompt_tokens + 2 * unembedding * cfg.prompts_per_step) / 8)
+    assert 0 < prefill.mfu <= 1 and prefill.model_flops <= prefill.program_flops
     # FSDP: the update gathers parameters for the forward and reduces gradients.
     assert update.collectives["all-gather"]["count"] > 0
     assert update.collectives["all-reduce"]["count"] + update.collectives["reduce-scatter"]["count"] > 0
@@ -215,6 +224,11 @@ def test_the_engines_kv_memory_follows_its_live_tokens_and_splits_over_data_and_
     assert [p.program for p in report.programs] == ["engine prefill", "engine decode 50% full",
                                                     "engine decode 100% full"]
     assert all(p.fits and not p.host_transfers for p in report.programs)
+    prefill = report.programs[0]
+    assert prefill.model_flops == pytest.approx(aot.prefill_model_flops(
+        report.num_params, c.vocab_size * c.hidden_size, round_up(cfg.prompts_per_step, 8) * cfg.sampling.max_prompt_len,
+        round_up(cfg.prompts_per_step * cfg.group_size, 8)) / 8)
+    assert 0 < prefill.mfu <= 1 and prefill.model_flops <= prefill.program_flops
     # The pool holds the live positions in whole blocks, plus each shard's null block, and a chip an eighth.
     assert full.live_tokens > 1.8 * half.live_tokens
     for p in (half, full):  # keys and values of every layer, over 8 row shards, each with its null block

@@ -222,6 +222,7 @@ class EnginePrograms(NamedTuple):
     prefill: tuple  # (compiled, compile seconds, jaxpr)
     decode: tuple
     prompt_tokens: int  # per prefill call
+    draws: int  # rows the prefill computes logits for and draws from: a slot per sample
     decode_tokens: int  # per decode chunk: slots x steps
     live_tokens: int  # positions the pool holds (every slot at the fill level)
     pool_bytes: int  # the pool's bytes per chip
@@ -251,5 +252,5 @@ def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float) -> EnginePr
     pool_bytes = 2 * c.num_layers * num_blocks * c.num_kv_heads * block * c.head_dim * itemsize(decoder.dtype)
     with jax.set_mesh(mesh):
         compiled = {name: (*compile_lowered(t.lower()), t.jaxpr) for name, t in traced.items()}
-    return EnginePrograms(compiled["engine prefill"], compiled["engine decode"], rows * s.max_prompt_len,
+    return EnginePrograms(compiled["engine prefill"], compiled["engine decode"], rows * s.max_prompt_len, slots,
                           slots * ENGINE_DECODE_CHUNK, slots * live, pool_bytes // shards)

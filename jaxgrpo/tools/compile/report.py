@@ -44,7 +44,8 @@ class ProgramReport:
     bytes_accessed: float
     compiler_seconds: float | None  # the compiler's time estimate ("optimal_seconds"), loop bodies once; None
     # where it is negative, as it comes out for programs with loops
-    model_flops: float  # analytic per chip: 6·N (update) or 2·N (forward) per token
+    model_flops: float  # analytic per chip: 6·N (update) or 2·N (forward, decode) per token; a prefill's
+    # `prefill_model_flops`
     model_flops_seconds: float  # model_flops at the chip's peak
     hbm_roofline_seconds: float  # bytes_accessed at the chip's HBM bandwidth
     step_floor_seconds: float | None  # decode: parameters + cache per chip at the chip's HBM bandwidth, per token
@@ -167,6 +168,13 @@ class Report:
         return "\n".join(lines)
 
 
+def prefill_model_flops(num_params: int, unembedding: int, prompt_tokens: int, logit_rows: int) -> float:
+    """A prefill's model FLOPs: 2·N per prompt token, less the unembedding's 2·V·E (`unembedding` = V·E
+    parameters) at every position but the `logit_rows` whose logits it computes (each row's last: what it draws
+    from). Counting 2·N at every prompt token made a prefill's estimated MFU exceed 100%."""
+    return 2 * (num_params - unembedding) * prompt_tokens + 2 * unembedding * logit_rows
+
+
 def program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips: int, model_flops: float,
                     step_floor_bytes: int | None = None, calibrations=None, packing: bool | None = None) -> ProgramReport:
     from jaxgrpo.tools import calibration
@@ -258,6 +266,8 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     validate(cfg, row_shards=batch_shards(mesh))
     abstract = abstract_train_state(cfg, mesh)
     n, chips, reports = abstract.num_params, len(learner_devices), []
+    policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
+    unembedding = policy.decoder.config.vocab_size * policy.decoder.config.hidden_size
     # The sampler's programs run on its own chips (`mesh.rollout_devices`: one-step-off), or on the learner's.
     sampler_mesh, sampler_abstract, sampler_chips = mesh, abstract, chips
     rollout = None
@@ -271,8 +281,8 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     if "prefill" in programs or "decode" in programs:
         prefill, prompt_tokens, decode, new_tokens, carry_bytes = lower_sampler(cfg, sampler_mesh, sampler_abstract)
         if "prefill" in programs:
-            reports.append(program_report("prefill", *prefill, chip, sampler_chips, 2 * n * prompt_tokens,
-                                           calibrations=calibrations))
+            flops = prefill_model_flops(n, unembedding, prompt_tokens, cfg.prompts_per_step)  # a row per prompt
+            reports.append(program_report("prefill", *prefill, chip, sampler_chips, flops, calibrations=calibrations))
         if "decode" in programs:
             # One step reads every parameter (a LoRA run's base and adapters) and the whole cache once.
             floor = per_chip_bytes((sampler_abstract.state.params, sampler_abstract.rest)) + carry_bytes
@@ -283,8 +293,8 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
             e = lower_engine(cfg, sampler_mesh, sampler_abstract, fill)
             if fill == ENGINE_FILLS[0]:  # the prefill reads no cached positions: one fill level tells it
                 reports.append(dataclasses.replace(
-                    program_report("engine prefill", *e.prefill, chip, sampler_chips, 2 * n * e.prompt_tokens,
-                                    calibrations=calibrations), kv_pool_bytes=e.pool_bytes, live_tokens=e.live_tokens))
+                    program_report("engine prefill", *e.prefill, chip, sampler_chips,
+                                   prefill_model_flops(n, unembedding, e.prompt_tokens, e.draws), calibrations=calibrations), kv_pool_bytes=e.pool_bytes, live_tokens=e.live_tokens))
             floor = per_chip_bytes((sampler_abstract.state.params, sampler_abstract.rest)) + e.pool_bytes
             reports.append(dataclasses.replace(
                 program_report(f"engine decode {fill:.0%} full", *e.decode, chip, sampler_chips,
@@ -304,7 +314,6 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
                                        (6 * abstract.num_trained + 4 * frozen) * tokens, calibrations=calibrations,
                                        packing=cfg.packing))
     hosts = len({d.process_index for d in devices})
-    policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
     attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name
     return Report(topology, chip.name, len(devices), hosts, dict(mesh.shape), cfg.model, abstract.num_params, reports,
                   attention, dataclasses.asdict(cfg.lora) if cfg.lora else None, abstract.num_trained, rollout)
