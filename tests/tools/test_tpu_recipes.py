@@ -9,6 +9,7 @@ import pytest
 
 from jaxgrpo import train
 from jaxgrpo.config import load_experiment, validate
+from jaxgrpo.distributed import batch_shards
 from jaxgrpo.tools import compile as aot
 from tests.support.paths import REPO_ROOT
 
@@ -31,7 +32,7 @@ def test_recipe_is_valid_for_its_slice_and_its_state_fits_a_chip(path):
     cfg = load_experiment(path)
     chip, devices = aot.topology_devices(module.TOPOLOGY)
     mesh = train.make_mesh(cfg, devices)
-    validate(cfg, row_shards=mesh.shape["data"] * mesh.shape["fsdp"])
+    validate(cfg, row_shards=batch_shards(mesh))
     assert (cfg.prompts_per_step, cfg.group_size, cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens) == (
         16, 8, 512, 1024)
     assert cfg.dtype == "bfloat16" and cfg.remat and not cfg.packing and cfg.mesh.fsdp == -1
