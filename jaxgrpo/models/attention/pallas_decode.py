@@ -33,8 +33,16 @@ of R rows and queries of B = R x share rows, row b reads cache row b // share, a
 share x G x T queries are stacked into one product per block, so each prefix row is read once per
 step for all its rows (the sampler's prompt cache, read by the G samples of its prompt).
 
+The same kernel reads a **paged** pool in place (`paged_attention_state`): the rollout engine's pool
+[L, N, kv, S, D] of N blocks of S positions, each row's positions [j S, (j + 1) S) in the block its table
+names, the block tables scalar-prefetched (flat, [R x M]) so a copy's source is known before it starts.
+Only the source of a block's copy changes (the pool block `tables[r, j]`, not slots [j S, (j + 1) S) of
+row r), and each row has its own live end (`lengths`) and query position, as the engine's rows do; the
+live range, windows, masks, shared-prefix rows and the pipeline of copies are the contiguous kernel's.
+
 `xla_cache_attention_state` is the same state in plain `jax.numpy` (the decoder's math over the
-whole capacity, masked): the oracle the kernel is tested against, in interpret mode on CPU.
+whole capacity, masked): the oracle the kernel is tested against, in interpret mode on CPU;
+`xla_paged_attention_state` gathers each row's blocks (`gather_rows`) and does the same.
 """
 
 from __future__ import annotations
@@ -138,11 +146,18 @@ def _fold_head(h, q_ref, keys, values, allowed, scale, top_ref, total_ref, out_r
                                                 preferred_element_type=jnp.float32)
 
 
-def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs, scale, block_size, capacity, length,
-            window, has_key_mask):
+def _kernel(layer_ref, ends_ref, query_slots_ref, start_ref, *refs, scale, block_size, capacity, length, window,
+            has_key_mask, max_blocks):
     """Grid step r: fold cache row r's live blocks into the state of its stacked queries [kv, Q, D],
     Q = share x G x T with the new-token index t fastest. Steps run in order (the next row's first block
-    is copied during this one's last)."""
+    is copied during this one's last). Row r's live slots end at `ends_ref[r]` and its new token 0 sits at
+    `query_slots_ref[r]`. With `max_blocks` (a paged pool), a block-table ref (flat [R * max_blocks]) comes
+    before the queries: row r's block j is pool block `tables[r * max_blocks + j]`."""
+    if max_blocks is None:
+        tables_ref = None
+        q_ref, *refs = refs
+    else:
+        tables_ref, q_ref, *refs = refs
     if has_key_mask:
         mask_ref, cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
     else:
@@ -152,17 +167,22 @@ def _kernel(layer_ref, cache_index_ref, query_slot_ref, start_ref, q_ref, *refs,
     # (v4, v5p), each run in order: its row i prefetches row i + 1's first block.
     step, per_run = pl.program_id(1), pl.num_programs(1)
     r = pl.program_id(0) * per_run + step
-    layer, cache_index, query_slot = layer_ref[0], cache_index_ref[0], query_slot_ref[0]
+    layer, query_slot = layer_ref[0], query_slots_ref[r]
     kv_heads = q_ref.shape[0]
 
     def row_blocks(row):
-        low, high = _live_range(start_ref[row], cache_index, query_slot, window, capacity)
+        low, high = _live_range(start_ref[row], ends_ref[row], query_slots_ref[row], window, capacity)
         return (low, high, *live_blocks(low, high, block_size))
 
     def copies(row, block, slot):  # every kv head's slots of one block, keys and values
-        slots = pl.ds(pl.multiple_of(block * block_size, block_size), block_size)
-        return (pltpu.make_async_copy(cache_k.at[layer, row, :, slots, :], k_buffer.at[slot], semaphores.at[0, slot]),
-                pltpu.make_async_copy(cache_v.at[layer, row, :, slots, :], v_buffer.at[slot], semaphores.at[1, slot]))
+        if tables_ref is None:  # the row's own slots of a contiguous cache
+            slots = pl.ds(pl.multiple_of(block * block_size, block_size), block_size)
+            k_source, v_source = cache_k.at[layer, row, :, slots, :], cache_v.at[layer, row, :, slots, :]
+        else:  # the pool block its table names
+            index = tables_ref[row * max_blocks + block]
+            k_source, v_source = cache_k.at[layer, index], cache_v.at[layer, index]
+        return (pltpu.make_async_copy(k_source, k_buffer.at[slot], semaphores.at[0, slot]),
+                pltpu.make_async_copy(v_source, v_buffer.at[slot], semaphores.at[1, slot]))
 
     low, high, first, count = row_blocks(r)
     top_ref[...] = jnp.full(top_ref.shape, MASKED_SCORE, jnp.float32)
@@ -252,18 +272,25 @@ def full_cache_cost_estimate(rows: int, kv_heads: int, stacked: int, capacity: i
                            bytes_accessed=cache + queries + state + mask)
 
 
-def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask, *, scale, window,
-                  block_size, interpret):
-    """The kernel on one shard: arguments as `cache_attention_state`'s, every array already this shard's."""
+def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask, block_tables=None, *,
+                  scale, window, block_size, interpret):
+    """The kernel on one shard: arguments as `cache_attention_state`'s (`cache_index` and `query_slot` scalars or
+    one per cache row), or with `block_tables` [R, M] as `paged_attention_state`'s over a pool [L, N, kv, S, D]
+    (block_size S, capacity M x S); every array already this shard's."""
     batch, length, kv_heads, groups, head_dim = q.shape
-    _, rows, _, capacity, _ = cache_k.shape
+    if block_tables is None:
+        _, rows, _, capacity, _ = cache_k.shape
+        max_blocks = None
+    else:
+        rows, max_blocks = block_tables.shape
+        capacity = max_blocks * block_size
     queries = _stack_queries(q.astype(cache_k.dtype), rows)
     stacked = queries.shape[2]
 
     runs = 2 if rows % 2 == 0 else 1  # two TensorCores on megacore chips; elsewhere the runs follow each other
     per_run = rows // runs
 
-    def row(run, step, *_):
+    def row(run, step, *_):  # the scalar-prefetched refs follow the grid indices
         return run * per_run + step, 0, 0, 0
 
     squeezed = pl.Squeezed()
@@ -282,13 +309,16 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     state_shape = jax.ShapeDtypeStruct((rows, kv_heads, stacked, 1), jnp.float32)
     buffer = pltpu.VMEM((2, kv_heads, block_size, head_dim), cache_k.dtype)
     kernel = functools.partial(_kernel, scale=float(scale), block_size=block_size, capacity=capacity, length=length,
-                               window=window, has_key_mask=key_mask is not None)
-    scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
+                               window=window, has_key_mask=key_mask is not None, max_blocks=max_blocks)
+    per_row = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (rows,))  # noqa: E731
     start = jnp.zeros((rows,), jnp.int32) if valid_start is None else jnp.asarray(valid_start, jnp.int32)
+    prefetched = [jnp.asarray(layer, jnp.int32).reshape(1), per_row(cache_index), per_row(query_slot), start]
+    if block_tables is not None:  # flat: a 2-D array in SMEM pads its rows
+        prefetched.append(jnp.asarray(block_tables, jnp.int32).reshape(-1))
     top, total, out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4, grid=(runs, per_run), in_specs=in_specs, out_specs=[state_spec, state_spec, out_spec],
+            num_scalar_prefetch=len(prefetched), grid=(runs, per_run), in_specs=in_specs, out_specs=[state_spec, state_spec, out_spec],
             scratch_shapes=[buffer, buffer, pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((2,), jnp.int32)]),
         out_shape=[state_shape, state_shape, jax.ShapeDtypeStruct((rows, kv_heads, stacked, head_dim), jnp.float32)],
         # Within a run, sequential: a row's step waits on the copy the step before it started.
@@ -296,8 +326,8 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
         interpret=interpret,
         cost_estimate=full_cache_cost_estimate(rows, kv_heads, stacked, capacity, head_dim, cache_k.dtype.itemsize,
                                                key_mask is not None),
-        name="cache_attention_state",
-    )(scalar(layer), scalar(cache_index), scalar(query_slot), start, *operands)
+        name="cache_attention_state" if block_tables is None else "paged_attention_state",
+    )(*prefetched, *operands)
     return (_unstack_state(top[..., 0], batch, length, groups), _unstack_state(total[..., 0], batch, length, groups),
             _unstack_state(out, batch, length, groups))
 
@@ -385,25 +415,150 @@ def xla_cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: fl
     same).
     """
     _check_inputs(q, cache_k, cache_v, valid_start, key_mask, window, None)
-    batch, length, kv_heads, groups, head_dim = q.shape
-    _, rows, _, capacity, _ = cache_k.shape
-    query_slot = cache_index if query_slot is None else query_slot
     keys = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)  # [R, kv, C, D]
     values = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
-    queries = _stack_queries(q.astype(cache_k.dtype), rows)  # [R, kv, Q, D]
+    query_slot = cache_index if query_slot is None else query_slot
+    return _xla_state(q, keys, values, cache_index, query_slot, valid_start, key_mask, scale, window)
+
+
+def _xla_state(q, keys, values, ends, query_slots, starts, key_mask, scale, window):
+    """The reference state over one layer's rows `keys`, `values` [R, kv, C, D]: row r's slots [starts[r],
+    ends[r]) where `key_mask`, its new token t at slot `query_slots[r] + t` for the window (`ends`,
+    `query_slots`: scalars or [R]; `starts` [R] or None)."""
+    batch, length, _, groups, _ = q.shape
+    rows, _, capacity, _ = keys.shape
+    per_row = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (rows,))  # noqa: E731
+    queries = _stack_queries(q.astype(keys.dtype), rows)  # [R, kv, Q, D]
     scores = jnp.einsum("rkqd,rksd->rkqs", queries, keys, preferred_element_type=jnp.float32) * scale
     slots = jnp.arange(capacity)
-    start = jnp.zeros((rows,), jnp.int32) if valid_start is None else jnp.asarray(valid_start, jnp.int32)
-    allowed = (slots[None] >= start[:, None]) & (slots[None] < cache_index)  # [R, C]
+    start = per_row(0 if starts is None else starts)
+    allowed = (slots[None] >= start[:, None]) & (slots[None] < per_row(ends)[:, None])  # [R, C]
     if key_mask is not None:
         allowed &= key_mask.astype(bool)
     allowed = jnp.broadcast_to(allowed[:, None, None, :], scores.shape)
     if window is not None:
         new_token = jnp.arange(scores.shape[2]) % length
-        allowed &= (query_slot + new_token[:, None] - slots[None] < window)[None, None]
+        query = per_row(query_slots)[:, None, None] + new_token[None, :, None]  # [R, Q, 1]
+        allowed &= (query - slots[None, None] < window)[:, None]
     scores = jnp.where(allowed, scores, MASKED_SCORE)
     top = scores.max(axis=-1)
     weights = jnp.where(allowed, jnp.exp(scores - top[..., None]), 0.0)
     out = jnp.einsum("rkqs,rksd->rkqd", weights.astype(values.dtype), values, preferred_element_type=jnp.float32)
     return (_unstack_state(top, batch, length, groups), _unstack_state(weights.sum(axis=-1), batch, length, groups),
             _unstack_state(out, batch, length, groups))
+
+
+def _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window):
+    """One-line errors for a paged call's shapes, before anything is traced into a kernel."""
+    if q.ndim != 5:
+        raise ValueError(f"q must be [batch, new tokens, kv heads, groups, head_dim], got shape {q.shape}")
+    if pool_k.ndim != 5 or pool_k.shape != pool_v.shape or pool_k.dtype != pool_v.dtype:
+        raise ValueError("pool_k and pool_v must both be [layers, blocks, kv heads, block_size, head_dim] of one "
+                         f"dtype, got {pool_k.shape} {pool_k.dtype} and {pool_v.shape} {pool_v.dtype}")
+    if np.ndim(block_tables) != 2 or not jnp.issubdtype(jnp.result_type(block_tables), jnp.integer):
+        raise ValueError(f"block_tables must be int [cache rows, blocks per row], got shape {np.shape(block_tables)}")
+    batch, _, kv_heads, _, head_dim = q.shape
+    _, _, pool_heads, block_size, pool_head_dim = pool_k.shape
+    rows, max_blocks = np.shape(block_tables)
+    if (kv_heads, head_dim) != (pool_heads, pool_head_dim):
+        raise ValueError(f"q has {kv_heads} kv heads of size {head_dim} but the pool has {pool_heads} of size "
+                         f"{pool_head_dim}")
+    if batch % rows:
+        raise ValueError(f"the block tables' {rows} rows must divide q's {batch} rows (consecutive rows share one)")
+    for name, value in (("lengths", lengths), ("starts", starts), ("query_positions", query_positions)):
+        if value is not None and np.shape(value) != (rows,):
+            raise ValueError(f"{name} must be [cache rows] = ({rows},), got shape {np.shape(value)}")
+    if key_mask is not None and np.shape(key_mask) != (rows, max_blocks * block_size):
+        raise ValueError(f"key_mask must be [cache rows, blocks per row x block_size] = {(rows, max_blocks * block_size)}, "
+                         f"got shape {np.shape(key_mask)}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be a positive number of positions or None, got {window}")
+
+
+def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale: float, *, starts=None,
+                          key_mask=None, window: int | None = None, query_positions=None, mesh=None,
+                          interpret=False):
+    """Online-softmax state of the queries over each row's live positions in a paged KV pool, read in place by the
+    decode kernel (`cache_attention_state`'s, copying each live block from the pool block its table names).
+
+    The pool holds every layer's keys and values in blocks of S positions, [L, N, kv, S, D] (the rollout engine's
+    `PagedKVCache`); cache row r's positions [j S, (j + 1) S) live in pool block `block_tables[r, j]`. Query t of
+    row b reads position p of cache row r = b // (B // R) iff `starts[r] <= p < lengths[r]`, `key_mask[r, p]`,
+    and `query_positions[r] + t - p < window`: the same state as `cache_attention_state` over a contiguous cache
+    holding each row's positions at their slots, with one live end per row. Only the blocks meeting a row's live
+    positions are copied (and read from its table); the entries after them may name any block.
+
+    Args:
+      q: [B, T, kv, G, D] the new tokens' queries (RoPE applied).
+      pool_k, pool_v: the pool [L, N, kv, S, D], read in place: only layer `layer`'s blocks that rows name.
+      block_tables: int32 [R, M], R dividing B: each cache row's blocks (on a mesh, ids local to the row's shard).
+      layer: int32 scalar, may be traced.
+      lengths: int32 [R]: row r holds positions [0, lengths[r]) (its live end).
+      scale: the score scale.
+      starts: int32 [R] or None: each row's first position to read (a shared prefix's length: read elsewhere).
+      key_mask: bool [R, M x S] or None: further positions to drop.
+      window: a sliding window in positions, static, or None.
+      query_positions: int32 [R], the position of each row's new token 0 (default `lengths`); rows sharing a
+        cache row share it.
+      mesh: a mesh to split rows and their pool blocks over (axes "data" and "fsdp", those present; a row's blocks
+        on its own shard) and kv heads over ("model", where it divides them); None runs it whole.
+      interpret: run the kernel in Pallas' interpreter, for CPU tests.
+
+    Returns:
+      (top, total) float32 [B, kv, G, T] and out float32 [B, kv, G, T, D].
+    """
+    _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
+    rows = np.shape(block_tables)[0]
+    lengths = jnp.asarray(lengths, jnp.int32)
+    query_positions = lengths if query_positions is None else jnp.asarray(query_positions, jnp.int32)
+    starts = jnp.zeros((rows,), jnp.int32) if starts is None else jnp.asarray(starts, jnp.int32)
+    kernel = functools.partial(_paged_shard, scale=scale, window=window, block_size=pool_k.shape[3],
+                               interpret=interpret)
+    operands = [q, pool_k, pool_v, jnp.asarray(block_tables, jnp.int32), jnp.asarray(layer, jnp.int32), lengths,
+                query_positions, starts]
+    if mesh is None or mesh.size == 1:
+        return kernel(*operands, key_mask)
+    row_axes = batch_axes(mesh) or None
+    shards = batch_shards(mesh)
+    if rows % shards:
+        raise ValueError(f"the block tables' {rows} rows do not split over the mesh's {shards} row shards "
+                         f"({row_axes}); pass rows they divide, or mesh=None")
+    head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
+    rows_spec = PartitionSpec(row_axes)
+    state_spec = PartitionSpec(row_axes, head_axis)
+    specs = (PartitionSpec(row_axes, None, head_axis), PartitionSpec(None, row_axes, head_axis),
+             PartitionSpec(None, row_axes, head_axis), rows_spec, PartitionSpec(), rows_spec, rows_spec, rows_spec)
+    if key_mask is not None:
+        specs += (rows_spec,)
+        operands.append(key_mask)
+
+    def shard(*args):
+        return kernel(*args) if key_mask is not None else kernel(*args, None)
+
+    return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(state_spec, state_spec, state_spec),
+                         check_vma=False)(*operands)
+
+
+def _paged_shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale, window,
+                 block_size, interpret):
+    return _pallas_state(q, pool_k, pool_v, layer, lengths, query_positions, starts, key_mask, block_tables,
+                         scale=scale, window=window, block_size=block_size, interpret=interpret)
+
+
+def gather_rows(pool, block_tables, layer):
+    """Layer `layer` of each row's blocks as a contiguous cache [R, kv, M x S, D]: row r's position p at slot p."""
+    blocks = jax.lax.dynamic_index_in_dim(pool, layer, keepdims=False)[block_tables]  # [R, M, kv, S, D]
+    rows, max_blocks, kv_heads, block_size, head_dim = blocks.shape
+    return jnp.swapaxes(blocks, 1, 2).reshape(rows, kv_heads, max_blocks * block_size, head_dim)
+
+
+def xla_paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale: float, *, starts=None,
+                              key_mask=None, window: int | None = None, query_positions=None):
+    """`paged_attention_state` in plain `jax.numpy`: each row's blocks gathered into a contiguous row
+    (`gather_rows`), then `xla_cache_attention_state`'s math with one live end per row. The oracle."""
+    _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
+    block_tables = jnp.asarray(block_tables, jnp.int32)
+    keys, values = gather_rows(pool_k, block_tables, layer), gather_rows(pool_v, block_tables, layer)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    return _xla_state(q, keys, values, lengths, lengths if query_positions is None else query_positions, starts,
+                      key_mask, scale, window)
