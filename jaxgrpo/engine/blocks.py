@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-NULL_BLOCK = 0
+from jaxgrpo.models import paged_cache
+
+NULL_BLOCK = paged_cache.NULL_BLOCK
 
 
 def blocks_for(length: int, block_size: int) -> int:

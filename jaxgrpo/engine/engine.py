@@ -61,6 +61,7 @@ from jaxgrpo.engine.programs import (
     decode_program,
     forward_program,
     pool_spec,
+    reads_pages_in_place,
 )
 from jaxgrpo.engine.sequences import Completion, LiveSequence, Request, plan_prefix_rows, prefix_key, token_list
 from jaxgrpo.errors import ConfigError
@@ -125,6 +126,9 @@ class Engine:
         self.refill = max(1, self.num_slots // 8) if refill is None else int(refill)
         self._graphdef, self._state = nnx.split(model)
         self.config = model.config
+        # Decode chunks read the blocks in place where the backend can (`programs.reads_pages_in_place`), else
+        # through dense views of each chunk's width.
+        self.reads_pages_in_place = reads_pages_in_place(model, mesh)
         init = functools.partial(paged.init_paged_cache, model.config, int(num_blocks), self.block_size, model.dtype)
         self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, pool_spec(mesh)))()
         self.key = jax.random.key(0) if key is None else key
@@ -504,6 +508,8 @@ class Engine:
         running, prefixes, prefix_width = self._chunk_rows(running)
         starts = np.zeros(len(running), np.int32) if prefixes is None else prefixes.starts
         width = bucket_length(max(s.length - start for s, start in zip(running, starts) if s is not None))
+        if self.reads_pages_in_place:  # no dense view: one program whatever the lengths
+            width = prefix_width = 0
         rows = self.num_slots
         lengths, pending, remaining = (np.zeros(rows, np.int32) for _ in range(3))
         stop = np.full((rows, STOP_SLOTS), -1, np.int32)

@@ -22,8 +22,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo.engine.blocks import NULL_BLOCK
 from jaxgrpo.models.decoder import KVCache
+from jaxgrpo.models.paged_cache import locate, write_rows
 
 
 class PagedKVCache(NamedTuple):
@@ -47,13 +47,6 @@ def init_paged_cache(config, num_blocks: int, block_size: int, dtype) -> PagedKV
     return PagedKVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
-def _locate(tables: jax.Array, positions: jax.Array, valid: jax.Array, block_size: int) -> tuple[jax.Array, jax.Array]:
-    """(block id, offset) [R, N] of `positions` [R, N] in rows with block `tables` [R, M]; the null block where not valid."""
-    index = jnp.clip(positions // block_size, 0, tables.shape[1] - 1)
-    blocks = jnp.where(valid, jnp.take_along_axis(tables, index, axis=1), NULL_BLOCK)
-    return blocks, jnp.where(valid, positions % block_size, 0)
-
-
 def dense_view(cache: PagedKVCache, tables: jax.Array, lengths: jax.Array, width: int, new: int,
                starts: jax.Array | None = None) -> tuple[KVCache, jax.Array]:
     """Each row's cached positions as a dense, right-aligned `KVCache`, with `new` empty columns after them.
@@ -73,7 +66,7 @@ def dense_view(cache: PagedKVCache, tables: jax.Array, lengths: jax.Array, width
     """
     positions = jnp.arange(width)[None] - width + lengths[:, None]
     cached = positions >= (0 if starts is None else starts[:, None])
-    blocks, offsets = _locate(tables, positions, cached, cache.block_size)
+    blocks, offsets = locate(tables, positions, cached, cache.block_size)
 
     def gather(pool):  # [L, N, kv, S, D] -> [L, R, kv, width + new, D]
         rows = jnp.transpose(pool[:, blocks, :, offsets, :], (2, 0, 3, 1, 4))
@@ -89,12 +82,8 @@ def write(cache: PagedKVCache, tables: jax.Array, start: jax.Array, keys: jax.Ar
     keys, values [L, R, kv, T, D]; start, counts int32 [R]. The rest (padding) goes to the null block.
     """
     steps = jnp.arange(keys.shape[3])[None]
-    blocks, offsets = _locate(tables, start[:, None] + steps, steps < counts[:, None], cache.block_size)
-
-    def scatter(pool, new):  # new [L, R, kv, T, D] -> the pool's [R, T, L, kv, D] slots
-        return pool.at[:, blocks, :, offsets, :].set(jnp.transpose(new, (1, 3, 0, 2, 4)).astype(pool.dtype))
-
-    return PagedKVCache(scatter(cache.k, keys), scatter(cache.v, values))
+    return PagedKVCache(*write_rows(cache.k, cache.v, tables, start[:, None] + steps, steps < counts[:, None], keys,
+                                    values))
 
 
 def copy_blocks(cache: PagedKVCache, sources: jax.Array, destinations: jax.Array) -> PagedKVCache:

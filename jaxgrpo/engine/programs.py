@@ -3,8 +3,9 @@
 `Engine` (`jaxgrpo.engine.engine`) schedules; these run on the device, each jitted with the pool donated:
 `forward_program` (prefill or extend: new tokens after each row's cached positions, then one draw per sample
 row), `decode_program` (a chunk of decode steps over every slot, a `lax.while_loop`), `copy_program` (copy-on-write
-of blocks). On a mesh the slots and the pool's blocks split over its batch axes (`distributed.batch_axes`: `data` and
-`fsdp`, as the decoder's activations split their rows), and the paged reads and writes run per row shard (`jax.shard_map`).
+of blocks). On a mesh the slots and the pool's blocks split over its batch axes (`distributed.batch_axes`: `data`
+and `fsdp`, as the decoder's activations split their rows), and the paged reads and writes run per row shard
+(`jax.shard_map`).
 `trace_programs` traces them at abstract shapes for `jaxgrpo.tools.compile`.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 from typing import Any, NamedTuple
 
@@ -25,6 +27,7 @@ from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.engine.paged import PagedKVCache
 from jaxgrpo.models import backend as backends
+from jaxgrpo.models.paged_cache import PagedRows
 from jaxgrpo.sampler.distribution import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -117,8 +120,9 @@ def engine_forward(graphdef, state, cache, tables, lengths, tokens, counts, samp
 
 class _DecodeCarry(NamedTuple):
     step: jax.Array
-    view: Any  # the chunk's dense KVCache [L, S, kv, width + steps, D], as the memory forms carry it
-    kv_mask: jax.Array  # bool [S, width + steps]
+    memory: Any  # the chunk's dense KVCache [L, S, kv, width + steps, D] as the memory forms carry it, or the pool
+    # (a PagedKVCache) where the blocks are read in place
+    kv_mask: jax.Array | None  # bool [S, width + steps] (None: read in place)
     lengths: jax.Array  # int32 [S]
     pending: jax.Array  # int32 [S], each row's next input
     running: jax.Array  # bool [S]
@@ -127,6 +131,32 @@ class _DecodeCarry(NamedTuple):
     tokens: jax.Array  # int32 [S, K]
     logprobs: jax.Array  # float32 [S, K]
     policy_logprobs: jax.Array  # float32 [S, K]
+
+
+def _keep_going(c, *, steps, exit_after):
+    """Whether a decode chunk takes another step: steps left, a row running, fewer than `exit_after` finished."""
+    return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
+
+
+def _drawn(c, logits, base_keys, origins, samplings, choice, stop_tokens) -> dict:
+    """A decode step's draw from `logits` [S, V] for the running rows of carry `c`: the carry's fields after it
+    (the step counted, lengths, next inputs, which rows still run, the budgets, the finished count, and the token,
+    log-prob and policy log-prob recorded at column `c.step`)."""
+    live = c.running.astype(jnp.int32)
+    lengths = c.lengths + live
+    tokens, logprobs, policy_logprobs = _draw(base_keys, lengths - origins, logits, samplings, choice)
+    stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
+    remaining = c.remaining - live
+    ended = c.running & (stopped | (remaining <= 0))
+
+    def put(buffer, values):
+        return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, values, 0).astype(buffer.dtype)[:, None],
+                                            (0, c.step))
+
+    return dict(step=c.step + 1, lengths=lengths, pending=jnp.where(c.running, tokens, c.pending),
+                running=c.running & ~ended, remaining=remaining, finished=c.finished + ended.sum(dtype=jnp.int32),
+                tokens=put(c.tokens, tokens), logprobs=put(c.logprobs, logprobs),
+                policy_logprobs=put(c.policy_logprobs, policy_logprobs))
 
 
 class SharedPrefixes(NamedTuple):
@@ -155,53 +185,77 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
     their dense views hold only the positions after it.
     """
     _COMPILATIONS["decode"] += 1
+    model = nnx.merge(graphdef, state)
+    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
+    packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
+    if reads_pages_in_place(model, mesh):
+        logger.info("compiling engine decode: %d slots reading their blocks in place, %d steps a chunk%s",
+                    lengths.shape[0], steps,
+                    "" if prefixes is None else f", {prefixes.lengths.shape[0]} shared prefixes")
+        return _paged_decode(model, packed_weights, cache, tables, lengths, pending, running, remaining, stop_tokens,
+                             base_keys, origins, choice, exit_after, prefixes, steps=steps, samplings=samplings,
+                             mesh=mesh)
     logger.info("compiling engine decode: %d slots, %d cached columns, %d steps a chunk%s", lengths.shape[0], width,
                 steps, "" if prefixes is None else f", {prefixes.lengths.shape[0]} shared prefixes of {prefix_width}")
-    model = nnx.merge(graphdef, state)
     slots = lengths.shape[0]
-    base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     forms = backends.memory_for_program()
-    packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
     prefix = prefix_mask = None
     if prefixes is not None:
         prefix, prefix_mask = _read(cache, prefixes.tables, prefixes.lengths, width=prefix_width, new=0, mesh=mesh)
     view, cached = _read(cache, tables, lengths, None if prefixes is None else prefixes.starts, width=width,
                          new=steps, mesh=mesh)
 
-    def keep_going(c: _DecodeCarry):
-        return (c.step < steps) & jnp.any(c.running) & (c.finished < exit_after)
-
     def one_step(c: _DecodeCarry) -> _DecodeCarry:
         column = width + c.step
         kv_mask = jax.lax.dynamic_update_slice(c.kv_mask, c.running[:, None], (0, column))
         hidden, view = model.decode_step(c.pending[:, None], c.lengths[:, None],
-                                         cache=forms.from_carry(c.view, model.dtype), cache_index=column,
+                                         cache=forms.from_carry(c.memory, model.dtype), cache_index=column,
                                          kv_mask=kv_mask, prefix=prefix, prefix_mask=prefix_mask,
                                          packed_weights=packed_weights)
-        live = c.running.astype(jnp.int32)
-        lengths = c.lengths + live
         logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
-        tokens, logprobs, policy_logprobs = _draw(base_keys, lengths - origins, logits, samplings, choice)
-        stopped = c.running & jnp.any(tokens[:, None] == stop_tokens, axis=1)
-        remaining = c.remaining - live
-        ended = c.running & (stopped | (remaining <= 0))
-
-        def put(buffer, values):
-            return jax.lax.dynamic_update_slice(buffer, jnp.where(c.running, values, 0).astype(buffer.dtype)[:, None],
-                                                (0, c.step))
-
-        return _DecodeCarry(c.step + 1, forms.to_carry(view), kv_mask, lengths, jnp.where(c.running, tokens, c.pending),
-                            c.running & ~ended, remaining, c.finished + ended.sum(dtype=jnp.int32), put(c.tokens, tokens),
-                            put(c.logprobs, logprobs), put(c.policy_logprobs, policy_logprobs))
+        return c._replace(memory=forms.to_carry(view), kv_mask=kv_mask,
+                          **_drawn(c, logits, base_keys, origins, samplings, choice, stop_tokens))
 
     zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731
     carry = _DecodeCarry(jnp.int32(0), forms.to_carry(view), jnp.concatenate([cached, zeros(bool)], axis=1), lengths,
                          pending, running, remaining, jnp.int32(0), zeros(jnp.int32), zeros(jnp.float32),
                          zeros(jnp.float32))
-    final = jax.lax.while_loop(keep_going, one_step, carry)
-    cache = _write(cache, tables, lengths, forms.from_carry(final.view, model.dtype), width, final.lengths - lengths,
+    final = jax.lax.while_loop(functools.partial(_keep_going, steps=steps, exit_after=exit_after), one_step, carry)
+    cache = _write(cache, tables, lengths, forms.from_carry(final.memory, model.dtype), width, final.lengths - lengths,
                    mesh=mesh)
-    return cache, final
+    return cache, final._replace(memory=None, kv_mask=None)  # the view is written back: not an output
+
+
+def reads_pages_in_place(model, mesh) -> bool:
+    """Whether the engine's decode reads the pool's blocks in place on this backend (`Backend.reads_pages_in_place`:
+    the attention implementation has a paged kernel, `pallas_tpu`), rather than through dense views gathered once a
+    chunk (the reference form, which the other backends' cache readers run fastest)."""
+    return model.backend(mesh).reads_pages_in_place
+
+
+def _paged_decode(model, packed_weights, cache, tables, lengths, pending, running, remaining, stop_tokens, base_keys,
+                  origins, choice, exit_after, prefixes, *, steps, samplings, mesh):
+    """`engine_decode` reading the rows' blocks in place (`Decoder.paged_decode_step`): no dense view; each step
+    writes its running rows' keys and values to their blocks (the others' to the null block) and reads each row's
+    positions, and its shared prefix's, through the block tables. Returns what `engine_decode` does."""
+    slots = lengths.shape[0]
+    starts = jnp.zeros_like(lengths) if prefixes is None else prefixes.starts
+
+    def one_step(c: _DecodeCarry) -> _DecodeCarry:
+        rows = PagedRows(c.memory.k, c.memory.v, tables, starts, c.lengths)
+        prefix = None if prefixes is None else PagedRows(c.memory.k, c.memory.v, prefixes.tables,
+                                                         jnp.zeros_like(prefixes.lengths), prefixes.lengths)
+        hidden, pool = model.paged_decode_step(c.pending[:, None], cache=rows, prefix=prefix, running=c.running,
+                                               mesh=mesh, packed_weights=packed_weights)
+        logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
+        return c._replace(memory=PagedKVCache(*pool),
+                          **_drawn(c, logits, base_keys, origins, samplings, choice, stop_tokens))
+
+    zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731
+    carry = _DecodeCarry(jnp.int32(0), cache, None, lengths, pending, running, remaining, jnp.int32(0),
+                         zeros(jnp.int32), zeros(jnp.float32), zeros(jnp.float32))
+    final = jax.lax.while_loop(functools.partial(_keep_going, steps=steps, exit_after=exit_after), one_step, carry)
+    return final.memory, final._replace(memory=None)  # the pool once: not a second output to copy
 
 
 def engine_copy(cache, sources, destinations, *, mesh):

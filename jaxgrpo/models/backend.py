@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from jaxgrpo.models import attention as attention_implementations
 from jaxgrpo.models import cpu_forms, cpu_kernels, memory_forms
+from jaxgrpo.models.attention import pallas_decode
 from jaxgrpo.models.partitioning import active_mesh
 
 
@@ -37,6 +38,27 @@ class Backend(NamedTuple):
             return None
         return self.attention.cache_state(q, cache_k, cache_v, layer, live, key_mask, sliding, window=window,
                                           scale=scale, query_slot=query_slot, mesh=mesh)
+
+    @property
+    def reads_pages_in_place(self) -> bool:
+        """Whether the attention implementation reads a paged pool's blocks in place (`paged_state`), so a paged
+        decode step costs the live blocks; without it the decoder's paged read gathers every row's blocks."""
+        return self.attention.paged_state is not None
+
+    def paged_state(self, q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, window, scale,
+                    query_positions, mesh):
+        """The online-softmax state of a paged decode step's queries over the rows' cached positions: the attention
+        implementation's in-place reader (`paged_state`) where it has one, else the XLA reference
+        (`pallas_decode.xla_paged_attention_state`, under `lax.cond` for a traced `sliding`)."""
+        if self.attention.paged_state is not None:
+            return self.attention.paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding,
+                                              window=window, scale=scale, query_positions=query_positions, mesh=mesh)
+        def run(window):
+            return pallas_decode.xla_paged_attention_state(q, pool_k, pool_v, tables, layer, lengths, scale,
+                                                           starts=starts, window=window,
+                                                           query_positions=query_positions, mesh=mesh)
+
+        return attention_implementations.with_window(run, sliding, window)
 
 
 _FORCE_CPU_FORMS = [False]

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxgrpo.models.attention.xla import MASKED_SCORE as _MASKED_SCORE
 from jaxgrpo.models.backend import Backend
+from jaxgrpo.models.paged_cache import PagedRows
 from jaxgrpo.models.partitioning import constrain_activation
 
 
@@ -240,3 +241,45 @@ def _run_time_cache_blocks(state, q, q_rows, cache_mask, call: CachedCall, layer
         return one_chunk(0, state)
     num_chunks = (call.cache_index + chunk - 1) // chunk
     return jax.lax.fori_loop(0, num_chunks, one_chunk, state)
+
+
+class PagedCall(NamedTuple):
+    """What every layer of a paged decode step reads besides its own queries, keys and values
+    (`Decoder.paged_decode_step`).
+
+    rows: the rows' `PagedRows` (the pool, read-only in the layers; tables; positions [starts, lengths) read);
+    prefix: a shared prefix's `PagedRows` (R / share rows: row b reads prefix row b // share) or None; new_masks:
+    (full, sliding) bool [B, T, T], which new tokens each new token sees; backend, window, scale, mesh: as
+    `CachedCall`'s; pool_mesh: the mesh the pool's blocks and the rows split over (block ids local to each of its
+    row shards), or None.
+    """
+
+    rows: PagedRows
+    prefix: PagedRows | None
+    new_masks: tuple[jax.Array, jax.Array]
+    backend: Backend
+    window: int | None
+    scale: float
+    mesh: jax.sharding.Mesh | None
+    pool_mesh: jax.sharding.Mesh | None
+
+
+def attend_paged(q, k, v, call: PagedCall, layer, sliding):
+    """Attention output [B, T, kv, G, D] of a paged decode step's layer `layer` over the rows' cached positions
+    (and their shared prefix) in the pool and the T new tokens, as `attend_cached` over a dense cache: each block
+    of keys an online-softmax state, the pool's read by the backend's paged reader (`Backend.paged_state`: in
+    place where the attention implementation has a kernel for it). New token t of row r sits at position
+    `lengths[r] + t`."""
+    dtype = q.dtype
+    new_mask = jnp.where(sliding, call.new_masks[1], call.new_masks[0])
+    new_scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * call.scale
+    new_scores = constrain_activation(new_scores, ("batch", "kv_heads", None, None, None), call.mesh)
+    new_scores = jnp.where(new_mask[:, None, None], new_scores, _MASKED_SCORE)
+    state = _softmax_block(new_scores, functools.partial(_new_values, v=v, dtype=dtype))
+    for rows in (call.rows, call.prefix):
+        if rows is not None:  # the prefix's queries sit after it: only a window would read their positions
+            block = call.backend.paged_state(q, rows.k, rows.v, rows.tables, layer, rows.lengths, rows.starts, sliding,
+                                             window=call.window, scale=call.scale, query_positions=None,
+                                             mesh=call.pool_mesh)
+            state = _merge_blocks(state, block)
+    return _finish(state, dtype)

@@ -81,7 +81,7 @@ from jaxgrpo.models import backend as backends
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.attention.xla import build_attention_mask, build_branch_mask
 from jaxgrpo.models.backend import Backend
-from jaxgrpo.models.cached_attention import CachedCall, attend_cached
+from jaxgrpo.models.cached_attention import CachedCall, PagedCall, attend_cached, attend_paged
 from jaxgrpo.models.config import PROJECTIONS, DecoderConfig
 from jaxgrpo.models.layers import (
     MLP,
@@ -94,6 +94,7 @@ from jaxgrpo.models.layers import (
     rope_tables,
 )
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
+from jaxgrpo.models.paged_cache import PagedRows, write_new_tokens
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
 if TYPE_CHECKING:
@@ -353,13 +354,59 @@ class Decoder(nnx.Module):
         return self._layers(tokens, positions, attention, mesh, backend, cache=cache, cache_index=cache_index,
                             packed_weights=packed_weights)
 
+    def paged_decode_step(self, tokens: jax.Array, *, cache: PagedRows, prefix: PagedRows | None = None,
+                          running: jax.Array | None = None, mesh: jax.sharding.Mesh | None = None,
+                          packed_weights: PackedWeights | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """(final-normalized hidden states [B, T, E], the pool (k, v) with the new keys and values written) of T
+        tokens [B, T] after each row's cached positions in a paged pool (`jaxgrpo.models.paged_cache`): row r's
+        tokens at positions `cache.lengths[r] + t`, reading its positions [cache.starts[r], cache.lengths[r])
+        through its block table and, with `prefix`, its shared prefix's (row r reads prefix row r // (B / P_rows)),
+        each read in place where the backend has a paged reader (`Backend.paged_state`). Rows where `running`
+        (bool [B]; default all) is False write their keys to the null block and see none of their new tokens.
+        `mesh`: the mesh the pool's blocks and the rows split over (its data and fsdp axes; each row's table holds
+        block ids local to its shard, as the rollout engine lays them out); None: the one the weights are on.
+
+        The same math as `decode_step` over a dense cache holding each row's positions (the rollout engine's
+        decode on a backend that reads pages in place)."""
+        self._check_tokens(tokens)
+        batch, length = tokens.shape
+        if cache.tables.shape[0] != batch:
+            raise ValueError(f"the paged cache has {cache.tables.shape[0]} rows for {batch} rows of tokens")
+        window = self.config.sliding_window
+        if prefix is not None and (window or batch % prefix.tables.shape[0]):
+            raise ValueError(f"a shared prefix of {prefix.tables.shape[0]} rows for {batch} rows of tokens"
+                             + (f" with a sliding window ({window}): rows sharing a prefix row sit at different "
+                                "distances from it; give each row its whole table, no prefix" if window else
+                                ": its rows must divide them"))
+        positions = cache.lengths[:, None] + jnp.arange(length)[None]
+        pool_mesh = mesh
+        mesh = active_mesh(self.embed[...])
+        pool_mesh = mesh if pool_mesh is None else pool_mesh
+        backend = self.backend(mesh)
+        rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
+        valid = jnp.ones((batch, length), bool) if running is None else jnp.broadcast_to(running[:, None],
+                                                                                      (batch, length))
+        new_masks = tuple(rows(build_attention_mask(jnp.arange(length), valid, w)) for w in (None, window))
+        call = PagedCall(cache, prefix, new_masks, backend, window, self.config.attention_scale, mesh, pool_mesh)
+
+        def attention(sliding, layer):
+            return functools.partial(attend_paged, call=call, layer=layer, sliding=sliding)
+
+        def write(new_kv):  # [L, B, T, kv, D] -> the pool's heads-major blocks
+            keys, values = (jnp.swapaxes(x, 2, 3) for x in new_kv)
+            return write_new_tokens(cache, keys, values, valid, pool_mesh)
+
+        return self._layers(tokens, positions, attention, mesh, backend, packed_weights=packed_weights,
+                            write_kv=write)
+
     def _layers(self, tokens, positions, attention, mesh, backend, *, cache=None, cache_index=None,
-                packed_weights=None):
+                packed_weights=None, write_kv=None):
         """Embedding, the layer scan and the final norm: (hidden [B, T, E], the updated cache or None).
 
         `attention(sliding, layer)` gives a layer's `attend(q, k, v)` (`Attention.__call__`'s) from whether that
         layer slides and its index (traced); with `cache`, the layers' new keys and values are written at
-        `cache_index`."""
+        `cache_index`; with `write_kv`, they ([L, B, T, kv, D] each) are handed to it and what it returns is the
+        updated cache."""
         c = self.config
         rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
         cos_full, sin_full = rope_tables(positions, rope_inverse_frequencies(c.rope, c.head_dim))
@@ -382,7 +429,7 @@ class Decoder(nnx.Module):
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             x, new_kv = block(x, cos, sin, attention(sliding, index), forms, mesh)
-            return x, (None if cache is None else new_kv)
+            return x, (None if cache is None and write_kv is None else new_kv)
 
         if self.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
@@ -399,6 +446,9 @@ class Decoder(nnx.Module):
             with jax.named_scope("kv_cache_write"):
                 cache = KVCache(forms.write_slots(cache.k, heads_major(new_kv[0], cache.k), start),
                                 forms.write_slots(cache.v, heads_major(new_kv[1], cache.v), start))
+        elif write_kv is not None:
+            with jax.named_scope("kv_cache_write"):
+                cache = write_kv(new_kv)
         return rows(self.final_norm(stream(x))), cache
 
     def __call__(self, tokens, positions=None, *, attention_mask=None, segment_ids=None, cache=None, cache_index=None,

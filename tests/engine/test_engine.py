@@ -12,8 +12,11 @@ from flax import nnx
 
 from jaxgrpo import sampler
 from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request, generate_groups
+from jaxgrpo.engine import engine as engine_module
+from jaxgrpo.engine import programs as engine_programs
 from jaxgrpo.engine.sequences import plan_prefix_rows
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.models import Decoder
 from jaxgrpo.sampler import SamplingParams
 from tests.sampler.test_sampler_generate import NEW_TOKENS, PROMPTS, random_model
 
@@ -347,3 +350,57 @@ def test_block_allocator_counts_references_and_refuses_what_it_lacks():
     assert allocator.num_free == 4
     with pytest.raises(ValueError, match="released more often than it was held"):
         allocator.release(first[:1])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_backend_with_a_paged_kernel_decodes_reading_the_blocks_in_place(family, monkeypatch):
+    """With attention="pallas_tpu" (its Pallas kernel interpreted on this CPU) the decode chunks read the pool's
+    blocks in place (`Decoder.paged_decode_step`: no dense view, each step's keys written to their blocks): the
+    greedy tokens of `generate`, and the sampled tokens, log-probs and a tool turn's `extend` of the dense views
+    (the default here), shared prefixes (llama) and on a 4 x 2 data x fsdp mesh included."""
+    traced = []
+    paged_step = Decoder.paged_decode_step
+    monkeypatch.setattr(Decoder, "paged_decode_step",
+                        lambda self, *a, **k: traced.append(1) or paged_step(self, *a, **k))
+
+    def engine(attention, **kwargs):
+        model = random_model(family)
+        model.attention = attention
+        kwargs.setdefault("num_slots", 4)
+        return Engine(model, max_context=kwargs.pop("max_context", 64), block_size=4, key=jax.random.key(0), **kwargs)
+
+    assert engine("pallas_tpu").reads_pages_in_place and not engine("auto").reads_pages_in_place
+    expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    np.testing.assert_array_equal(_padded(engine("pallas_tpu").generate(_requests(PROMPTS))),
+                                  np.asarray(expected.completion_tokens))
+    assert traced
+    requests = _requests(PROMPTS, samples=3, sampling=TRUNCATED) + _long_tailed_requests(10)
+    mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:8])
+    for slots, on in ((8, None), (16, mesh)):  # the same slots both ways: a draw may move with the batch's shape
+        paged = engine("pallas_tpu", num_slots=slots, max_context=32, mesh=on)
+        dense = engine("auto", num_slots=slots, max_context=32)
+        for a, b in zip(paged.generate(requests), dense.generate(requests)):
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    for e in (paged, dense):
+        e.prefill([Request(id=1, prompt=PROMPTS[0], max_new_tokens=3, sampling=SAMPLED)])
+        e.decode()
+        e.extend(1, [40, 41, 42], max_new_tokens=4)
+        e.decode()
+    a, b = paged.release(1), dense.release(1)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
+    assert paged.blocks_in_use == dense.blocks_in_use == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_the_paged_decode_reads_through_xla_where_the_attention_has_no_paged_kernel(family, monkeypatch):
+    """`Decoder.paged_decode_step` on a backend without a paged reader (the XLA attention here, made to take the
+    in-place path) reads each row's blocks with `xla_paged_attention_state`: the same greedy tokens."""
+    for module in (engine_programs, engine_module):
+        monkeypatch.setattr(module, "reads_pages_in_place", lambda model, mesh: True)
+    expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    engine = _engine(family)
+    assert engine.reads_pages_in_place and not engine_programs.backends.for_program("xla", None).reads_pages_in_place
+    np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), np.asarray(expected.completion_tokens))

@@ -93,6 +93,11 @@ class AttentionImplementation(NamedTuple):
     `query_slot + t` (a layer that slides, `sliding` a bool or a traced flag, sees the last `window` slots),
     as `pallas_decode.cache_attention_state` defines it; None where it does not serve this call (the decoder's
     XLA math then reads that cache). `pallas_tpu`: its Pallas decode kernel; `cpu`: its C++ kernel where built.
+    paged_state: None, or a reader of a paged pool's rows in place, `(q, pool_k, pool_v, tables, layer, lengths,
+    starts, sliding, *, window, scale, query_positions, mesh) -> (top, total, out)`, as
+    `pallas_decode.paged_attention_state` defines it (`pallas_tpu`: that kernel). Where it is None the decoder
+    reads a paged pool with `pallas_decode.xla_paged_attention_state` (a gather of every row's blocks: the
+    reference, which the rollout engine leaves for its dense views).
     """
 
     name: str
@@ -100,6 +105,7 @@ class AttentionImplementation(NamedTuple):
     prepare: Callable[..., Any]
     attend: Callable[..., jax.Array]
     cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array] | None] | None = None
+    paged_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
 
 
 def get(name: str) -> AttentionImplementation:
@@ -146,3 +152,13 @@ def target_platform(mesh) -> str:
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh.devices.flat[0].platform
     return jax.default_backend()
+
+
+def with_window(run: Callable[[int | None], Any], sliding, window: int | None):
+    """`run(window)` for a layer that slides, `run(None)` for one that does not (`sliding`: a bool, or the layer
+    scan's traced flag: both are traced and one runs, `lax.cond`); `run(None)` where the model has no window."""
+    if not window:
+        return run(None)
+    if isinstance(sliding, bool):
+        return run(window if sliding else None)
+    return jax.lax.cond(sliding, lambda: run(window), lambda: run(None))

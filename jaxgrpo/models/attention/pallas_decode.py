@@ -146,23 +146,22 @@ def _fold_head(h, q_ref, keys, values, allowed, scale, top_ref, total_ref, out_r
                                                 preferred_element_type=jnp.float32)
 
 
+def _named_refs(refs, has_tables, has_key_mask):
+    """The kernel's refs after the scalar-prefetched ones as (tables or None, queries, key mask or None, *rest)."""
+    tables_ref, *refs = refs if has_tables else (None, *refs)
+    q_ref, *refs = refs
+    mask_ref, *refs = refs if has_key_mask else (None, *refs)
+    return (tables_ref, q_ref, mask_ref, *refs)
+
+
 def _kernel(layer_ref, ends_ref, query_slots_ref, start_ref, *refs, scale, block_size, capacity, length, window,
             has_key_mask, max_blocks):
-    """Grid step r: fold cache row r's live blocks into the state of its stacked queries [kv, Q, D],
-    Q = share x G x T with the new-token index t fastest. Steps run in order (the next row's first block
-    is copied during this one's last). Row r's live slots end at `ends_ref[r]` and its new token 0 sits at
-    `query_slots_ref[r]`. With `max_blocks` (a paged pool), a block-table ref (flat [R * max_blocks]) comes
-    before the queries: row r's block j is pool block `tables[r * max_blocks + j]`."""
-    if max_blocks is None:
-        tables_ref = None
-        q_ref, *refs = refs
-    else:
-        tables_ref, q_ref, *refs = refs
-    if has_key_mask:
-        mask_ref, cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
-    else:
-        mask_ref = None
-        cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
+    """Grid step r: fold cache row r's live blocks (its slots end at `ends_ref[r]`, new token 0 at
+    `query_slots_ref[r]`) into its stacked queries' state [kv, Q, D], Q = share x G x T, t fastest; in order
+    (the next row's first block is copied during this one's last). With `max_blocks` (a paged pool) a flat block
+    table [R * max_blocks] precedes the queries: row r's block j is pool block `tables[r * max_blocks + j]`."""
+    tables_ref, q_ref, mask_ref, *refs = _named_refs(refs, max_blocks is not None, has_key_mask)
+    cache_k, cache_v, top_ref, total_ref, out_ref, k_buffer, v_buffer, semaphores, copy_state = refs
     # Rows split into `pl.num_programs(0)` runs of consecutive rows, one per TensorCore on megacore chips
     # (v4, v5p), each run in order: its row i prefetches row i + 1's first block.
     step, per_run = pl.program_id(1), pl.num_programs(1)
@@ -376,31 +375,36 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
     block_size = block_size or default_block_size(cache_k.shape[3])
     query_slot = cache_index if query_slot is None else query_slot
     kernel = functools.partial(_pallas_state, scale=scale, window=window, block_size=block_size, interpret=interpret)
-    if mesh is None or mesh.size == 1:
-        return kernel(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask)
-    row_axes = batch_axes(mesh) or None
-    shards = batch_shards(mesh)
-    head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
-    if cache_k.shape[1] % shards:
-        raise ValueError(f"the cache's {cache_k.shape[1]} rows do not split over the mesh's {shards} row shards "
-                         f"({row_axes}); pass a cache whose rows they divide, or mesh=None")
-    valid_start = jnp.zeros((cache_k.shape[1],), jnp.int32) if valid_start is None else valid_start
-    rows_spec, cache_spec = PartitionSpec(row_axes), PartitionSpec(None, row_axes, head_axis)
-    q_spec = PartitionSpec(row_axes, None, head_axis)
-    state_spec = PartitionSpec(row_axes, head_axis)
-    scalar_spec = PartitionSpec()
-    specs = (q_spec, cache_spec, cache_spec, scalar_spec, scalar_spec, scalar_spec, rows_spec)
+    rows = cache_k.shape[1]
+    valid_start = jnp.zeros((rows,), jnp.int32) if valid_start is None else valid_start
     operands = [q, cache_k, cache_v, jnp.asarray(layer, jnp.int32), jnp.asarray(cache_index, jnp.int32),
                 jnp.asarray(query_slot, jnp.int32), valid_start]
-    if key_mask is not None:
-        specs += (rows_spec,)
-        operands.append(key_mask)
+    return _on_row_shards(kernel, mesh, operands, ("q", "cache", "cache", "scalar", "scalar", "scalar", "rows"),
+                          key_mask, rows, "the cache's", "a cache whose rows they divide")
+
+
+def _on_row_shards(kernel, mesh, operands, kinds, key_mask, rows, whose, fix):
+    """`kernel(*operands, key_mask)` whole (no mesh), or on each of the mesh's row shards: rows over its data and
+    fsdp axes, kv heads over "model" where it divides them. `kinds` gives each operand's layout: "q" [B, T, kv,
+    ...], "cache" [L, rows or blocks, kv, ...], "rows" [R, ...] or "scalar"; the key mask is [R, ...]."""
+    if mesh is None or mesh.size == 1:
+        return kernel(*operands, key_mask)
+    row_axes = batch_axes(mesh) or None
+    shards = batch_shards(mesh)
+    if rows % shards:
+        raise ValueError(f"{whose} {rows} rows do not split over the mesh's {shards} row shards ({row_axes}); pass "
+                         f"{fix}, or mesh=None")
+    head_axis = "model" if "model" in mesh.axis_names and operands[0].shape[2] % mesh.shape["model"] == 0 else None
+    spec = {"q": PartitionSpec(row_axes, None, head_axis), "cache": PartitionSpec(None, row_axes, head_axis),
+            "rows": PartitionSpec(row_axes), "scalar": PartitionSpec()}
+    specs = tuple(spec[kind] for kind in kinds) + (() if key_mask is None else (spec["rows"],))
+    state_spec = PartitionSpec(row_axes, head_axis)
 
     def shard(*args):
         return kernel(*args) if key_mask is not None else kernel(*args, None)
 
     return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(state_spec, state_spec, state_spec),
-                         check_vma=False)(*operands)
+                         check_vma=False)(*operands, *(() if key_mask is None else (key_mask,)))
 
 
 def xla_cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float, *, valid_start=None,
@@ -507,36 +511,25 @@ def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale
     Returns:
       (top, total) float32 [B, kv, G, T] and out float32 [B, kv, G, T, D].
     """
+    kernel = functools.partial(_paged_shard, scale=scale, window=window, block_size=pool_k.shape[3],
+                               interpret=interpret)
+    return _paged_rows(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
+                       query_positions, mesh)
+
+
+def _paged_rows(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window, query_positions,
+                mesh):
+    """`kernel` (`_paged_shard` or `_xla_paged_shard`) on the whole pool, or on each of the mesh's row shards (its
+    rows, their tables of local ids and its blocks), kv heads over "model" where it divides them."""
     _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
     rows = np.shape(block_tables)[0]
     lengths = jnp.asarray(lengths, jnp.int32)
     query_positions = lengths if query_positions is None else jnp.asarray(query_positions, jnp.int32)
     starts = jnp.zeros((rows,), jnp.int32) if starts is None else jnp.asarray(starts, jnp.int32)
-    kernel = functools.partial(_paged_shard, scale=scale, window=window, block_size=pool_k.shape[3],
-                               interpret=interpret)
     operands = [q, pool_k, pool_v, jnp.asarray(block_tables, jnp.int32), jnp.asarray(layer, jnp.int32), lengths,
                 query_positions, starts]
-    if mesh is None or mesh.size == 1:
-        return kernel(*operands, key_mask)
-    row_axes = batch_axes(mesh) or None
-    shards = batch_shards(mesh)
-    if rows % shards:
-        raise ValueError(f"the block tables' {rows} rows do not split over the mesh's {shards} row shards "
-                         f"({row_axes}); pass rows they divide, or mesh=None")
-    head_axis = "model" if "model" in mesh.axis_names and q.shape[2] % mesh.shape["model"] == 0 else None
-    rows_spec = PartitionSpec(row_axes)
-    state_spec = PartitionSpec(row_axes, head_axis)
-    specs = (PartitionSpec(row_axes, None, head_axis), PartitionSpec(None, row_axes, head_axis),
-             PartitionSpec(None, row_axes, head_axis), rows_spec, PartitionSpec(), rows_spec, rows_spec, rows_spec)
-    if key_mask is not None:
-        specs += (rows_spec,)
-        operands.append(key_mask)
-
-    def shard(*args):
-        return kernel(*args) if key_mask is not None else kernel(*args, None)
-
-    return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(state_spec, state_spec, state_spec),
-                         check_vma=False)(*operands)
+    return _on_row_shards(kernel, mesh, operands, ("q", "cache", "cache", "rows", "scalar", "rows", "rows", "rows"),
+                          key_mask, rows, "the block tables'", "rows they divide")
 
 
 def _paged_shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale, window,
@@ -553,12 +546,16 @@ def gather_rows(pool, block_tables, layer):
 
 
 def xla_paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale: float, *, starts=None,
-                              key_mask=None, window: int | None = None, query_positions=None):
+                              key_mask=None, window: int | None = None, query_positions=None, mesh=None):
     """`paged_attention_state` in plain `jax.numpy`: each row's blocks gathered into a contiguous row
-    (`gather_rows`), then `xla_cache_attention_state`'s math with one live end per row. The oracle."""
-    _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
-    block_tables = jnp.asarray(block_tables, jnp.int32)
+    (`gather_rows`: the whole of every row's table, every call), then `xla_cache_attention_state`'s math with one
+    live end per row. The oracle, and the paged read of a backend without a kernel for it."""
+    kernel = functools.partial(_xla_paged_shard, scale=scale, window=window)
+    return _paged_rows(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
+                       query_positions, mesh)
+
+
+def _xla_paged_shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale,
+                     window):
     keys, values = gather_rows(pool_k, block_tables, layer), gather_rows(pool_v, block_tables, layer)
-    lengths = jnp.asarray(lengths, jnp.int32)
-    return _xla_state(q, keys, values, lengths, lengths if query_positions is None else query_positions, starts,
-                      key_mask, scale, window)
+    return _xla_state(q, keys, values, lengths, query_positions, starts, key_mask, scale, window)

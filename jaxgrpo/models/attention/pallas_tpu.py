@@ -48,7 +48,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from jaxgrpo.distributed import batch_shards, round_up
 from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, flash_common, pallas_decode,
-                                      target_platform, xla)
+                                      target_platform, with_window, xla)
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
 #: Slots per block of queries and keys: rows are padded to a multiple of the smallest.
@@ -279,13 +279,24 @@ def cache_state(q, cache_k, cache_v, layer, live, key_mask, sliding, *, window=N
         return state(q, cache_k, cache_v, layer, live, scale, valid_start=valid_start, key_mask=key_mask,
                      window=window, query_slot=query_slot)
 
-    if not window:
-        return run(None)
-    if isinstance(sliding, bool):
-        return run(window if sliding else None)
-    return jax.lax.cond(sliding, functools.partial(run, window), functools.partial(run, None))
+    return with_window(run, sliding, window)
+
+
+def paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, window=None, scale: float,
+                query_positions=None, mesh=None):
+    """Online-softmax state of a paged decode step's queries q [B, T, kv, G, D] over layer `layer`'s positions
+    [starts, lengths) of each row of a paged pool [L, N, kv, S, D], read in place through the rows' block tables
+    by `pallas_decode.paged_attention_state` (interpreted on a CPU). A layer that slides reads only the last
+    `window` positions before each query, as `cache_state`."""
+    state = functools.partial(pallas_decode.paged_attention_state, mesh=mesh, interpret=target_platform(mesh) == "cpu")
+
+    def run(window):
+        return state(q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts, window=window,
+                     query_positions=query_positions)
+
+    return with_window(run, sliding, window)
 
 
 IMPLEMENTATION = AttentionImplementation(
     name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend,
-    cache_state=cache_state)
+    cache_state=cache_state, paged_state=paged_state)
