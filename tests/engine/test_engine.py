@@ -352,34 +352,41 @@ def test_block_allocator_counts_references_and_refuses_what_it_lacks():
         allocator.release(first[:1])
 
 
+def _pallas_tpu_engine(family="llama", **kwargs):
+    """An engine whose model attends with "pallas_tpu" (its Pallas kernels interpreted on this CPU): a model of its own,
+    not the cached one the other tests share."""
+    model = random_model.__wrapped__(family)
+    model.attention = "pallas_tpu"
+    kwargs.setdefault("num_slots", 4)
+    return Engine(model, max_context=kwargs.pop("max_context", 64), block_size=4, key=jax.random.key(0), **kwargs)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_backend_with_a_paged_kernel_decodes_reading_the_blocks_in_place(family, monkeypatch):
-    """With attention="pallas_tpu" (its Pallas kernel interpreted on this CPU) the decode chunks read the pool's
-    blocks in place (`Decoder.paged_decode_step`: no dense view, each step's keys written to their blocks): the
-    greedy tokens of `generate`, and the sampled tokens, log-probs and a tool turn's `extend` of the dense views
-    (the default here), shared prefixes (llama) and on a 4 x 2 data x fsdp mesh included."""
+    """With attention="pallas_tpu" the decode chunks read the pool's blocks in place (`Decoder.paged_decode_step`:
+    no dense view, each step's keys written to their blocks): the greedy tokens of `generate` (Gemma: its
+    sliding windows over the pool)."""
     traced = []
     paged_step = Decoder.paged_decode_step
     monkeypatch.setattr(Decoder, "paged_decode_step",
                         lambda self, *a, **k: traced.append(1) or paged_step(self, *a, **k))
-
-    def engine(attention, **kwargs):
-        model = random_model(family)
-        model.attention = attention
-        kwargs.setdefault("num_slots", 4)
-        return Engine(model, max_context=kwargs.pop("max_context", 64), block_size=4, key=jax.random.key(0), **kwargs)
-
-    assert engine("pallas_tpu").reads_pages_in_place and not engine("auto").reads_pages_in_place
+    engine = _pallas_tpu_engine(family)
+    assert engine.reads_pages_in_place and not _engine(family).reads_pages_in_place
     expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
-    np.testing.assert_array_equal(_padded(engine("pallas_tpu").generate(_requests(PROMPTS))),
-                                  np.asarray(expected.completion_tokens))
+    np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), np.asarray(expected.completion_tokens))
     assert traced
+
+
+def test_in_place_reads_sample_what_the_dense_views_sample_on_one_device_and_a_mesh():
+    """Sampled tokens and log-probs through the blocks read in place equal the dense views' (the default here), with
+    shared prefixes, on 8 slots and on a 4 x 2 data x fsdp mesh of 16 (tables of shard-local ids), and a tool turn's
+    `extend` continues the same."""
     requests = _requests(PROMPTS, samples=3, sampling=TRUNCATED) + _long_tailed_requests(10)
     mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=jax.devices()[:8])
     for slots, on in ((8, None), (16, mesh)):  # the same slots both ways: a draw may move with the batch's shape
-        paged = engine("pallas_tpu", num_slots=slots, max_context=32, mesh=on)
-        dense = engine("auto", num_slots=slots, max_context=32)
+        paged = _pallas_tpu_engine(num_slots=slots, max_context=32, mesh=on)
+        dense = _engine(num_slots=slots, max_context=32)
         for a, b in zip(paged.generate(requests), dense.generate(requests)):
             np.testing.assert_array_equal(a.tokens, b.tokens)
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
