@@ -91,11 +91,14 @@ class Engine:
         (`distributed.batch_axes`: both, as the decoder's activations split their rows), each row shard holding its
         slots' blocks (a sequence lives on one shard; block tables hold ids local to it), and the model's
         weights stay as placed. None: one device.
+      in_place: whether decode chunks read the blocks in place (`Decoder.paged_decode_step`, through the attention's
+        paged kernel, or its XLA reference where it has none) rather than through dense views gathered once a
+        chunk; None (default): where the backend has a paged kernel (`programs.reads_pages_in_place`).
     """
 
     def __init__(self, model: nnx.Module, *, num_slots: int = 64, max_context: int | None = None, block_size: int = 16,
                  num_blocks: int | None = None, key: jax.Array | None = None, decode_chunk: int = 8,
-                 refill: int | None = None, mesh: jax.sharding.Mesh | None = None):
+                 refill: int | None = None, mesh: jax.sharding.Mesh | None = None, in_place: bool | None = None):
         for name, value in (("num_slots", num_slots), ("block_size", block_size), ("decode_chunk", decode_chunk)):
             if not is_int_in(value, 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -128,7 +131,7 @@ class Engine:
         self.config = model.config
         # Decode chunks read the blocks in place where the backend can (`programs.reads_pages_in_place`), else
         # through dense views of each chunk's width.
-        self.reads_pages_in_place = reads_pages_in_place(model, mesh)
+        self.reads_pages_in_place = reads_pages_in_place(model, mesh) if in_place is None else bool(in_place)
         init = functools.partial(paged.init_paged_cache, model.config, int(num_blocks), self.block_size, model.dtype)
         self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, pool_spec(mesh)))()
         self.key = jax.random.key(0) if key is None else key
@@ -523,7 +526,8 @@ class Engine:
             self._graphdef, self._state, self.cache, self._tables(running), lengths, pending,
             np.array([s is not None for s in running]), remaining, stop, self.key,
             *self._streams([None if s is None else s.request for s in running]), choice, np.int32(exit_after), prefixes,
-            width=width, steps=steps, samplings=samplings, mesh=self.mesh, prefix_width=prefix_width)
+            width=width, steps=steps, samplings=samplings, mesh=self.mesh, prefix_width=prefix_width,
+            in_place=self.reads_pages_in_place)
         ran, new_lengths, tokens, logprobs, policy_logprobs = jax.device_get(
             (final.step, final.lengths, final.tokens, final.logprobs, final.policy_logprobs))
         for row, s in enumerate(running):

@@ -27,7 +27,7 @@ from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.engine.paged import PagedKVCache
 from jaxgrpo.models import backend as backends
-from jaxgrpo.models.paged_cache import PagedRows
+from jaxgrpo.models.paged_cache import PagedRows, per_shard
 from jaxgrpo.sampler.distribution import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -58,31 +58,19 @@ def pool_spec(mesh: jax.sharding.Mesh) -> P:
     return P(None, batch_axes(mesh))
 
 
-def _per_shard(fn, mesh, in_specs, out_specs):
-    """`fn` run by each of the mesh's row shards on its own rows and blocks (a row's block table holds ids local
-    to its shard), or `fn` itself without a mesh. Specs: "pool" ([layers, rows or blocks, ...]) or "rows"
-    ([rows, ...])."""
-    if mesh is None:
-        return fn
-    axes = batch_axes(mesh)
-    spec = {"pool": P(None, axes), "rows": P(axes)}
-    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec[s] for s in in_specs),
-                         out_specs=jax.tree.map(spec.get, out_specs), axis_names=set(axes), check_vma=False)
-
-
 def _read(cache, tables, lengths, starts=None, *, width, new, mesh):
     """`paged.dense_view` on each row shard."""
     def view(*args):  # (cache, tables, lengths[, starts])
         return paged.dense_view(*args[:3], width, new, *args[3:])
 
     arrays = (cache, tables, lengths) if starts is None else (cache, tables, lengths, starts)
-    return _per_shard(view, mesh, ("pool",) + ("rows",) * (len(arrays) - 1), ("pool", "rows"))(*arrays)
+    return per_shard(view, mesh, ("pool",) + ("rows",) * (len(arrays) - 1), ("pool", "rows"))(*arrays)
 
 
 def _write(cache, tables, start, view, width, counts, *, mesh):
     """`paged.write` of a dense view's columns from `width` on, on each row shard."""
     keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
-    return _per_shard(paged.write, mesh, ("pool", "rows", "rows", "pool", "pool", "rows"), "pool")(
+    return per_shard(paged.write, mesh, ("pool", "rows", "rows", "pool", "pool", "rows"), "pool")(
         cache, tables, start, keys, values, counts)
 
 
@@ -170,8 +158,11 @@ class SharedPrefixes(NamedTuple):
 
 
 def engine_decode(graphdef, state, cache, tables, lengths, pending, running, remaining, stop_tokens, key, ids, origins,
-                  choice, exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0):
+                  choice, exit_after, prefixes=None, *, width, steps, samplings, mesh, prefix_width=0, in_place=False):
     """Up to `steps` decode steps for every running row; stops early once `exit_after` rows have finished.
+
+    With `in_place` the steps read the rows' blocks in place (`_paged_decode`; `width` and `prefix_width` 0), which
+    the engine chooses where the backend has a paged kernel (`reads_pages_in_place`). Otherwise:
 
     The rows' blocks are gathered once into a dense view with `steps` free columns after them; step k feeds
     each running row's pending token at column `width + k` (its position `lengths[r]`), a decode step of the
@@ -188,7 +179,7 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
     model = nnx.merge(graphdef, state)
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
-    if reads_pages_in_place(model, mesh):
+    if in_place:
         logger.info("compiling engine decode: %d slots reading their blocks in place, %d steps a chunk%s",
                     lengths.shape[0], steps,
                     "" if prefixes is None else f", {prefixes.lengths.shape[0]} shared prefixes")
@@ -228,7 +219,7 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
 
 def reads_pages_in_place(model, mesh) -> bool:
     """Whether the engine's decode reads the pool's blocks in place on this backend (`Backend.reads_pages_in_place`:
-    the attention implementation has a paged kernel, `pallas_tpu`), rather than through dense views gathered once a
+    the attention implementation has a paged kernel: `pallas_tpu`, `pallas_gpu`), rather than through dense views gathered once a
     chunk (the reference form, which the other backends' cache readers run fastest)."""
     return model.backend(mesh).reads_pages_in_place
 
@@ -261,14 +252,14 @@ def _paged_decode(model, packed_weights, cache, tables, lengths, pending, runnin
 def engine_copy(cache, sources, destinations, *, mesh):
     """Copy block `sources[i]` to `destinations[i]`, ids local to the row shard holding entry i."""
     _COMPILATIONS["copy"] += 1
-    return _per_shard(paged.copy_blocks, mesh, ("pool", "rows", "rows"), "pool")(cache, sources, destinations)
+    return per_shard(paged.copy_blocks, mesh, ("pool", "rows", "rows"), "pool")(cache, sources, destinations)
 
 
 # Named engine_* so a profile's program table tells them from the trainer's and the fixed batch's programs.
 forward_program = jax.jit(engine_forward, static_argnames=("graphdef", "width", "samplings", "mesh"),
                           donate_argnames=("cache",))
 decode_program = jax.jit(engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh",
-                                                         "prefix_width"), donate_argnames=("cache",))
+                                                         "prefix_width", "in_place"), donate_argnames=("cache",))
 copy_program = jax.jit(engine_copy, static_argnames=("mesh",), donate_argnames=("cache",))
 
 
@@ -311,5 +302,6 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
         decode = decode_program.trace(
             graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
             rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
-            rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh)
+            rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh,
+            in_place=reads_pages_in_place(model, mesh))
     return {"engine prefill": prefill, "engine decode": decode}

@@ -53,6 +53,7 @@ class Backend(NamedTuple):
         if self.attention.paged_state is not None:
             return self.attention.paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding,
                                               window=window, scale=scale, query_positions=query_positions, mesh=mesh)
+
         def run(window):
             return pallas_decode.xla_paged_attention_state(q, pool_k, pool_v, tables, layer, lengths, scale,
                                                            starts=starts, window=window,

@@ -379,15 +379,15 @@ class Decoder(nnx.Module):
                                 "distances from it; give each row its whole table, no prefix" if window else
                                 ": its rows must divide them"))
         positions = cache.lengths[:, None] + jnp.arange(length)[None]
-        pool_mesh = mesh
-        mesh = active_mesh(self.embed[...])
-        pool_mesh = mesh if pool_mesh is None else pool_mesh
-        backend = self.backend(mesh)
-        rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), mesh)  # noqa: E731
+        weights_mesh = active_mesh(self.embed[...])
+        pool_mesh = weights_mesh if mesh is None else mesh
+        backend = self.backend(weights_mesh)
+        rows = lambda y: constrain_activation(y, ("batch",) + (None,) * (y.ndim - 1), weights_mesh)  # noqa: E731
         valid = jnp.ones((batch, length), bool) if running is None else jnp.broadcast_to(running[:, None],
                                                                                       (batch, length))
         new_masks = tuple(rows(build_attention_mask(jnp.arange(length), valid, w)) for w in (None, window))
-        call = PagedCall(cache, prefix, new_masks, backend, window, self.config.attention_scale, mesh, pool_mesh)
+        call = PagedCall(cache, prefix, new_masks, backend, window, self.config.attention_scale, weights_mesh,
+                         pool_mesh)
 
         def attention(sliding, layer):
             return functools.partial(attend_paged, call=call, layer=layer, sliding=sliding)
@@ -396,7 +396,7 @@ class Decoder(nnx.Module):
             keys, values = (jnp.swapaxes(x, 2, 3) for x in new_kv)
             return write_new_tokens(cache, keys, values, valid, pool_mesh)
 
-        return self._layers(tokens, positions, attention, mesh, backend, packed_weights=packed_weights,
+        return self._layers(tokens, positions, attention, weights_mesh, backend, packed_weights=packed_weights,
                             write_kv=write)
 
     def _layers(self, tokens, positions, attention, mesh, backend, *, cache=None, cache_index=None,

@@ -9,7 +9,9 @@ rows that are not running) go there, and nothing reads it.
 `PagedRows` is what `Decoder.paged_decode_step` takes: the pool, the rows' tables and the positions each row
 reads. The rollout engine (`jaxgrpo.engine`) owns the pool and the tables; the decoder reads the rows' blocks in
 place through the backend's paged reader (`Backend.paged_state`: a Pallas kernel on TPU) and writes the new
-tokens' keys and values to their blocks (`write_rows`).
+tokens' keys and values to their blocks (`write_new_tokens`, one position at a time: `write_each`). On a mesh each
+row shard holds its own blocks and rows (`per_shard`). The engine's chunked prefill writes many positions at once
+(`write_rows`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ class PagedRows(NamedTuple):
     starts: jax.Array
     lengths: jax.Array
 
-    @property
-    def block_size(self) -> int:
-        return self.k.shape[3]
+
+def per_shard(fn, mesh: jax.sharding.Mesh | None, in_specs: tuple[str, ...], out_specs):
+    """`fn` run by each of the mesh's row shards on its own rows and blocks (a row's block table holds ids local
+    to its shard), or `fn` itself without a mesh. Specs: "pool" ([layers, rows or blocks, ...]) or "rows"
+    ([rows, ...]); `out_specs` a spec or a tree of them."""
+    if mesh is None or batch_shards(mesh) == 1:
+        return fn
+    axes = batch_axes(mesh)
+    spec = {"pool": P(None, axes), "rows": P(axes)}
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec[s] for s in in_specs),
+                         out_specs=jax.tree.map(spec.get, out_specs), axis_names=set(axes), check_vma=False)
 
 
 def locate(tables: jax.Array, positions: jax.Array, valid: jax.Array, block_size: int) -> tuple[jax.Array, jax.Array]:
@@ -86,11 +96,5 @@ def write_new_tokens(rows: PagedRows, keys: jax.Array, values: jax.Array, valid:
     """The pool with each row's T new keys and values [L, R, kv, T, D] written at its positions `lengths[r] + t`
     where `valid` [R, T], on each of the mesh's row shards (their blocks and tables of local ids)."""
     positions = rows.lengths[:, None] + jnp.arange(keys.shape[3])[None]
-    shards = batch_shards(mesh)
-    if shards == 1:
-        return write_each(rows.k, rows.v, rows.tables, positions, valid, keys, values)
-    axes = batch_axes(mesh)
-    pool, per_row = P(None, axes), P(axes)
-    return jax.shard_map(write_each, mesh=mesh, in_specs=(pool, pool, per_row, per_row, per_row, pool, pool),
-                         out_specs=(pool, pool), axis_names=set(axes), check_vma=False)(
-        rows.k, rows.v, rows.tables, positions, valid, keys, values)
+    write = per_shard(write_each, mesh, ("pool", "pool", "rows", "rows", "rows", "pool", "pool"), ("pool", "pool"))
+    return write(rows.k, rows.v, rows.tables, positions, valid, keys, values)

@@ -1,15 +1,16 @@
 """Bad input fails loudly, naming the problem: unsupported architectures and config fields,
 missing or corrupt weight files, out-of-vocabulary tokens."""
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig, UnsupportedConfigError, WeightFileError, load
 from jaxgrpo.models.config import from_hf_config
+from jaxgrpo.models.paged_cache import PagedRows
 from tests.support.tiny_models import write_hf_checkpoint
 
 LLAMA = {
@@ -95,3 +96,23 @@ def test_out_of_vocabulary_tokens_raise_in_eager_use():
         model(jnp.array([[1, 32]], jnp.int32))
     with pytest.raises(ValueError, match=r"min -1"):
         model(jnp.array([[-1, 3]], jnp.int32))
+
+
+def _paged_rows(rows, *, layers=1, blocks=4, kv_heads=1, block_size=4, head_dim=8, max_blocks=2):
+    pool = jnp.zeros((layers, blocks, kv_heads, block_size, head_dim))
+    zeros = jnp.zeros((rows,), jnp.int32)
+    return PagedRows(pool, pool, jnp.zeros((rows, max_blocks), jnp.int32), zeros, zeros)
+
+
+@pytest.mark.parametrize("sliding, cache_rows, prefix_rows, message", [
+    (False, 3, None, "the paged cache has 3 rows for 4 rows of tokens"),
+    (False, 4, 3, "a shared prefix of 3 rows for 4 rows of tokens: its rows must divide them"),
+    (True, 4, 2, r"a shared prefix of 2 rows for 4 rows of tokens with a sliding window \(4\): rows sharing a prefix "
+                 "row sit at different distances from it; give each row its whole table, no prefix"),
+])
+def test_a_paged_decode_step_refuses_rows_it_cannot_read(sliding, cache_rows, prefix_rows, message):
+    fields = {"sliding_window": 4, "layer_types": ["sliding_attention"]} if sliding else {}
+    model = Decoder(dataclasses.replace(from_hf_config(LLAMA), **fields), rngs=nnx.Rngs(0))
+    prefix = None if prefix_rows is None else _paged_rows(prefix_rows)
+    with pytest.raises(ValueError, match=message):
+        model.paged_decode_step(jnp.zeros((4, 1), jnp.int32), cache=_paged_rows(cache_rows), prefix=prefix)
