@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants plain,graphs,engine] [--trace-dir DIR]
+        [--decode-variants plain,graphs,engine,engine-views] [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
@@ -22,7 +22,8 @@ it measured):
   prompt's cache once per group as the sampler shares it, over the measured bandwidth);
 * `decode_loop`: the same through the decode loop's variants side by side (`--decode-variants`): "plain", as
   jaxgrpo compiles it; "graphs", the sampler's decode loop compiled with XLA command buffers for WHILE and
-  CONDITIONAL (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk);
+  CONDITIONAL (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk,
+  the pool read in place by the paged kernel); "engine-views", the engine through dense views of its blocks;
   with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
@@ -305,9 +306,11 @@ def through_sampler(model, shapes: Shapes):
     return generate
 
 
-def through_engine(model, shapes: Shapes):
+def through_engine(model, shapes: Shapes, in_place: bool | None = None):
     """`generate(new_tokens, seed)` -> completion tokens made, through the rollout engine (one slot per row,
-    the whole completion in one decode chunk), as the trainer's `sampling.engine` samples."""
+    the whole completion in one decode chunk), as the trainer's `sampling.engine` samples; `in_place`: the
+    engine's choice of reading the pool's blocks in place (None: the backend's, the paged kernel on a GPU;
+    False: through dense views gathered once a chunk)."""
     import jax
 
     from jaxgrpo import engine as engine_lib
@@ -316,7 +319,7 @@ def through_engine(model, shapes: Shapes):
     prompts = _prompts(model, shapes)
     engine = engine_lib.Engine(model, num_slots=shapes.rows,
                                max_context=sampler.bucket_length(shapes.prompt_len) + shapes.new_tokens,
-                               decode_chunk=shapes.new_tokens)
+                               decode_chunk=shapes.new_tokens, in_place=in_place)
     params = sampler.SamplingParams(temperature=1.0)
 
     def generate(new_tokens: int, seed: int) -> int:
@@ -370,6 +373,9 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
 #: compiles them) and "graphs" (the sampler's decode loop compiled with `GRAPH_OPTIONS`: XLA command buffers with
 #: WHILE and CONDITIONAL nodes, the whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads the options).
 DECODE_VARIANTS = ("plain", "graphs")
+#: The rollout engine's decode: "engine" as the backend chooses (its paged kernel reads the pool in place on a GPU),
+#: "engine-views" through dense views gathered once a chunk (the form the paged kernel replaces).
+ENGINE_VARIANTS = {"engine": None, "engine-views": False}
 GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
 
 
@@ -393,8 +399,8 @@ def decode_variant(name: str):
 
 
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,
-                   variants=DECODE_VARIANTS + ("engine",)) -> dict:
-    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS`, and "engine": the rollout engine), and a
+                   variants=DECODE_VARIANTS + tuple(ENGINE_VARIANTS)) -> dict:
+    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS` and `ENGINE_VARIANTS`), and a
     jax.profiler trace of one short plain `generate`: the device's busy share of its wall time, and its
     kernels per decode step."""
     import jax
@@ -403,9 +409,9 @@ def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | Non
 
     result = {}
     for name in variants:
-        with decode_variant("plain" if name == "engine" else name):
+        with decode_variant("plain" if name in ENGINE_VARIANTS else name):
             try:
-                generate = through_engine(model, shapes) if name == "engine" else None
+                generate = through_engine(model, shapes, ENGINE_VARIANTS[name]) if name in ENGINE_VARIANTS else None
                 result[name] = sampler_section(model, shapes, bandwidth, generate)
             except Exception as error:  # noqa: BLE001 — recorded; the other variants still run
                 traceback.print_exc()
@@ -646,8 +652,8 @@ def main(argv=None) -> dict:
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
                              "layers' activations instead of recomputing them (more memory, less compute) and/or "
                              "_one_step_off for max_staleness=1 (in that order)")
-    parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS + ("engine",)),
-                        help=f"comma-separated, of {', '.join(DECODE_VARIANTS + ('engine',))}")
+    parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS + tuple(ENGINE_VARIANTS)),
+                        help=f"comma-separated, of {', '.join(DECODE_VARIANTS + tuple(ENGINE_VARIANTS))}")
     parser.add_argument("--trace-dir", default=None,
                         help="the decode_loop section writes a jax.profiler trace of one short generate here")
     for field in dataclasses.fields(Shapes):
@@ -671,10 +677,10 @@ def main(argv=None) -> dict:
                          "and/or _one_step_off (in that order)")
         train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
-    unknown = sorted(set(variants) - set(DECODE_VARIANTS + ("engine",)))
+    unknown = sorted(set(variants) - set(DECODE_VARIANTS + tuple(ENGINE_VARIANTS)))
     if unknown:
         parser.error(f"unknown decode variant(s) {', '.join(unknown)}; choose from "
-                     f"{', '.join(DECODE_VARIANTS + ('engine',))}")
+                     f"{', '.join(DECODE_VARIANTS + tuple(ENGINE_VARIANTS))}")
 
     from jaxgrpo.models import architectures
 

@@ -12,7 +12,6 @@ from flax import nnx
 
 from jaxgrpo import sampler
 from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request, generate_groups
-from jaxgrpo.engine import engine as engine_module
 from jaxgrpo.engine import programs as engine_programs
 from jaxgrpo.engine.sequences import plan_prefix_rows
 from jaxgrpo.errors import ConfigError
@@ -172,20 +171,26 @@ def test_on_a_mesh_the_slots_and_blocks_split_over_data_and_fsdp_and_the_tokens_
     sharded, single = _engine(num_slots=16, max_context=32, mesh=mesh), _engine(num_slots=16, max_context=32)
     assert sharded.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"))
     assert sharded.num_shards == 8 and sharded.blocks_per_shard == 2 * 8 + 1
-    for a, b in zip(sharded.generate(requests), single.generate(requests)):
-        np.testing.assert_array_equal(a.tokens, b.tokens)
-        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    for engine in (sharded, single):
-        engine.prefill([Request(id=1, prompt=PROMPTS[0], max_new_tokens=3, sampling=SAMPLED)])
-        engine.decode()
-        engine.extend(1, [40, 41, 42], max_new_tokens=4)
-        engine.decode()
-    a, b = sharded.release(1), single.release(1)
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
-    assert sharded.blocks_in_use == single.blocks_in_use == 0
+    _assert_same_rollouts_and_tool_turn(sharded, single, requests)
     with pytest.raises(ConfigError, match=r"num_slots=6 does not divide over the mesh's 8 row shards \(data x fsdp\)"):
         _engine(num_slots=6, mesh=mesh)
+
+
+def _assert_same_rollouts_and_tool_turn(engine, reference, requests):
+    """`engine` and `reference` give the same tokens and log-probs for `requests`, and for one sequence's prefill,
+    decode, tool turn (`extend`), decode and release; both end with no block in use."""
+    for a, b in zip(engine.generate(requests), reference.generate(requests)):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    for e in (engine, reference):
+        e.prefill([Request(id=1, prompt=PROMPTS[0], max_new_tokens=3, sampling=SAMPLED)])
+        e.decode()
+        e.extend(1, [40, 41, 42], max_new_tokens=4)
+        e.decode()
+    a, b = engine.release(1), reference.release(1)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
+    assert engine.blocks_in_use == reference.blocks_in_use == 0
 
 
 def test_samples_of_a_prompt_share_its_full_blocks_and_copy_the_partial_one():
@@ -352,25 +357,26 @@ def test_block_allocator_counts_references_and_refuses_what_it_lacks():
         allocator.release(first[:1])
 
 
-def _pallas_tpu_engine(family="llama", **kwargs):
-    """An engine whose model attends with "pallas_tpu" (its Pallas kernels interpreted on this CPU): a model of its own,
-    not the cached one the other tests share."""
+def _paged_kernel_engine(family="llama", attention="pallas_tpu", **kwargs):
+    """An engine whose model attends with `attention` (its Pallas kernels interpreted on this CPU): a model of its
+    own, not the cached one the other tests share."""
     model = random_model.__wrapped__(family)
-    model.attention = "pallas_tpu"
+    model.attention = attention
     kwargs.setdefault("num_slots", 4)
     return Engine(model, max_context=kwargs.pop("max_context", 64), block_size=4, key=jax.random.key(0), **kwargs)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_a_backend_with_a_paged_kernel_decodes_reading_the_blocks_in_place(family, monkeypatch):
-    """With attention="pallas_tpu" the decode chunks read the pool's blocks in place (`Decoder.paged_decode_step`:
-    no dense view, each step's keys written to their blocks): the greedy tokens of `generate` (Gemma: its
-    sliding windows over the pool)."""
+@pytest.mark.parametrize("family, attention", [("llama", "pallas_tpu"), ("gemma3", "pallas_tpu"),
+                                               ("gemma3", "pallas_gpu")])
+def test_a_backend_with_a_paged_kernel_decodes_reading_the_blocks_in_place(family, attention, monkeypatch):
+    """With a paged kernel (the TPU's and the GPU's) the decode chunks read the pool's blocks in place
+    (`Decoder.paged_decode_step`: no dense view, each step's keys written to their blocks): the greedy tokens of
+    `generate` (Gemma: its sliding windows over the pool)."""
     traced = []
     paged_step = Decoder.paged_decode_step
     monkeypatch.setattr(Decoder, "paged_decode_step",
                         lambda self, *a, **k: traced.append(1) or paged_step(self, *a, **k))
-    engine = _pallas_tpu_engine(family)
+    engine = _paged_kernel_engine(family, attention)
     assert engine.reads_pages_in_place and not _engine(family).reads_pages_in_place
     expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
     np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), np.asarray(expected.completion_tokens))
@@ -385,29 +391,22 @@ def test_in_place_reads_sample_what_the_dense_views_sample_on_one_device_and_a_m
     mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=jax.devices()[:8])
     for slots, on in ((8, None), (16, mesh)):  # the same slots both ways: a draw may move with the batch's shape
-        paged = _pallas_tpu_engine(num_slots=slots, max_context=32, mesh=on)
+        paged = _paged_kernel_engine(num_slots=slots, max_context=32, mesh=on)
         dense = _engine(num_slots=slots, max_context=32)
-        for a, b in zip(paged.generate(requests), dense.generate(requests)):
-            np.testing.assert_array_equal(a.tokens, b.tokens)
-            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    for e in (paged, dense):
-        e.prefill([Request(id=1, prompt=PROMPTS[0], max_new_tokens=3, sampling=SAMPLED)])
-        e.decode()
-        e.extend(1, [40, 41, 42], max_new_tokens=4)
-        e.decode()
-    a, b = paged.release(1), dense.release(1)
-    np.testing.assert_array_equal(a.tokens, b.tokens)
-    np.testing.assert_allclose(a.policy_logprobs, b.policy_logprobs, atol=1e-5)
-    assert paged.blocks_in_use == dense.blocks_in_use == 0
+        if on is None:
+            for a, b in zip(paged.generate(requests), dense.generate(requests)):
+                np.testing.assert_array_equal(a.tokens, b.tokens)
+                np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+        else:
+            _assert_same_rollouts_and_tool_turn(paged, dense, requests)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_the_paged_decode_reads_through_xla_where_the_attention_has_no_paged_kernel(family, monkeypatch):
-    """`Decoder.paged_decode_step` on a backend without a paged reader (the XLA attention here, made to take the
-    in-place path) reads each row's blocks with `xla_paged_attention_state`: the same greedy tokens."""
-    for module in (engine_programs, engine_module):
-        monkeypatch.setattr(module, "reads_pages_in_place", lambda model, mesh: True)
+def test_the_paged_decode_reads_through_xla_where_the_attention_has_no_paged_kernel(family):
+    """`Decoder.paged_decode_step` on a backend without a paged reader (the XLA attention here, asked to read in
+    place: `Engine(in_place=True)`) reads each row's blocks with `xla_paged_attention_state`: the same greedy
+    tokens."""
     expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
-    engine = _engine(family)
+    engine = _engine(family, in_place=True)
     assert engine.reads_pages_in_place and not engine_programs.backends.for_program("xla", None).reads_pages_in_place
     np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), np.asarray(expected.completion_tokens))

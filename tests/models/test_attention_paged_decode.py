@@ -14,9 +14,9 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, gather_rows,
-                                                    paged_attention_state, xla_cache_attention_state,
-                                                    xla_paged_attention_state)
+from jaxgrpo.models.attention.pallas_decode import (MASKED_SCORE, cache_attention_state, full_cache_cost_estimate,
+                                                    gather_rows, paged_attention_state, paged_cost_estimate,
+                                                    xla_cache_attention_state, xla_paged_attention_state)
 from jaxgrpo.tools import compile as aot
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16
@@ -193,3 +193,16 @@ def test_compiles_for_tpu_at_the_engines_block_size():
     pool_per_chip = 2 * layers * num_blocks * kv * block_size * head_dim * 2 // len(devices)
     assert pool_per_chip <= memory.argument_size_in_bytes < pool_per_chip * 1.01
     assert memory.temp_size_in_bytes + memory.output_size_in_bytes < pool_per_chip / layers / 100
+
+
+def test_the_paged_cost_counts_at_most_the_pools_positions():
+    """`paged_cost_estimate`: every row's whole table where the pool is as large (the full cache's estimate), at most
+    the pool's positions where it is smaller (a pool sized for the tokens that live)."""
+    rows, kv, stacked, max_blocks, block_size, head_dim = 8, 2, 4, 6, 16, 128
+    full = full_cache_cost_estimate(rows, kv, stacked, max_blocks * block_size, head_dim, 2, False)
+    assert paged_cost_estimate(rows, kv, stacked, max_blocks, rows * max_blocks + 1, block_size, head_dim, 2,
+                               False) == full
+    half = paged_cost_estimate(rows, kv, stacked, max_blocks, rows * max_blocks // 2, block_size, head_dim, 2, False)
+    assert half.flops * 2 == full.flops and half.transcendentals * 2 == full.transcendentals
+    keys_and_values = 2 * kv * rows * max_blocks * block_size * head_dim * 2
+    assert full.bytes_accessed - half.bytes_accessed == keys_and_values // 2

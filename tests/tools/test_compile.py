@@ -239,6 +239,9 @@ def test_the_engines_kv_memory_follows_its_live_tokens_and_splits_over_data_and_
     assert all(p.alias_bytes >= p.kv_pool_bytes for p in (half, full))
     assert full.argument_bytes - half.argument_bytes == full.alias_bytes - half.alias_bytes > 0
     assert full.collectives == half.collectives
+    # The paged kernel's cost counts at most the pool's positions (`paged_cost_estimate`), so a half-full pool's
+    # decode is estimated at about half the full one's Pallas time.
+    assert 0 < half.pallas_seconds < 0.6 * full.pallas_seconds
     # On a TPU the decode reads the blocks in place with pallas_tpu's paged kernel (no dense view of them).
     mesh = train.make_mesh(cfg, aot.topology_devices(ONE_HOST)[1])
     decode = aot.lower_engine(cfg, mesh, aot.abstract_train_state(cfg, mesh), 0.5).decode[0]

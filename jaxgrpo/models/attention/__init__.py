@@ -13,8 +13,9 @@ hands it, with the queries, keys and values, to one implementation:
 
 `pallas_tpu` also reads cached decode steps (the sampler's, the engine's) through a Pallas kernel
 (`cache_state`, `pallas_decode`) and `cpu` through a C++ one (`cpu_attention`); the others read them with the
-decoder's XLA math. `flash_common` holds what the two
-Pallas implementations share (the layouts as segment-id calls, their exact union, running per shard).
+decoder's XLA math. The rollout engine's paged pool is read in place (`paged_state`) by `pallas_tpu`'s decode
+kernel and by `pallas_gpu`'s Triton one (`pallas_gpu_decode`). `flash_common` holds what the two Pallas
+implementations share (the layouts as segment-id calls, their exact union, running per shard).
 
 `default_for(platform)` picks `pallas_tpu` on a TPU, `pallas_gpu` on a GPU, `cpu` on a CPU, `xla`
 elsewhere; `resolve(name, platform)` turns a configured name ("auto" or one of `NAMES`) into its
@@ -95,7 +96,7 @@ class AttentionImplementation(NamedTuple):
     XLA math then reads that cache). `pallas_tpu`: its Pallas decode kernel; `cpu`: its C++ kernel where built.
     paged_state: None, or a reader of a paged pool's rows in place, `(q, pool_k, pool_v, tables, layer, lengths,
     starts, sliding, *, window, scale, query_positions, mesh) -> (top, total, out)`, as
-    `pallas_decode.paged_attention_state` defines it (`pallas_tpu`: that kernel). Where it is None the decoder
+    `pallas_decode.paged_attention_state` defines it (`pallas_tpu`: that kernel; `pallas_gpu`: `pallas_gpu_decode`'s). Where it is None the decoder
     reads a paged pool with `pallas_decode.xla_paged_attention_state` (a gather of every row's blocks: the
     reference, which the rollout engine leaves for its dense views).
     """

@@ -236,7 +236,7 @@ def _kernel(layer_ref, ends_ref, query_slots_ref, start_ref, *refs, scale, block
     copy_state[0] = (slot0 + count) % 2
 
 
-def _stack_queries(q, rows):
+def stack_queries(q, rows):
     """q [B, T, kv, G, D] -> [R, kv, share * G * T, D]: a cache row's queries, t fastest (the decoder's order)."""
     batch, length, kv_heads, groups, head_dim = q.shape
     share = batch // rows
@@ -244,8 +244,8 @@ def _stack_queries(q, rows):
     return jnp.transpose(q, (0, 3, 1, 4, 2, 5)).reshape(rows, kv_heads, share * groups * length, head_dim)
 
 
-def _unstack_state(x, batch, length, groups):
-    """[R, kv, share * G * T, ...] -> [B, kv, G, T, ...], the inverse of `_stack_queries`' row order."""
+def unstack_state(x, batch, length, groups):
+    """[R, kv, share * G * T, ...] -> [B, kv, G, T, ...], the inverse of `stack_queries`' row order."""
     rows, kv_heads = x.shape[:2]
     share = batch // rows
     x = x.reshape(rows, kv_heads, share, groups, length, *x.shape[3:])
@@ -253,7 +253,7 @@ def _unstack_state(x, batch, length, groups):
 
 
 def full_cache_cost_estimate(rows: int, kv_heads: int, stacked: int, capacity: int, head_dim: int, itemsize: int,
-                             key_mask: bool) -> pl.CostEstimate:
+                             key_mask: bool, positions: int | None = None) -> pl.CostEstimate:
     """The kernel's cost on one shard as its `cost_estimate`, at a full cache: every row's C slots of one
     layer's keys and values read once, with its queries (R x kv x Q x D, Q = share x G x T stacked) and
     the float32 state it writes, and two products per slot ([Q, D] x [D, C], then [Q, C] x [C, D]).
@@ -261,14 +261,29 @@ def full_cache_cost_estimate(rows: int, kv_heads: int, stacked: int, capacity: i
     Full, not live, because the live length is known only at run time, and it is the worst case the
     compile report's HBM floor of a decode step takes (parameters and the whole cache a chip holds, read
     once per token): the estimate is comparable with that floor, and at most the capacity's bytes late in a
-    completion, the steps that cost most."""
-    cache = 2 * rows * kv_heads * capacity * head_dim * itemsize  # keys and values
+    completion, the steps that cost most.
+
+    `positions`: the positions read in all, where fewer than R x C can be live (a paged pool: at most its blocks'
+    positions, `paged_cost_estimate`)."""
+    positions = rows * capacity if positions is None else min(positions, rows * capacity)
+    cache = 2 * kv_heads * positions * head_dim * itemsize  # keys and values
     queries = rows * kv_heads * stacked * head_dim * itemsize
     state = rows * kv_heads * stacked * (head_dim + 2) * 4  # out, top and total, float32
-    mask = rows * capacity * 4 if key_mask else 0  # the key mask as int32, one per slot
-    return pl.CostEstimate(flops=4 * rows * kv_heads * stacked * capacity * head_dim,
-                           transcendentals=rows * kv_heads * stacked * capacity,
+    mask = positions * 4 if key_mask else 0  # the key mask as int32, one per slot
+    return pl.CostEstimate(flops=4 * kv_heads * stacked * positions * head_dim,
+                           transcendentals=kv_heads * stacked * positions,
                            bytes_accessed=cache + queries + state + mask)
+
+
+def paged_cost_estimate(rows: int, kv_heads: int, stacked: int, max_blocks: int, pool_blocks: int, block_size: int,
+                        head_dim: int, itemsize: int, key_mask: bool) -> pl.CostEstimate:
+    """The paged kernel's cost on one shard: `full_cache_cost_estimate` over every row's whole table (R x M x S
+    positions), but at most the pool's N x S positions, all its blocks live. A pool smaller than its rows' tables
+    (the rollout engine's, sized for the tokens that live) bounds what one call can read; the bound is exact where
+    no two rows read one block (a shared prompt's blocks read through prefix rows, as the engine's decode reads
+    them), and low by the repeats where rows read a shared block themselves."""
+    return full_cache_cost_estimate(rows, kv_heads, stacked, max_blocks * block_size, head_dim, itemsize, key_mask,
+                                    positions=pool_blocks * block_size)
 
 
 def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_start, key_mask, block_tables=None, *,
@@ -283,7 +298,7 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
     else:
         rows, max_blocks = block_tables.shape
         capacity = max_blocks * block_size
-    queries = _stack_queries(q.astype(cache_k.dtype), rows)
+    queries = stack_queries(q.astype(cache_k.dtype), rows)
     stacked = queries.shape[2]
 
     runs = 2 if rows % 2 == 0 else 1  # two TensorCores on megacore chips; elsewhere the runs follow each other
@@ -323,12 +338,14 @@ def _pallas_state(q, cache_k, cache_v, layer, cache_index, query_slot, valid_sta
         # Within a run, sequential: a row's step waits on the copy the step before it started.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-        cost_estimate=full_cache_cost_estimate(rows, kv_heads, stacked, capacity, head_dim, cache_k.dtype.itemsize,
-                                               key_mask is not None),
+        cost_estimate=(full_cache_cost_estimate(rows, kv_heads, stacked, capacity, head_dim, cache_k.dtype.itemsize,
+                                                key_mask is not None) if block_tables is None else
+                       paged_cost_estimate(rows, kv_heads, stacked, max_blocks, cache_k.shape[1], block_size, head_dim,
+                                           cache_k.dtype.itemsize, key_mask is not None)),
         name="cache_attention_state" if block_tables is None else "paged_attention_state",
     )(*prefetched, *operands)
-    return (_unstack_state(top[..., 0], batch, length, groups), _unstack_state(total[..., 0], batch, length, groups),
-            _unstack_state(out, batch, length, groups))
+    return (unstack_state(top[..., 0], batch, length, groups), unstack_state(total[..., 0], batch, length, groups),
+            unstack_state(out, batch, length, groups))
 
 
 def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float, *, valid_start=None, key_mask=None,
@@ -432,7 +449,7 @@ def _xla_state(q, keys, values, ends, query_slots, starts, key_mask, scale, wind
     batch, length, _, groups, _ = q.shape
     rows, _, capacity, _ = keys.shape
     per_row = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (rows,))  # noqa: E731
-    queries = _stack_queries(q.astype(keys.dtype), rows)  # [R, kv, Q, D]
+    queries = stack_queries(q.astype(keys.dtype), rows)  # [R, kv, Q, D]
     scores = jnp.einsum("rkqd,rksd->rkqs", queries, keys, preferred_element_type=jnp.float32) * scale
     slots = jnp.arange(capacity)
     start = per_row(0 if starts is None else starts)
@@ -448,8 +465,8 @@ def _xla_state(q, keys, values, ends, query_slots, starts, key_mask, scale, wind
     top = scores.max(axis=-1)
     weights = jnp.where(allowed, jnp.exp(scores - top[..., None]), 0.0)
     out = jnp.einsum("rkqs,rksd->rkqd", weights.astype(values.dtype), values, preferred_element_type=jnp.float32)
-    return (_unstack_state(top, batch, length, groups), _unstack_state(weights.sum(axis=-1), batch, length, groups),
-            _unstack_state(out, batch, length, groups))
+    return (unstack_state(top, batch, length, groups), unstack_state(weights.sum(axis=-1), batch, length, groups),
+            unstack_state(out, batch, length, groups))
 
 
 def _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window):
@@ -513,13 +530,13 @@ def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale
     """
     kernel = functools.partial(_paged_shard, scale=scale, window=window, block_size=pool_k.shape[3],
                                interpret=interpret)
-    return _paged_rows(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
-                       query_positions, mesh)
+    return paged_on_row_shards(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
+                               query_positions, mesh)
 
 
-def _paged_rows(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window, query_positions,
-                mesh):
-    """`kernel` (`_paged_shard` or `_xla_paged_shard`) on the whole pool, or on each of the mesh's row shards (its
+def paged_on_row_shards(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
+                        query_positions, mesh):
+    """`kernel` (`_paged_shard`, `_xla_paged_shard`, or another backend's paged kernel on one shard) on the whole pool, or on each of the mesh's row shards (its
     rows, their tables of local ids and its blocks), kv heads over "model" where it divides them."""
     _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
     rows = np.shape(block_tables)[0]
@@ -551,8 +568,8 @@ def xla_paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, s
     (`gather_rows`: the whole of every row's table, every call), then `xla_cache_attention_state`'s math with one
     live end per row. The oracle, and the paged read of a backend without a kernel for it."""
     kernel = functools.partial(_xla_paged_shard, scale=scale, window=window)
-    return _paged_rows(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
-                       query_positions, mesh)
+    return paged_on_row_shards(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
+                               query_positions, mesh)
 
 
 def _xla_paged_shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale,

@@ -37,7 +37,8 @@ Triton, not TF32). On a mesh the kernels run per shard (`flash_common.per_shard`
 interpreted (`interpret=True`): for tests, slowly. The block sizes, warps and stages are static
 (`Tiling`, defaults `BLOCK_Q`, `BLOCK_K`, `NUM_WARPS`, `NUM_STAGES`), to be tuned on a GPU.
 
-Cached decode steps keep the decoder's XLA math on a GPU (no `cache_state`).
+The rollout engine's paged decode reads its blocks in place through `pallas_gpu_decode`'s kernel (`paged_state`);
+the fixed batch's cached decode steps keep the decoder's XLA math on a GPU (no `cache_state`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
 from jaxgrpo.distributed import round_up
-from jaxgrpo.models.attention import AttentionImplementation, AttentionLayout, flash_common, target_platform
+from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, flash_common, pallas_decode,
+                                      pallas_gpu_decode, target_platform, with_window)
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
 #: Query rows (slots x query heads of one key/value head) per block.
@@ -430,12 +432,28 @@ def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap
         out = flash_common.per_shard(functools.partial(_flash_rows, settings=settings), q, k, v, used, mesh)
         return jnp.transpose(out, (0, 2, 1, 3, 4))
 
-    if not window:
-        return run(None)
-    if isinstance(sliding, bool):
-        return run(window if sliding else None)
-    return lax.cond(sliding, functools.partial(run, window), functools.partial(run, None))
+    return with_window(run, sliding, window)
+
+
+def paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, window=None, scale: float,
+                query_positions=None, mesh=None):
+    """Online-softmax state of a paged decode step's queries q [B, T, kv, G, D] over layer `layer`'s positions
+    [starts, lengths) of each row of a paged pool [L, N, kv, S, D], read in place through the rows' block tables
+    by `pallas_gpu_decode.paged_attention_state` (interpreted on a CPU); a pool whose block size or head dimension
+    Triton cannot tile (`pallas_gpu_decode.supports`) through `pallas_decode.xla_paged_attention_state`. A layer
+    that slides reads only the last `window` positions before each query."""
+    if pallas_gpu_decode.supports(pool_k):
+        state = functools.partial(pallas_gpu_decode.paged_attention_state, mesh=mesh,
+                                  interpret=target_platform(mesh) == "cpu")
+    else:
+        state = functools.partial(pallas_decode.xla_paged_attention_state, mesh=mesh)
+
+    def run(window):
+        return state(q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts, window=window,
+                     query_positions=query_positions)
+
+    return with_window(run, sliding, window)
 
 
 IMPLEMENTATION = AttentionImplementation(
-    name="pallas_gpu", platforms=("gpu", "cpu"), prepare=prepare, attend=attend)
+    name="pallas_gpu", platforms=("gpu", "cpu"), prepare=prepare, attend=attend, paged_state=paged_state)

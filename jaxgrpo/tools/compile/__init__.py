@@ -22,7 +22,8 @@ scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower b
 counts the traced program's matrix products with every scan body times its length (`count_products`:
 remat's recomputation and attention included), and each Pallas call at the analytic `cost_estimate` it
 states (splash attention: the blocks its mask visits, `pallas_tpu.splash_cost_estimates`; the decode
-kernel: a full cache, `pallas_decode.full_cache_cost_estimate`), estimates the time as their roofline,
+kernel: a full cache, `pallas_decode.full_cache_cost_estimate`, over a paged pool at most the pool's positions,
+`paged_cost_estimate`), estimates the time as their roofline,
 each at max(FLOPs / peak, bytes / HBM bandwidth), with the Pallas calls' share apart (`pallas_seconds`),
 and gives the estimated MFU (a roofline bound) that time implies for the model's analytic FLOPs (2·N per
 token forward, 6·N per token trained; a prefill, which computes logits only at the rows it draws from, less

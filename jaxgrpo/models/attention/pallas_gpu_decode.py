@@ -1,0 +1,166 @@
+"""Decode attention over a paged KV pool as a Pallas GPU kernel (the Triton backend): the rollout engine's decode
+reading its blocks in place on a GPU.
+
+The contract is `pallas_decode.paged_attention_state`'s (the TPU kernel's, and the XLA reference's): the online-
+softmax state (running max, normalizer, unnormalized output) of a decode step's queries over each row's live
+positions [starts[r], lengths[r]) in a pool [L, N, kv, S, D] of N blocks of S positions, row r's positions
+[j S, (j + 1) S) in pool block `tables[r, j]`; a sliding window drops positions `window` or more before a query.
+Shapes are checked, and the rows split over a mesh, by the same code (`pallas_decode.paged_rows`).
+
+How it runs on a GPU:
+
+* the grid is (cache rows, kv heads): one program per row and kv head, 1024 programs at batch 128 with 8 kv heads;
+  a program stacks its row's queries (share x G x T: the rows sharing a prefix row, the query heads of the kv head,
+  the new tokens) into one [Q, D] block, so each key is read once for all of them;
+* a program walks only the key blocks that meet its row's live range (and window), `pages` pool blocks per step:
+  their ids come from the row's table, and one gathered load brings their keys [pages x S, D] (the pool stays in
+  HBM in its own layout: no copy of a layer, no dense view of a row);
+* scores and the online softmax are float32 (exp2, with the scale folded into log2(e)); products take the pool's
+  dtype and accumulate in float32; the weights are cast to the pool's dtype before multiplying the values, as the
+  decoder does.
+
+Triton multiplies power-of-two blocks of at least 16: the pool's head dimension and block size must be powers of
+two (the head dimension at least 16; a block of fewer than 16 positions is read `16 / S` blocks per step). The
+queries are padded to a power of two of at least 16 (cheap: they are a handful of rows). `supports(pool)` says
+whether a pool fits; `pallas_gpu.paged_state` reads any other through `pallas_decode.xla_paged_attention_state`.
+On a CPU the kernel runs in Pallas' interpreter (`interpret=True`), for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pallas_triton
+
+from jaxgrpo.distributed import round_up
+from jaxgrpo.models.attention import pallas_decode
+from jaxgrpo.models.attention.pallas_decode import MASKED_SCORE
+
+#: Key positions per step of a program's loop (pool blocks gathered per step x their size), unless one block is
+#: larger: enough for a [Q, D] x [D, K] product to keep a GPU's tensor cores busy.
+KEYS_PER_STEP = 64
+#: Triton's warps per program and software-pipelining stages of the key loop.
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+_LOG2E = math.log2(math.e)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def supports(pool: jax.Array) -> bool:
+    """Whether the kernel reads `pool` [L, N, kv, S, D]: D a power of two of at least 16, S a power of two."""
+    block_size, head_dim = pool.shape[3], pool.shape[4]
+    return _power_of_two(block_size) and _power_of_two(head_dim) and head_dim >= 16
+
+
+def pages_per_step(block_size: int, keys_per_step: int = KEYS_PER_STEP) -> int:
+    """Pool blocks a program gathers per step: `keys_per_step` positions, at least one block."""
+    return max(1, keys_per_step // block_size)
+
+
+def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref, q_ref, pool_k_ref, pool_v_ref,
+            top_ref, total_ref, out_ref, *, scale, window, length, pages, block_size):
+    """Program (r, h): cache row r's stacked queries [Q, D] of kv head h over the row's live key blocks."""
+    r, h = pl.program_id(0), pl.program_id(1)
+    keys = pages * block_size
+    layer, high, query_position = layer_ref[0], lengths_ref[r], query_positions_ref[r]
+    low = jnp.maximum(starts_ref[r], 0)
+    if window is not None:  # new token 0 reaches back furthest
+        low = jnp.maximum(low, query_position - window + 1)
+    first = low // keys
+    stop = jnp.where(low < high, (high + keys - 1) // keys, first)
+    q = q_ref[...]
+    rows = q.shape[0]
+    query = query_position + lax.rem(jnp.arange(rows, dtype=jnp.int32), jnp.int32(length))  # t fastest
+
+    def visit(j, carry):
+        out, top, total = carry
+        blocks = tables_ref[pl.ds(j * pages, pages)]
+        k = pool_k_ref[layer, blocks, h, :, :].reshape(keys, q.shape[1])
+        v = pool_v_ref[layer, blocks, h, :, :].reshape(keys, q.shape[1])
+        positions = j * keys + jnp.arange(keys, dtype=jnp.int32)
+        allowed = ((positions >= low) & (positions < high))[None, :]
+        if window is not None:
+            allowed = allowed & (query[:, None] - positions[None, :] < window)
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * (scale * _LOG2E)
+        s = jnp.where(allowed, s, MASKED_SCORE)
+        new_top = jnp.maximum(top, jnp.max(s, axis=1))
+        p = jnp.where(allowed, jnp.exp2(s - new_top[:, None]), 0.0)
+        decay = jnp.exp2(top - new_top)
+        out = out * decay[:, None] + lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                                     preferred_element_type=jnp.float32)
+        return out, new_top, total * decay + jnp.sum(p, axis=1)
+
+    start = (jnp.zeros(q.shape, jnp.float32), jnp.full((rows,), MASKED_SCORE, jnp.float32),
+             jnp.zeros((rows,), jnp.float32))
+    out, top, total = lax.fori_loop(first, stop, visit, start)
+    seen = total > 0
+    top_ref[...] = jnp.where(seen, top / _LOG2E, MASKED_SCORE)  # natural-log units, as the state is defined
+    total_ref[...] = total
+    out_ref[...] = out
+
+
+def _shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale, window,
+           keys_per_step, num_warps, num_stages, interpret):
+    """The kernel on one shard's rows and blocks (`pallas_decode.paged_rows` hands them over)."""
+    if key_mask is not None:
+        raise ValueError("pallas_gpu's paged kernel takes no key_mask; read such a pool with "
+                         "pallas_decode.xla_paged_attention_state")
+    if not supports(pool_k):
+        raise ValueError(f"pallas_gpu's paged kernel needs a power-of-two block size and head dimension (at least 16), "
+                         f"got {pool_k.shape[3]} and {pool_k.shape[4]}; use pallas_decode.xla_paged_attention_state")
+    batch, length, kv_heads, groups, head_dim = q.shape
+    rows, max_blocks = block_tables.shape
+    block_size = pool_k.shape[3]
+    pages = pages_per_step(block_size, keys_per_step)
+    # Each program loads whole steps of its table: pad it to a multiple of `pages` (with the null block, never read).
+    tables = jnp.pad(block_tables, ((0, 0), (0, round_up(max_blocks, pages) - max_blocks)))
+    queries = pallas_decode.stack_queries(q.astype(pool_k.dtype), rows)  # [R, kv, Q, D]
+    stacked = queries.shape[2]
+    padded = max(16, pl.next_power_of_2(stacked))
+    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - stacked), (0, 0)))
+
+    def whole(x):
+        return pl.BlockSpec(x.shape, lambda r, h: (0,) * x.ndim)
+
+    per_row_head = pl.BlockSpec((None, None, padded), lambda r, h: (r, h, 0))
+    out_spec = pl.BlockSpec((None, None, padded, head_dim), lambda r, h: (r, h, 0, 0))
+    scalars = (jnp.reshape(layer, (1,)), lengths, query_positions, starts)
+    state_shape = jax.ShapeDtypeStruct((rows, kv_heads, padded), jnp.float32)
+    kernel = functools.partial(_kernel, scale=float(scale), window=window, length=length, pages=pages,
+                               block_size=block_size)
+    top, total, out = pl.pallas_call(
+        kernel, grid=(rows, kv_heads),
+        in_specs=[whole(x) for x in scalars] + [pl.BlockSpec((None, tables.shape[1]), lambda r, h: (r, 0)),
+                                                out_spec, whole(pool_k), whole(pool_v)],
+        out_specs=[per_row_head, per_row_head, out_spec],
+        out_shape=[state_shape, state_shape, jax.ShapeDtypeStruct(queries.shape, jnp.float32)],
+        compiler_params=pallas_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret, name="paged_attention_state_gpu",
+    )(*scalars, tables, queries, pool_k, pool_v)
+    unstack = functools.partial(pallas_decode.unstack_state, batch=batch, length=length, groups=groups)
+    return unstack(top[:, :, :stacked]), unstack(total[:, :, :stacked]), unstack(out[:, :, :stacked])
+
+
+def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale: float, *, starts=None,
+                          window: int | None = None, query_positions=None, mesh=None,
+                          keys_per_step: int = KEYS_PER_STEP, num_warps: int = NUM_WARPS,
+                          num_stages: int = NUM_STAGES, interpret: bool = False):
+    """`pallas_decode.paged_attention_state` (arguments, result and meaning) through the GPU kernel: each row's
+    live blocks read in place, `keys_per_step` positions per step of a program's loop. No `key_mask`.
+
+    Returns:
+      (top, total) float32 [B, kv, G, T] and out float32 [B, kv, G, T, D].
+    """
+    kernel = functools.partial(_shard, scale=scale, window=window, keys_per_step=keys_per_step,
+                               num_warps=num_warps, num_stages=num_stages, interpret=interpret)
+    return pallas_decode.paged_on_row_shards(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, None,
+                                             window, query_positions, mesh)

@@ -1,0 +1,136 @@
+"""The Pallas GPU (Triton) paged decode kernel (`pallas_gpu_decode.paged_attention_state`), interpreted on this CPU,
+against the XLA reference `xla_paged_attention_state`; its lowering for an H100 through Triton; its place behind
+`pallas_gpu.paged_state`."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxgrpo.models.attention import pallas_gpu, pallas_gpu_decode
+from jaxgrpo.models.attention.pallas_decode import MASKED_SCORE, xla_paged_attention_state
+from tests.models.test_attention_paged_decode import HEAD_DIM, _assert_states_close, _pool
+
+SCALE = HEAD_DIM ** -0.5
+
+
+@functools.partial(jax.jit, static_argnames=("window", "keys_per_step"))
+def _kernel(q, pool_k, pool_v, tables, layer, lengths, starts, query_positions=None, window=None,
+            keys_per_step=pallas_gpu_decode.KEYS_PER_STEP):
+    return pallas_gpu_decode.paged_attention_state(q, pool_k, pool_v, tables, layer, lengths, SCALE, starts=starts,
+                                                   window=window, query_positions=query_positions,
+                                                   keys_per_step=keys_per_step, interpret=True)
+
+
+@functools.partial(jax.jit, static_argnames=("window",))
+def _reference(q, pool_k, pool_v, tables, layer, lengths, starts, query_positions=None, window=None):
+    return xla_paged_attention_state(q, pool_k, pool_v, tables, layer, lengths, SCALE, starts=starts, window=window,
+                                     query_positions=query_positions)
+
+
+@pytest.mark.parametrize("block_size, groups, length, window, keys_per_step", [
+    (16, 2, 1, None, 64),  # four blocks gathered per step
+    (4, 1, 1, None, 64),  # blocks smaller than Triton's 16: sixteen per step
+    (8, 4, 4, None, 8),  # one block per step, 16 stacked queries
+    (16, 2, 1, 20, 32),  # a window
+    (32, 2, 3, 11, 16),  # a block larger than a step: one per step; a window inside a block
+])
+def test_kernel_equals_reference_at_every_fill_level(block_size, groups, length, window, keys_per_step):
+    """Six rows of different lengths: empty, one position, mid-block, a block boundary, one past it, full; two of
+    them starting after a shared prefix. The lengths traced (one compile for every fill)."""
+    max_blocks = 64 // block_size
+    q, pool_k, pool_v, tables, _ = _pool(block_size + groups + length, rows=6, max_blocks=max_blocks,
+                                         block_size=block_size, length=length, groups=groups)
+    starts = np.array([0, 0, 3, 0, 17, 0], np.int32)
+    for shift in (0, 7, 21):
+        lengths = np.minimum(np.array([0, 1, 8 + shift, 16 + shift, 33, 64], np.int32), 64)
+        args = (q, pool_k, pool_v, tables, 1, lengths, starts)
+        got = _kernel(*args, window=window, keys_per_step=keys_per_step)
+        _assert_states_close(got, _reference(*args, window=window), 2e-5)
+        # A query that can read nothing leaves a merge unchanged: (MASKED_SCORE, 0, 0); row 0 holds nothing.
+        empty = np.asarray(got[1]) == 0
+        assert empty[0].all() and (np.asarray(got[0])[empty] == MASKED_SCORE).all()
+        assert (np.asarray(got[2])[empty] == 0).all() and empty.sum() < empty.size
+
+
+def test_a_shared_prefix_is_read_once_for_its_rows_and_bfloat16():
+    """Two prefix rows read by 6 query rows (3 each, their new tokens 9 positions after the prefix) under a window:
+    the state of the prefix rows repeated per query row; a bfloat16 pool at bfloat16 tolerance, float32 state."""
+    share, window = 3, 30
+    for dtype, tolerance in ((jnp.float32, 2e-5), (jnp.bfloat16, 2e-2)):
+        q, pool_k, pool_v, tables, _ = _pool(5, rows=2, batch=2 * share, max_blocks=4, block_size=8, length=2,
+                                             dtype=dtype)
+        lengths = np.array([27, 32], np.int32)
+        got = _kernel(q, pool_k, pool_v, tables, 1, lengths, np.zeros(2, np.int32), lengths + 9, window=window)
+        assert all(x.dtype == jnp.float32 for x in got)
+        repeat = lambda x: np.repeat(x, share, axis=0)  # noqa: E731
+        want = _reference(q, pool_k, pool_v, repeat(tables), 1, repeat(lengths), np.zeros(6, np.int32),
+                          repeat(lengths + 9), window=window)
+        _assert_states_close(got, want, tolerance)
+
+
+def test_rows_and_their_blocks_sharded_over_devices_give_the_unsharded_state():
+    """16 rows over a 4 x 2 data x fsdp mesh: each shard holds its rows' blocks and tables of ids local to it (as
+    the rollout engine lays them out)."""
+    mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:8])
+    shards, rows_per_shard, max_blocks, block_size = 8, 2, 2, 8
+    local = [_pool(20 + i, rows=rows_per_shard, max_blocks=max_blocks, block_size=block_size, spare=1)
+             for i in range(shards)]
+    q, pool_k, pool_v, tables = (np.concatenate([np.asarray(part[i]) for part in local], axis=1 if i in (1, 2) else 0)
+                                 for i in range(4))
+    lengths = np.array([0, 3, 8, 9, 16, 2, 11, 5, 16, 1, 7, 12, 4, 15, 10, 6], np.int32)
+    state = functools.partial(pallas_gpu_decode.paged_attention_state, scale=SCALE, interpret=True)
+    pools = jax.device_put((pool_k, pool_v), NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"))))
+    got = jax.jit(lambda k, v: state(q, k, v, tables, 1, lengths, mesh=mesh))(*pools)
+    blocks = rows_per_shard * max_blocks + 1  # each shard's pool: its rows' blocks and a spare
+    global_tables = tables + (np.arange(16) // rows_per_shard * blocks)[:, None]
+    _assert_states_close(got, _reference(q, pool_k, pool_v, global_tables, 1, lengths, np.zeros(16, np.int32)), 1e-6)
+
+
+def test_the_pallas_gpu_attention_reads_pools_triton_cannot_tile_through_xla():
+    """`pallas_gpu.paged_state` runs the kernel where `supports` (power-of-two blocks and head dimension of at least
+    16), the XLA reference elsewhere, with the same state; the kernel itself refuses such a pool, and a key mask,
+    in one line."""
+    assert pallas_gpu.IMPLEMENTATION.paged_state is pallas_gpu.paged_state
+    q, pool_k, pool_v, tables, _ = _pool(7, rows=4, max_blocks=4, block_size=16)
+    lengths, starts = np.array([64, 9, 0, 31], np.int32), np.zeros(4, np.int32)
+    state = functools.partial(pallas_gpu.paged_state, scale=SCALE, window=20)
+    for sliding in (False, True):
+        _assert_states_close(state(q, pool_k, pool_v, tables, 1, lengths, starts, sliding),
+                             _reference(q, pool_k, pool_v, tables, 1, lengths, starts, window=20 if sliding else None),
+                             2e-5)
+    odd = [x[..., :12] for x in (q, pool_k, pool_v)]  # head dimension 12
+    assert pallas_gpu_decode.supports(pool_k) and not pallas_gpu_decode.supports(odd[1])
+    _assert_states_close(state(*odd, tables, 1, lengths, starts, True),
+                         _reference(*odd, tables, 1, lengths, starts, window=20), 1e-6)
+    with pytest.raises(ValueError, match="needs a power-of-two block size and head dimension .* got 16 and 12"):
+        pallas_gpu_decode.paged_attention_state(*odd, tables, 1, lengths, SCALE, interpret=True)
+
+
+def test_lowers_for_an_h100_through_triton():
+    """Lowered for a CUDA target on this CPU (`lowering_platforms=("cuda",)`, an abstract H100 mesh,
+    `interpret=False`) at Qwen3-0.6B's decode shapes (28 layers, 8 kv heads of 128, 2 query heads each, bfloat16,
+    the engine's 16-position blocks, 128 rows of up to 1536 positions: an 11 GiB pool) and at a toy's (float32, 4-position blocks, a window): one Triton call each. Triton's own
+    compilation to PTX happens in XLA on a GPU, so it is not checked here."""
+    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=h100)
+    for dtype, layers, rows, max_blocks, kv, groups, block_size, head_dim, window in (
+            (jnp.bfloat16, 28, 128, 96, 8, 2, 16, 128, None), (jnp.float32, 2, 8, 12, 2, 4, 4, 16, 8)):
+        pool = jax.ShapeDtypeStruct((layers, rows * max_blocks + 1, kv, block_size, head_dim), dtype)
+        specs = (jax.ShapeDtypeStruct((rows, 1, kv, groups, head_dim), dtype), pool, pool,
+                 jax.ShapeDtypeStruct((rows, max_blocks), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
+                 jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32))
+
+        def step(q, pool_k, pool_v, tables, layer, lengths, starts):
+            return pallas_gpu_decode.paged_attention_state(q, pool_k, pool_v, tables, layer, lengths, 0.1,
+                                                           starts=starts, window=window)
+
+        with jax.sharding.use_abstract_mesh(mesh):
+            text = jax.jit(step).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+        assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {"__gpu$xla.gpu.triton"}
+        assert re.findall(r'name = "(paged\w+)"', text) == ["paged_attention_state_gpu"]
