@@ -21,7 +21,7 @@ _EXPORTS = {
     "Trainer": "loop", "NoLearningSignal": "health", "NonFiniteUpdates": "health",
     "TrainState": "state", "Policy": "state", "ValueHead": "state", "make_optimizer": "state",
     "build_model": "state", "make_mesh": "state", "register_model_builder": "state", "MODEL_BUILDERS": "state",
-    "LoopState": "state", "rollout_mesh": "state",
+    "LoopState": "state", "rollout_mesh": "state", "process_sampler_mesh": "state",
     "adapt": "state", "trainable": "state",
     "TrainBatch": "step", "Objective": "step", "make_update_fn": "step", "make_loss_fn": "step",
     "completion_outputs": "step",

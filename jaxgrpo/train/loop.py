@@ -98,8 +98,10 @@ class Trainer:
         if self._local_sampler and not split:  # the engine on this process's devices, time-shared with the learner
             sampler_devices = jax.local_devices()
         #: The sampler's own devices (`mesh.rollout_devices`, the last ones; in a multi-process run this process's
-        #: own share, where it samples its own prompts), or None: it shares `mesh`.
-        self.rollout_mesh = state_lib.rollout_mesh(sampler_devices) if sampler_devices else None
+        #: own share, where it samples its own prompts, the weights split over them), or None: it shares `mesh`.
+        self.rollout_mesh = None if not sampler_devices else (
+            state_lib.process_sampler_mesh(sampler_devices) if self._local_sampler
+            else state_lib.rollout_mesh(sampler_devices))
         if model is None:
             model, tokenizer = state_lib.build_model(cfg)
             preflight.check_budget(cfg, model.config)  # a model built in code: its window is known now
@@ -191,11 +193,11 @@ class Trainer:
 
     def _placed_on_sampler(self, tree):
         """`tree` (on the learner's mesh) laid out on `rollout_mesh`. In a multi-process run the learner's mesh
-        spans the processes and each process's sampler is its own: the tree is gathered whole onto every learner
-        device (a collective of the learner's mesh), and each process moves its copy to its sampler's devices."""
+        spans the processes and each process's sampler is its own: one collective of the learner's mesh gives each
+        process a copy split over its learner devices (`state.process_copy`), which it moves to its sampler's
+        devices (where they are the same devices, as they are)."""
         if self._local_sampler:
-            whole = jax.jit(lambda t: t, out_shardings=NamedSharding(self.mesh, P()))(tree)
-            tree = jax.tree.map(lambda x: x.addressable_data(0), whole)
+            tree = state_lib.process_copy(tree, self.mesh)
         return partitioning.place_state(tree, self.rollout_mesh)
 
     def behaviour_copy(self, params):

@@ -192,6 +192,45 @@ def rollout_mesh(devices: Sequence) -> jax.sharding.Mesh:
                          axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
 
 
+def process_sampler_mesh(devices: Sequence) -> jax.sharding.Mesh:
+    """A process's own sampler mesh over its `devices` in a multi-process run (`preflight.samples_locally`): the
+    weights split over them (`fsdp`, by their logical axes) rather than whole on each, since a model the learner
+    splits over every chip of the slice may not fit one chip whole; the sampler's rows split over them too."""
+    devices = sorted(devices, key=lambda d: d.id)
+    return jax.sharding.Mesh(np.array(devices).reshape(1, len(devices), 1), ("data", "fsdp", "model"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def hosts_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """`mesh`'s devices as one row per process, axes ("hosts", "fsdp", "model"): parameters laid out on it by their
+    logical axes are whole on every process and split over each process's devices (no rule names "hosts")."""
+    devices = sorted(mesh.devices.flat, key=lambda d: (d.process_index, d.id))
+    processes = len({d.process_index for d in devices})
+    if len(devices) % processes:
+        raise ValueError(f"the mesh's {len(devices)} devices do not split evenly over its {processes} processes")
+    return jax.sharding.Mesh(np.array(devices).reshape(processes, -1, 1), ("hosts", "fsdp", "model"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def process_copy(tree, mesh: jax.sharding.Mesh):
+    """A tree of parameters laid out on `mesh` (spanning the processes) as this process's own copy, split over its
+    devices of `mesh` (`process_sampler_mesh` of them): one collective of `mesh` lays the tree out on `hosts_mesh`
+    (a whole copy per process, each split over the process's devices), whose shards on this process's devices are
+    then its copy, as they are. No device holds the whole tree (as a gather to every device would)."""
+    from jaxgrpo.models import partitioning
+
+    hosts = hosts_mesh(mesh)
+    spread = partitioning.place_state(tree, hosts)
+    row = next(r for r in hosts.devices if r.flat[0].process_index == jax.process_index())
+    local = process_sampler_mesh(list(row.flat))
+
+    def local_array(x):
+        sharding = jax.sharding.NamedSharding(local, x.sharding.spec)
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, [s.data for s in x.addressable_shards])
+
+    return jax.tree.map(local_array, spread)
+
+
 def init_state(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:
     """The state at step 0 for `params` laid out on `mesh`: every leaf on the mesh, scalars replicated,
     so the jitted update sees one input type."""

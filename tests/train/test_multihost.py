@@ -5,6 +5,7 @@ coordinator on 127.0.0.1 (cross-process collectives over gloo), so the mesh, the
 update, the gathers and the orbax checkpoint all take their multi-controller code paths.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -27,6 +28,7 @@ TIMEOUT_S = 1800  # per run; the machine may be shared and each process compiles
 # handed out, to an .npz.
 _WORKER = textwrap.dedent(
     """
+    import json
     import sys
 
     num_processes, process_id, port, run_dir, out, resume = sys.argv[1:7]
@@ -77,6 +79,12 @@ _WORKER = textwrap.dedent(
     flat = {{jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
     np.savez(out, **flat, __step__=int(trainer.state.step), __data_position__=trainer.loop_state.data_position,
              __scored_rows__=np.array(scored_rows, np.int32), __read__=np.array(source.read, np.int64))
+    # Where the sampler's copy of the largest weight lives: the processes its devices belong to, how many devices,
+    # and the largest share of it one device holds.
+    biggest = max(jax.tree.leaves(trainer.sampler_params(trainer.state.params)), key=lambda x: x.size)
+    json.dump({{"processes": sorted({{d.process_index for d in biggest.devices()}}), "devices": len(biggest.devices()),
+               "share": max(s.data.size for s in biggest.addressable_shards) / biggest.size}},
+              open(out + ".sampler.json", "w"))
     """
 )
 
@@ -132,6 +140,12 @@ def _one_and_two_processes(tmp_path, script, mode="fresh", overrides=""):
     return _load(tmp_path / "single.npz"), _load(tmp_path / "multi_0.npz"), _load(tmp_path / "multi_1.npz")
 
 
+def _sampler(out):
+    """What a worker wrote about its sampler's copy of the largest weight."""
+    with open(f"{out}.sampler.json") as f:
+        return json.load(f)
+
+
 def _assert_trained_alike(reference, trained, trained_1=None):
     """Two processes' parameters equal one process's within 1e-5 (the all-reduce order differs), and each other's
     exactly (every host holds the same global values)."""
@@ -161,6 +175,10 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     assert not set(read_0) & set(read_1) and sorted([*read_0, *read_1]) == sorted(read)
     _assert_trained_alike(reference, trained, trained_1)
     assert int(trained["__step__"]) == 2
+    # Each host's engine holds its own copy of the weights split over its 4 devices (not whole on each: a model the
+    # learner splits over the slice may not fit one chip).
+    for i in range(2):
+        assert _sampler(tmp_path / f"multi_{i}.npz") == {"processes": [i], "devices": 4, "share": 0.25}
     # Only process 0 logs: one record per step, not one per host.
     assert [r["step"] for r in read_jsonl(multi / "metrics.jsonl")] == [1, 2]
     assert sorted(os.listdir(multi / "checkpoints")) == ["2"]
@@ -197,6 +215,8 @@ def test_two_processes_one_step_off_each_sampling_on_its_own_devices_train_like_
         record.pop("__read__")
     trained_1.pop("__scored_rows__")
     _assert_trained_alike(reference, trained, trained_1)
+    for i in range(2):  # each host's sampler: its 2 devices, the weights split over them
+        assert _sampler(tmp_path / f"multi_{i}.npz") == {"processes": [i], "devices": 2, "share": 0.5}
     records = read_jsonl(multi / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and [r["staleness_max"] for r in records] == [0, 1]
     # Overlap: step 2's rollout was sampled while step 1 learned.
