@@ -37,9 +37,9 @@ def gsm8k_grpo_tpu(model: str, run_dir: str) -> Config:
     # The fixed-batch sampler: its decode runs the Pallas decode kernel over its KV cache (1.01-1.04x the HBM
     # floor, docs/tpu.md). The rollout engine's decode reads its blocks in place with the same kernel since
     # 2026-12-05 (Qwen3-1.7B on a v5e-8: 2.35-3.67 GiB per chip, 0.13 GiB of memory-bound work a step, as the fixed
-    # batch's 0.14; estimated 1.04-1.07x its step floor), but the recipes' compile reports are the fixed batch's and
-    # lay the engine over the whole slice, where a multi-host run has one per process: the recipes switch once they
-    # are redone as a run places them (docs/engine.md, "Not yet").
+    # batch's 0.14; a host's engine estimated within 1.05x its step floor), but the recipes' compile reports
+    # (docs/tpu.md) are the fixed batch's: the recipes switch once they are redone with the engine's programs and a
+    # run is measured (docs/engine.md, "Not yet").
     c.sampling.engine = False
     c.mesh.data, c.mesh.fsdp, c.mesh.model = 1, -1, 1
     c.optimizer.lr = 1e-6

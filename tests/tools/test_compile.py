@@ -4,6 +4,7 @@ mesh says, and move nothing through the host (the decode loop included); whole-p
 iteration; bfloat16 optimizer state halves the moments; bad input gets one-line errors."""
 
 import json
+import math
 import re
 import sys
 
@@ -43,6 +44,10 @@ def _config(path, *overrides):
 
 def _toy(*overrides):
     return _config(TOY, *overrides)
+
+
+def _mesh(cfg, topology):
+    return train.make_mesh(cfg, aot.topology_devices(topology)[1])
 
 
 @pytest.fixture(scope="module")
@@ -213,26 +218,36 @@ def test_count_products_counts_the_decode_kernel_at_a_full_cache_per_shard_times
         assert count.bytes >= 2 * rows * kv_heads * capacity * head_dim * 2
 
 
-def test_the_engines_kv_memory_follows_its_live_tokens_and_splits_over_data_and_fsdp():
-    # The toy as 4-way data x 2-way FSDP: the engine's pool and slots split over both (8 row shards, as the
-    # decoder's activations split rows), at two fill levels.
+def test_the_engines_kv_memory_follows_its_live_tokens_and_each_host_compiles_its_own():
+    # The toy on a 2-host slice (the learner 4-way data x 2-way FSDP): a run's engines are one per host, on its 4
+    # chips with its half of the rows and its copy of the weights split over them (`train.process_sampler_mesh`),
+    # so host 0's is compiled: its pool and slots over its 4 chips, at two fill levels.
     cfg = _toy("mesh.data=4", "mesh.fsdp=2")
     report = aot.compile_experiment(cfg, ONE_HOST, programs=("engine",))
     c = aot.decoder_config(cfg)
-    position_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jax.numpy.dtype(cfg.dtype).itemsize / 8
+    chips, hosts = 4, 2
+    position_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jax.numpy.dtype(cfg.dtype).itemsize / chips
     _, half, full = report.programs
     assert [p.program for p in report.programs] == ["engine prefill", "engine decode 50% full",
                                                     "engine decode 100% full"]
     assert all(p.fits and not p.host_transfers for p in report.programs)
     prefill = report.programs[0]
+    prompts, samples = cfg.prompts_per_step // hosts, cfg.prompts_per_step * cfg.group_size // hosts
     assert prefill.model_flops == pytest.approx(aot.prefill_model_flops(
-        report.num_params, c.vocab_size * c.hidden_size, round_up(cfg.prompts_per_step, 8) * cfg.sampling.max_prompt_len,
-        round_up(cfg.prompts_per_step * cfg.group_size, 8)) / 8)
+        report.num_params, c.vocab_size * c.hidden_size, round_up(prompts, chips) * cfg.sampling.max_prompt_len,
+        round_up(samples, chips)) / chips)
     assert 0 < prefill.mfu <= 1 and prefill.model_flops <= prefill.program_flops
-    # The pool holds the live positions in whole blocks, plus each shard's null block, and a chip an eighth.
+    # The pool holds the host's live positions in whole blocks, plus each chip's null block, and a chip a quarter;
+    # the step's floor reads a quarter of the weights per chip (the host's copy split over its 4 chips).
     assert full.live_tokens > 1.8 * half.live_tokens
-    for p in (half, full):  # keys and values of every layer, over 8 row shards, each with its null block
-        assert p.kv_pool_bytes == (p.live_tokens + 8 * aot.ENGINE_BLOCK_SIZE) * position_bytes
+    context = cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens
+    assert full.live_tokens == samples * round_up(context, aot.ENGINE_BLOCK_SIZE)
+    weights = sum(math.prod(x.shape) * x.dtype.itemsize for x in
+                  jax.tree.leaves(aot.abstract_train_state(cfg, _mesh(cfg, ONE_HOST)).state.params))
+    chip = aot.CHIPS["v5e"]
+    for p in (half, full):  # keys and values of every layer, over 4 row shards, each with its null block
+        assert p.kv_pool_bytes == (p.live_tokens + chips * aot.ENGINE_BLOCK_SIZE) * position_bytes
+        assert p.step_floor_seconds * chip.hbm_bandwidth == pytest.approx(weights / chips + p.kv_pool_bytes, rel=0.01)
     # The decode chunk's arguments grow by its donated pool's growth, nothing else changes between the levels (the
     # chip allocates the toy's small buffers in rounded-up sizes, so the donated bytes are the measure), and no
     # collective moves more for the bigger pool: each shard reads its own blocks.
@@ -243,7 +258,7 @@ def test_the_engines_kv_memory_follows_its_live_tokens_and_splits_over_data_and_
     # decode is estimated at about half the full one's Pallas time.
     assert 0 < half.pallas_seconds < 0.6 * full.pallas_seconds
     # On a TPU the decode reads the blocks in place with pallas_tpu's paged kernel (no dense view of them).
-    mesh = train.make_mesh(cfg, aot.topology_devices(ONE_HOST)[1])
+    mesh = _mesh(cfg, ONE_HOST)
     decode = aot.lower_engine(cfg, mesh, aot.abstract_train_state(cfg, mesh), 0.5).decode[0]
     assert "paged_attention_state" in decode.as_text()
 

@@ -228,15 +228,17 @@ class EnginePrograms(NamedTuple):
     pool_bytes: int  # the pool's bytes per chip
 
 
-def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float) -> EnginePrograms:
+def lower_engine(cfg: Config, mesh, abstract: Abstract, fill: float, processes: int = 1) -> EnginePrograms:
     """The engine's prefill and decode chunk (`jaxgrpo.engine.trace_programs`) for one step's requests: a slot
     per sample, a pool of blocks holding `fill` of every slot's whole context (prompt and completion), the
     decode chunk reading that many cached positions. Its blocks and slots split over the mesh's data and fsdp axes
-    (`distributed.batch_shards`)."""
+    (`distributed.batch_shards`). With `processes` > 1, one process's engine (`mesh` its own chips): its share of
+    the prompts and samples."""
     from jaxgrpo import engine, sampler
 
     decoder, graphdef, state = _abstract_decoder(abstract)
-    s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
+    s, g = cfg.sampling, cfg.group_size
+    prompts = -(-cfg.prompts_per_step // processes)
     shards, block = batch_shards(mesh), ENGINE_BLOCK_SIZE
     slots = round_up(prompts * g, shards)  # a slot per sample, as many on each shard (the trainer's engine)
     context = s.max_prompt_len + s.max_new_tokens

@@ -289,15 +289,24 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
             reports.append(program_report("decode", *decode, chip, sampler_chips, 2 * n * new_tokens, floor,
                                            calibrations=calibrations))
     if "engine" in programs:
+        # A multi-process run's engines are one per process, on its own chips with its share of the rows and its copy
+        # of the weights split over them (`Trainer.engine`, `train.process_sampler_mesh`): one process's is compiled.
+        processes = len({d.process_index for d in devices})
+        engine_mesh, engine_abstract, engine_chips = sampler_mesh, sampler_abstract, sampler_chips
+        if processes > 1:  # process 0's chips: its learner's, or its share of `mesh.rollout_devices`
+            own = [d for d in devices if d.process_index == 0]
+            own = own[len(own) - split // processes:] if split else own
+            engine_mesh, engine_chips = train.process_sampler_mesh(own), len(own)
+            engine_abstract = abstract_train_state(cfg, engine_mesh)
         for fill in ENGINE_FILLS:
-            e = lower_engine(cfg, sampler_mesh, sampler_abstract, fill)
+            e = lower_engine(cfg, engine_mesh, engine_abstract, fill, processes=processes)
             if fill == ENGINE_FILLS[0]:  # the prefill reads no cached positions: one fill level tells it
                 reports.append(dataclasses.replace(
-                    program_report("engine prefill", *e.prefill, chip, sampler_chips,
+                    program_report("engine prefill", *e.prefill, chip, engine_chips,
                                    prefill_model_flops(n, unembedding, e.prompt_tokens, e.draws), calibrations=calibrations), kv_pool_bytes=e.pool_bytes, live_tokens=e.live_tokens))
-            floor = per_chip_bytes((sampler_abstract.state.params, sampler_abstract.rest)) + e.pool_bytes
+            floor = per_chip_bytes((engine_abstract.state.params, engine_abstract.rest)) + e.pool_bytes
             reports.append(dataclasses.replace(
-                program_report(f"engine decode {fill:.0%} full", *e.decode, chip, sampler_chips,
+                program_report(f"engine decode {fill:.0%} full", *e.decode, chip, engine_chips,
                                 2 * n * e.decode_tokens,
                                 floor, calibrations=calibrations), kv_pool_bytes=e.pool_bytes,
                 live_tokens=e.live_tokens))
