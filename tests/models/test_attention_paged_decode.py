@@ -59,17 +59,24 @@ def _reference(q, pool_k, pool_v, tables, layer, lengths, starts, key_mask, wind
     (16, 2, 1, None), (8, 1, 1, None), (8, 4, 4, None), (16, 2, 1, 20), (8, 2, 4, 11),
 ])
 def test_kernel_equals_reference_at_every_fill_level(block_size, groups, length, window):
-    """Six rows of different lengths: empty, one position, mid-block, a block boundary, one past it, full; two of
-    them starting after a shared prefix. Layer and lengths traced (one compile for every fill)."""
+    """Layer and lengths traced (one compile for every fill); a key mask."""
+    assert_every_fill_level(functools.partial(_kernel, window=window), functools.partial(_reference, window=window),
+                            block_size=block_size, groups=groups, length=length, key_mask=True)
+
+
+def assert_every_fill_level(kernel, reference, *, block_size, groups, length, key_mask):
+    """`kernel(*args)` equals `reference(*args)` for args (q, pool_k, pool_v, tables, layer, lengths, starts[,
+    key_mask]) of six rows of different lengths: empty, one position, mid-block, a block boundary, one past it,
+    full; two of them starting after a shared prefix; at three shifts of the lengths."""
     max_blocks = 64 // block_size
-    q, pool_k, pool_v, tables, key_mask = _pool(block_size + groups + length, rows=6, max_blocks=max_blocks,
-                                                block_size=block_size, length=length, groups=groups)
+    q, pool_k, pool_v, tables, mask = _pool(block_size + groups + length, rows=6, max_blocks=max_blocks,
+                                            block_size=block_size, length=length, groups=groups)
     starts = np.array([0, 0, 3, 0, 17, 0], np.int32)
     for shift in (0, 7, 21):
         lengths = np.minimum(np.array([0, 1, 8 + shift, 16 + shift, 33, 64], np.int32), 64)
-        args = (q, pool_k, pool_v, tables, 1, lengths, starts, key_mask)
-        got = _kernel(*args, window=window)
-        _assert_states_close(got, _reference(*args, window=window), 2e-5)
+        args = (q, pool_k, pool_v, tables, 1, lengths, starts) + ((mask,) if key_mask else ())
+        got = kernel(*args)
+        _assert_states_close(got, reference(*args), 2e-5)
         # A query that can read nothing leaves a merge unchanged: (MASKED_SCORE, 0, 0); row 0 holds nothing.
         empty = np.asarray(got[1]) == 0
         assert empty[0].all() and (np.asarray(got[0])[empty] == MASKED_SCORE).all()

@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo.models.attention import pallas_gpu, pallas_gpu_decode
-from jaxgrpo.models.attention.pallas_decode import MASKED_SCORE, xla_paged_attention_state
-from tests.models.test_attention_paged_decode import HEAD_DIM, _assert_states_close, _pool
+from jaxgrpo.models.attention.pallas_decode import xla_paged_attention_state
+from tests.models.test_attention_paged_decode import HEAD_DIM, _assert_states_close, _pool, assert_every_fill_level
 
 SCALE = HEAD_DIM ** -0.5
 
@@ -40,21 +40,10 @@ def _reference(q, pool_k, pool_v, tables, layer, lengths, starts, query_position
     (32, 2, 3, 11, 16),  # a block larger than a step: one per step; a window inside a block
 ])
 def test_kernel_equals_reference_at_every_fill_level(block_size, groups, length, window, keys_per_step):
-    """Six rows of different lengths: empty, one position, mid-block, a block boundary, one past it, full; two of
-    them starting after a shared prefix. The lengths traced (one compile for every fill)."""
-    max_blocks = 64 // block_size
-    q, pool_k, pool_v, tables, _ = _pool(block_size + groups + length, rows=6, max_blocks=max_blocks,
-                                         block_size=block_size, length=length, groups=groups)
-    starts = np.array([0, 0, 3, 0, 17, 0], np.int32)
-    for shift in (0, 7, 21):
-        lengths = np.minimum(np.array([0, 1, 8 + shift, 16 + shift, 33, 64], np.int32), 64)
-        args = (q, pool_k, pool_v, tables, 1, lengths, starts)
-        got = _kernel(*args, window=window, keys_per_step=keys_per_step)
-        _assert_states_close(got, _reference(*args, window=window), 2e-5)
-        # A query that can read nothing leaves a merge unchanged: (MASKED_SCORE, 0, 0); row 0 holds nothing.
-        empty = np.asarray(got[1]) == 0
-        assert empty[0].all() and (np.asarray(got[0])[empty] == MASKED_SCORE).all()
-        assert (np.asarray(got[2])[empty] == 0).all() and empty.sum() < empty.size
+    """The lengths traced (one compile for every fill); no key mask (the engine's decode passes none)."""
+    assert_every_fill_level(functools.partial(_kernel, window=window, keys_per_step=keys_per_step),
+                            functools.partial(_reference, window=window), block_size=block_size, groups=groups,
+                            length=length, key_mask=False)
 
 
 def test_a_shared_prefix_is_read_once_for_its_rows_and_bfloat16():
