@@ -167,6 +167,20 @@ def _with_memory(program: dict) -> str:
     return _ms(program.get("estimated_seconds_with_memory") or None)
 
 
+def engine_report(report: dict) -> bool:
+    """A report of the rollout engine's programs alone (`--programs engine`, named NAME_engine)."""
+    return bool(report["programs"]) and all(p["program"].startswith("engine") for p in report["programs"])
+
+
+def program_label(report: dict, program: dict) -> str:
+    """A program's name, and for the engine's on a slice of several hosts whose it is: one host's engine, on that
+    host's chips (a run has one per host)."""
+    name = program["program"]
+    if name.startswith("engine") and report["hosts"] > 1:
+        name += f" (a host's: {report['chips'] // report['hosts']} chips)"
+    return name
+
+
 def table(reports: list[dict]) -> list[str]:
     lines = [
         "| model | topology | attention | program | fits | HBM per chip (GiB) | compiler estimate, loop bodies once (ms) "
@@ -184,7 +198,7 @@ def table(reports: list[dict]) -> list[str]:
             mfu = "-" if p.get("mfu") is None else f"{_percent(p['mfu'])} / {_percent(p.get('mfu_with_memory'))}"
             lines.append(
                 f"| {label(r)} | {r['topology']} ({r['chips']} chips, {r['hosts']} host{'s' * (r['hosts'] > 1)}) "
-                f"| {attention(r)} | {p['program']} | {'yes' if p['fits'] else '**no**'} "
+                f"| {attention(r)} | {program_label(r, p)} | {'yes' if p['fits'] else '**no**'} "
                 f"| {p['hbm_bytes'] / GiB:.2f} of {p['hbm_capacity'] / GiB:.0f} | {_ms(p['compiler_seconds'])} "
                 f"| {_ms(p['estimated_seconds'])} | {_pallas_ms(r, p)} | {_with_memory(p)} | {mfu} | {decode} "
                 f"| {p['compile_seconds']:.0f} |")
@@ -272,7 +286,7 @@ def _packing(report: dict) -> bool:
 
 def goals(reports: list[dict], calibrations: list | None = None) -> list[str]:
     calibrations = calibration_rows() if calibrations is None else calibrations
-    as_recipe = [r for r in reports if label(r) == r["model"]]
+    as_recipe = [r for r in reports if label(r) == r["model"] and not engine_report(r)]
     by_model = {(r["model"], r["topology"]): r for r in as_recipe}
     lines = ["| goal | from the compile reports (times and estimated MFU: roofline bounds) | met |", "|---|---|---|"]
     by_name = {r["name"]: r for r in reports}
@@ -316,6 +330,23 @@ def goals(reports: list[dict], calibrations: list | None = None) -> list[str]:
             lines.append(f"| compiling the 8B update <= {COMPILE_GOAL_SECONDS:.0f} s on this 2-core machine | "
                          f"{update['compile_seconds']:.0f} s (1-minute load average {load} while it compiled) | "
                          f"{'yes' if met else 'no, ' + format(update['compile_seconds'] / COMPILE_GOAL_SECONDS, '.1f') + 'x'} |")
+    lines += _engine_goals([r for r in reports if engine_report(r)])
+    return lines
+
+
+def _engine_goals(reports: list[dict]) -> list[str]:
+    """The rollout engine's decode step against its HBM floor with the paged kernel, its pool full (the costliest
+    step), per recipe: one host's engine, its slots that host's share of the step's 128 rows."""
+    lines = []
+    for r in reports:
+        full = _program(r, "engine decode 100% full")
+        if full is None or not full.get("step_floor_seconds"):
+            continue
+        ratio = full["estimated_seconds"] / full["step_floor_seconds"]
+        host = f"one host's engine, {128 // r['hosts']} slots" if r["hosts"] > 1 else "128 slots"
+        lines.append(f"| {label(r)} on {r['topology']}: the engine's decode step ({host}, pool full) <= {DECODE_GOAL}x its "
+                     f"HBM floor (attention {attention(r)}: the paged kernel) | {full['estimated_seconds'] * 1e3:.2f} / "
+                     f"{full['step_floor_seconds'] * 1e3:.2f} ms = {ratio:.2f}x | {'yes' if ratio <= DECODE_GOAL else 'no'} |")
     return lines
 
 
@@ -465,7 +496,12 @@ def render(directory: str = REPORTS) -> str:
         "  products' estimate, then x the estimate with memory-bound work; an upper bound on a real run's;",
         "* *decode step / HBM floor*: one decode step's products' roofline against the bytes a chip must read",
         "  per token (its parameters and the whole KV cache) at its HBM bandwidth. Under FSDP a decode step",
-        "  also all-gathers every layer's weights (the `all-gather` bytes below), which neither figure counts.",
+        "  also all-gathers every layer's weights (the `all-gather` bytes below), which neither figure counts;",
+        "* *engine* rows (`--programs engine`, reports named `*_engine`): the rollout engine's prefill and one decode",
+        "  step of a chunk with its paged KV pool half and wholly full (a slot per sample, 16-position blocks),",
+        "  the decode reading the blocks in place with the paged kernel; its floor is the parameters and the pool",
+        "  a chip holds. On a slice of several hosts a run has one engine per host, on that host's chips with its",
+        "  share of the rows and its copy of the weights split over them: that is what is compiled (*a host's*).",
         "",
         "## Reports",
         "",
@@ -561,8 +597,9 @@ def render(directory: str = REPORTS) -> str:
     ]
     for r in reports:
         overrides = " ".join(r.get("overrides") or [])
+        programs = dict.fromkeys("engine" if p["program"].startswith("engine") else p["program"] for p in r["programs"])
         out.append(f"jaxgrpo-compile {r.get('experiment', '?')} --topology {r['topology']} --programs "
-                   f"{' '.join(p['program'] for p in r['programs'])}{' --set ' + overrides if overrides else ''}"
+                   f"{' '.join(programs)}{' --set ' + overrides if overrides else ''}"
                    f"{' --cpu-forms' if r.get('cpu_forms') else ''} --json docs/tpu/{r['name']}.json")
     out += ["```", "", f"then `{COMMAND}` re-renders this page (`--record` does both and adds the machine's load)."]
     return "\n".join(out) + "\n"
@@ -574,7 +611,7 @@ def record(experiment: str, topology: str, programs: list[str], overrides: list[
     docs/tpu/NAME.json (NAME: the experiment's file name by default)."""
     name = name or os.path.splitext(os.path.basename(experiment))[0]
     path = os.path.join(directory, f"{name}.json")
-    command = [sys.executable, "-c", "import sys; from jaxgrpo import cli; sys.exit(cli.compile_main(sys.argv[1:]))",
+    command = [sys.executable, "-c", "import sys; from jaxgrpo.tools import cli; sys.exit(cli.compile_main(sys.argv[1:]))",
                experiment, "--topology", topology, "--programs", *programs, "--json", path]
     if overrides:
         command += ["--set", *overrides]

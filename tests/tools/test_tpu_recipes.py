@@ -81,3 +81,23 @@ def test_long_sequence_goals_read_linear_growth_and_fits():
     too_big = {**linear, name: report(name, 32768, 20, fits=False)[1]}
     assert docs._long_sequence_goals(too_big)[1].endswith("| no |")
     assert docs._long_sequence_goals({})[0].endswith("| not compiled | no |")
+
+
+def test_engine_reports_are_goals_of_their_own_and_name_one_hosts_engine():
+    """A report of the engine's programs alone is not the recipe's (its fit, MFU and decode goals stay the recipe
+    report's): its full pool's decode step is a goal against the floor, and on several hosts its rows name one host's
+    engine."""
+    docs = _tpu_docs()
+
+    def program(name, seconds=None, floor=None):
+        return {"program": name, "estimated_seconds": seconds, "step_floor_seconds": floor}
+
+    engine = {"name": "x_engine", "model": "qwen3-1.7b", "topology": "v5e:2x4", "hosts": 2, "chips": 8,
+              "attention": "pallas_tpu", "programs": [program("engine prefill"),
+                                                      program("engine decode 100% full", 5e-3, 4e-3)]}
+    assert docs.engine_report(engine) and not docs.engine_report({**engine, "programs": [program("decode")]})
+    (row,) = docs._engine_goals([engine])
+    assert "(one host's engine, 64 slots, pool full)" in row and row.endswith("| 5.00 / 4.00 ms = 1.25x | yes |")
+    slow = {**engine, "programs": [program("engine decode 100% full", 6e-3, 4e-3)]}
+    assert docs._engine_goals([slow])[0].endswith("= 1.50x | no |")
+    assert docs.program_label(engine, engine["programs"][1]) == "engine decode 100% full (a host's: 4 chips)"
