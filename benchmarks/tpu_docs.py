@@ -502,6 +502,8 @@ def render(directory: str = REPORTS) -> str:
         "  the decode reading the blocks in place with the paged kernel; its floor is the parameters and the pool",
         "  a chip holds. On a slice of several hosts a run has one engine per host, on that host's chips with its",
         "  share of the rows and its copy of the weights split over them: that is what is compiled (*a host's*).",
+        "  The recipes sample through the engine (the default `sampling.engine`, since 2026-12-06); the `decode`",
+        "  rows are the fixed batch's (`sampling.engine=false`), the recipes' sampler before.",
         "",
         "## Reports",
         "",

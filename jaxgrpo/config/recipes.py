@@ -34,13 +34,10 @@ def gsm8k_grpo_tpu(model: str, run_dir: str) -> Config:
     c.sampling.max_prompt_len = 512
     c.sampling.max_new_tokens = 1024
     c.sampling.temperature = 1.0
-    # The fixed-batch sampler: its decode runs the Pallas decode kernel over its KV cache (1.01-1.04x the HBM
-    # floor, docs/tpu.md). The rollout engine's decode reads its blocks in place with the same kernel since
-    # 2026-12-05 (Qwen3-1.7B on a v5e-8: 2.35-3.67 GiB per chip, 0.13 GiB of memory-bound work a step, as the fixed
-    # batch's 0.14; a host's engine estimated within 1.05x its step floor), but the recipes' compile reports
-    # (docs/tpu.md) are the fixed batch's: the recipes switch once they are redone with the engine's programs and a
-    # run is measured (docs/engine.md, "Not yet").
-    c.sampling.engine = False
+    # The rollout engine (the default sampler, `sampling.engine`): one per host, its decode reading the paged pool in
+    # place with the Pallas kernel, estimated at 0.99-1.02x its step's HBM floor with the pool full, every program
+    # fitting (docs/tpu.md, the *_engine reports; no TPU run measured yet). `sampling.engine=false` samples with the
+    # fixed batch (its decode 1.01-1.04x the floor), the recipes' sampler until 2026-12-06.
     c.mesh.data, c.mesh.fsdp, c.mesh.model = 1, -1, 1
     c.optimizer.lr = 1e-6
     c.steps = 500
