@@ -219,8 +219,8 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
 
 def reads_pages_in_place(model, mesh) -> bool:
     """Whether the engine's decode reads the pool's blocks in place on this backend (`Backend.reads_pages_in_place`:
-    the attention implementation has a paged kernel: `pallas_tpu`, `pallas_gpu`), rather than through dense views gathered once a
-    chunk (the reference form, which the other backends' cache readers run fastest)."""
+    the attention implementation has a paged kernel: `pallas_tpu`, `pallas_gpu`), rather than through dense views
+    gathered once a chunk (the reference form, which the CPU's cache reader runs fastest)."""
     return model.backend(mesh).reads_pages_in_place
 
 
@@ -294,6 +294,7 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
         return abstract((count,), dtype)
 
     samplings = (sampling,)
+    in_place = reads_pages_in_place(model, mesh)  # as `Engine` chooses: then no dense view (width 0)
     with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
         prefill = forward_program.trace(
             graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
@@ -302,6 +303,6 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
         decode = decode_program.trace(
             graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
             rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
-            rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=width, steps=steps, samplings=samplings, mesh=mesh,
-            in_place=reads_pages_in_place(model, mesh))
+            rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=0 if in_place else width, steps=steps,
+            samplings=samplings, mesh=mesh, in_place=in_place)
     return {"engine prefill": prefill, "engine decode": decode}
