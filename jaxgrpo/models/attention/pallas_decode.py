@@ -536,8 +536,9 @@ def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale
 
 def paged_on_row_shards(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
                         query_positions, mesh):
-    """`kernel` (`_paged_shard`, `_xla_paged_shard`, or another backend's paged kernel on one shard) on the whole pool, or on each of the mesh's row shards (its
-    rows, their tables of local ids and its blocks), kv heads over "model" where it divides them."""
+    """`kernel` (`_paged_shard`, `_xla_paged_shard`, or another backend's paged kernel on one shard) on the whole
+    pool, or on each of the mesh's row shards (its rows, their tables of local ids and its blocks), kv heads over
+    "model" where it divides them."""
     _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
     rows = np.shape(block_tables)[0]
     lengths = jnp.asarray(lengths, jnp.int32)

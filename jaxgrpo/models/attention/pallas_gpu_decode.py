@@ -5,7 +5,7 @@ The contract is `pallas_decode.paged_attention_state`'s (the TPU kernel's, and t
 softmax state (running max, normalizer, unnormalized output) of a decode step's queries over each row's live
 positions [starts[r], lengths[r]) in a pool [L, N, kv, S, D] of N blocks of S positions, row r's positions
 [j S, (j + 1) S) in pool block `tables[r, j]`; a sliding window drops positions `window` or more before a query.
-Shapes are checked, and the rows split over a mesh, by the same code (`pallas_decode.paged_rows`).
+Shapes are checked, and the rows split over a mesh, by the same code (`pallas_decode.paged_on_row_shards`).
 
 How it runs on a GPU:
 
@@ -110,7 +110,7 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
 
 def _shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale, window,
            keys_per_step, num_warps, num_stages, interpret):
-    """The kernel on one shard's rows and blocks (`pallas_decode.paged_rows` hands them over)."""
+    """The kernel on one shard's rows and blocks (`pallas_decode.paged_on_row_shards` hands them over)."""
     if key_mask is not None:
         raise ValueError("pallas_gpu's paged kernel takes no key_mask; read such a pool with "
                          "pallas_decode.xla_paged_attention_state")
