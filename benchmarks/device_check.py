@@ -30,7 +30,7 @@ it measured):
   rematerialized or not, synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
   one device, the next step's sampling, rewards included, overlapping the update; its step time beside the
   synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update tokens/s and MFU (6 N x
-  the update's tokens, prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
+  the update's tokens, N the parameters a token multiplies by (`compile.update_model_flops`), prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
   matmul peak measured here), with the compile
   report's roofline estimate of the same update (`compile.count_products` at the measured peak and
   bandwidth) and the measured/estimate factor;
@@ -479,7 +479,8 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
     calls = cfg.num_minibatches * cfg.num_epochs
     return {"estimate_seconds": products.roofline_seconds * calls,
             "estimate_with_memory_seconds": products.with_memory_seconds * calls, "tokens": tokens * calls,
-            "num_params": abstract.num_params, "loops_counted_once": products.loops_counted_once}
+            "num_params": abstract.num_params, "model_flops": compile_lib.update_model_flops(abstract, tokens * calls),
+            "loops_counted_once": products.loops_counted_once}
 
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
@@ -515,7 +516,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     estimate = update_estimate(cfg, trainer.mesh, peak, bandwidth)
     update = statistics.median(updates)
     step = statistics.median(r["step_seconds"] for r in (steps[1:] or steps))
-    model_flops = 6.0 * estimate["num_params"] * estimate["tokens"]
+    model_flops = estimate["model_flops"]
     completion_tokens = shapes.rows * shapes.new_tokens
     return {"packing": packing, "remat": remat, "max_staleness": max_staleness, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
             "steps": steps, "step_seconds": step, "update_seconds_all": updates, "update_seconds": update,

@@ -26,7 +26,8 @@ kernel: a full cache, `pallas_decode.full_cache_cost_estimate`, over a paged poo
 `paged_cost_estimate`), estimates the time as their roofline,
 each at max(FLOPs / peak, bytes / HBM bandwidth), with the Pallas calls' share apart (`pallas_seconds`),
 and gives the estimated MFU (a roofline bound) that time implies for the model's analytic FLOPs (2·N per
-token forward, 6·N per token trained; a prefill, which computes logits only at the rows it draws from, less
+token forward, 6·N per token trained, N the parameters a token multiplies by: `Abstract.matmul_params`, not an
+untied input embedding, which is a lookup; a prefill, which computes logits only at the rows it draws from, less
 the unembedding's 2·V·E at the other positions: `prefill_model_flops`). The products leave out the
 memory-bound work (element-wise operations, reductions, transposes, gathers and slices over the big arrays),
 so the report also gives the roofline with it: the products' time plus the bytes those operations move at
@@ -53,12 +54,12 @@ from jaxgrpo.tools.compile.lowering import (ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHU
                                             lower_engine, lower_forward, lower_sampler, lower_update)
 from jaxgrpo.tools.compile.report import (ENGINE_FILLS, FIXED_BATCH_PROGRAMS, PROGRAMS, SAMPLER_PROGRAMS, ProgramReport,
                                           Report, compile_experiment, fits_everywhere, prefill_model_flops,
-                                          program_report, programs_of)
+                                          program_report, programs_of, update_model_flops)
 
 __all__ = ["CHIPS", "COLLECTIVES", "ENGINE_BLOCK_SIZE", "ENGINE_DECODE_CHUNK", "ENGINE_FILLS", "EXAMPLE_TOPOLOGIES",
            "FIXED_BATCH_PROGRAMS", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "SAMPLER_PROGRAMS", "Abstract",
            "Chip", "EnginePrograms", "GiB", "OutOfMemory", "ProductCount", "ProgramReport", "Report",
            "abstract_train_state", "collectives", "compile_experiment", "compile_lowered", "count_products",
            "decoder_config", "fits_everywhere", "host_transfers", "largest_values", "lower_engine", "lower_forward",
-           "lower_sampler", "lower_update", "memory_bound_bytes_of", "per_chip_bytes", "prefill_model_flops", "program_report", "programs_of",
-           "topology_devices"]
+           "lower_sampler", "lower_update", "memory_bound_bytes_of", "per_chip_bytes", "prefill_model_flops",
+           "program_report", "programs_of", "topology_devices", "update_model_flops"]

@@ -175,6 +175,13 @@ def prefill_model_flops(num_params: int, unembedding: int, prompt_tokens: int, l
     return 2 * (num_params - unembedding) * prompt_tokens + 2 * unembedding * logit_rows
 
 
+def update_model_flops(abstract, tokens: int) -> float:
+    """An update's model FLOPs: 6·N per trained token, the forward (2·N), the activations' gradients (2·N) and the
+    weights' (2·N); with LoRA the frozen weights get no gradient (4·N, and 6 per adapter parameter). N counts the
+    parameters a token multiplies by (`Abstract.matmul_params`: not an untied input embedding)."""
+    return (6 * abstract.matmul_trained + 4 * (abstract.matmul_params - abstract.matmul_trained)) * tokens
+
+
 def program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips: int, model_flops: float,
                     step_floor_bytes: int | None = None, calibrations=None, packing: bool | None = None) -> ProgramReport:
     from jaxgrpo.tools import calibration
@@ -265,7 +272,7 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     mesh = train.make_mesh(cfg, learner_devices)
     validate(cfg, row_shards=batch_shards(mesh))
     abstract = abstract_train_state(cfg, mesh)
-    n, chips, reports = abstract.num_params, len(learner_devices), []
+    n, chips, reports = abstract.matmul_params, len(learner_devices), []  # the N of 2·N and 6·N
     policy = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest)
     unembedding = policy.decoder.config.vocab_size * policy.decoder.config.hidden_size
     # The sampler's programs run on its own chips (`mesh.rollout_devices`: one-step-off), or on the learner's.
@@ -316,11 +323,8 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
                                        calibrations=calibrations))
     if "update" in programs:
         lowered, tokens, jaxpr = lower_update(cfg, mesh, abstract)
-        # 6·N per trained token: the forward (2·N), the activations' gradients (2·N) and the weights' (2·N);
-        # with LoRA the frozen weights get no gradient (4·N, and 6 per adapter parameter).
-        frozen = n - abstract.num_trained
         reports.append(program_report("update", *compile_lowered(lowered), jaxpr, chip, chips,
-                                       (6 * abstract.num_trained + 4 * frozen) * tokens, calibrations=calibrations,
+                                       update_model_flops(abstract, tokens), calibrations=calibrations,
                                        packing=cfg.packing))
     hosts = len({d.process_index for d in devices})
     attention = policy.decoder.attention_implementation(mesh.abstract_mesh).name
