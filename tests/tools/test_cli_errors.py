@@ -373,9 +373,13 @@ def test_an_error_after_the_model_is_built_is_one_line_from_the_program(tmp_path
 # Records the name of each program XLA starts compiling in a file, so the test can press Ctrl-C while the
 # warm-up's update (`jit_update`, seconds of compilation) compiles.
 _SIGINT_DRIVER = """
+import faulthandler
+import signal
 import sys
 import time
 import jax._src.compiler as compiler
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
 
 marker, argv = sys.argv[1], sys.argv[2:]
 compile_and_load = compiler.backend_compile_and_load
@@ -418,7 +422,14 @@ def test_ctrl_c_during_compilation_is_one_line_and_exit_130_without_a_crash(tmp_
             time.sleep(0.02)
         assert proc.poll() is None, "the run ended before it compiled its update"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # where every thread of the run was (it failed so once, under load)
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"no exit 120 s after SIGINT; the run's threads:\n{err[-6000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
