@@ -163,3 +163,16 @@ def with_window(run: Callable[[int | None], Any], sliding, window: int | None):
     if isinstance(sliding, bool):
         return run(window if sliding else None)
     return jax.lax.cond(sliding, lambda: run(window), lambda: run(None))
+
+
+def paged_at_windows(state: Callable[..., Any], q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *,
+                     window: int | None, scale: float, query_positions=None):
+    """A paged kernel's state (`state`: `pallas_decode.paged_attention_state`'s signature, its mesh bound) of the
+    queries over each row's positions [starts, lengths), a sliding layer's only the last `window` before each query
+    (`with_window`): the body of an implementation's `paged_state`."""
+
+    def run(window):
+        return state(q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts, window=window,
+                     query_positions=query_positions)
+
+    return with_window(run, sliding, window)

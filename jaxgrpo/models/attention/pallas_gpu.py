@@ -56,7 +56,7 @@ from jax.experimental.pallas import triton as pallas_triton
 
 from jaxgrpo.distributed import round_up
 from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, flash_common, pallas_decode,
-                                      pallas_gpu_decode, target_platform, with_window)
+                                      paged_at_windows, pallas_gpu_decode, target_platform, with_window)
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
 #: Query rows (slots x query heads of one key/value head) per block.
@@ -407,7 +407,7 @@ def _flash_rows(q, k, v, masks, settings: CallSettings):
 def _check_tiling(tiling: Tiling) -> None:
     for name in ("block_q", "block_k"):
         size = getattr(tiling, name)
-        if size < 16 or size & (size - 1):
+        if size < 16 or not pallas_gpu_decode.is_power_of_two(size):
             raise ValueError(f"pallas_gpu's {name} is {size}; Triton needs a power of two of at least 16")
 
 
@@ -447,12 +447,8 @@ def paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, w
                                   interpret=target_platform(mesh) == "cpu")
     else:
         state = functools.partial(pallas_decode.xla_paged_attention_state, mesh=mesh)
-
-    def run(window):
-        return state(q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts, window=window,
-                     query_positions=query_positions)
-
-    return with_window(run, sliding, window)
+    return paged_at_windows(state, q, pool_k, pool_v, tables, layer, lengths, starts, sliding, window=window,
+                            scale=scale, query_positions=query_positions)
 
 
 IMPLEMENTATION = AttentionImplementation(

@@ -51,14 +51,14 @@ NUM_STAGES = 2
 _LOG2E = math.log2(math.e)
 
 
-def _power_of_two(n: int) -> bool:
+def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
 def supports(pool: jax.Array) -> bool:
     """Whether the kernel reads `pool` [L, N, kv, S, D]: D a power of two of at least 16, S a power of two."""
     block_size, head_dim = pool.shape[3], pool.shape[4]
-    return _power_of_two(block_size) and _power_of_two(head_dim) and head_dim >= 16
+    return is_power_of_two(block_size) and is_power_of_two(head_dim) and head_dim >= 16
 
 
 def pages_per_step(block_size: int, keys_per_step: int = KEYS_PER_STEP) -> int:

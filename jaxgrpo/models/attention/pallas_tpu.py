@@ -48,7 +48,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from jaxgrpo.distributed import batch_shards, round_up
 from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, flash_common, pallas_decode,
-                                      target_platform, with_window, xla)
+                                      paged_at_windows, target_platform, with_window, xla)
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
 #: Slots per block of queries and keys: rows are padded to a multiple of the smallest.
@@ -289,12 +289,8 @@ def paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, w
     by `pallas_decode.paged_attention_state` (interpreted on a CPU). A layer that slides reads only the last
     `window` positions before each query, as `cache_state`."""
     state = functools.partial(pallas_decode.paged_attention_state, mesh=mesh, interpret=target_platform(mesh) == "cpu")
-
-    def run(window):
-        return state(q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts, window=window,
-                     query_positions=query_positions)
-
-    return with_window(run, sliding, window)
+    return paged_at_windows(state, q, pool_k, pool_v, tables, layer, lengths, starts, sliding, window=window,
+                            scale=scale, query_positions=query_positions)
 
 
 IMPLEMENTATION = AttentionImplementation(
