@@ -1,8 +1,8 @@
 """The device side of the paged KV cache: a pool of blocks, read as each row's dense view and written by position.
 
-A `PagedKVCache` holds every layer's keys and values in `num_blocks` blocks of `block_size` positions,
-[layers, num_blocks, kv_heads, block_size, head_dim] (heads-major inside a block, like the decoder's
-`KVCache`). A row's block table (int32 [max_blocks]) says where its positions live: position p in block
+A `PagedKVCache` (the pool, `jaxgrpo.models.paged_cache`'s: the one paged cache type) holds every layer's keys and
+values in `num_blocks` blocks of `block_size` positions, [layers, num_blocks, kv_heads, block_size, head_dim]
+(heads-major inside a block, like the decoder's `KVCache`). A row's block table (int32 [max_blocks]) says where its positions live: position p in block
 `table[p // block_size]` at offset `p % block_size`.
 
 The decoder reads a cache through its `decode_step` contract (`jaxgrpo.models.decoder`): a dense
@@ -17,28 +17,12 @@ kernels that read the blocks in place are its fast forms.
 
 from __future__ import annotations
 
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxgrpo.models.decoder import KVCache
-from jaxgrpo.models.paged_cache import locate, write_rows
-
-
-class PagedKVCache(NamedTuple):
-    """Keys and values of every layer in blocks: `k`, `v` of [layers, num_blocks, kv_heads, block_size, head_dim]."""
-
-    k: jax.Array
-    v: jax.Array
-
-    @property
-    def num_blocks(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def block_size(self) -> int:
-        return self.k.shape[3]
+from jaxgrpo.models.paged_cache import PagedKVCache, locate, write_rows
 
 
 def init_paged_cache(config, num_blocks: int, block_size: int, dtype) -> PagedKVCache:

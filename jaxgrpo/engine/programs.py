@@ -25,9 +25,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxgrpo.distributed import batch_axes
 from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import blocks_for
-from jaxgrpo.engine.paged import PagedKVCache
 from jaxgrpo.models import backend as backends
-from jaxgrpo.models.paged_cache import PagedRows, per_shard
+from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows, per_shard
 from jaxgrpo.sampler.distribution import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -233,13 +232,13 @@ def _paged_decode(model, packed_weights, cache, tables, lengths, pending, runnin
     starts = jnp.zeros_like(lengths) if prefixes is None else prefixes.starts
 
     def one_step(c: _DecodeCarry) -> _DecodeCarry:
-        rows = PagedRows(c.memory.k, c.memory.v, tables, starts, c.lengths)
-        prefix = None if prefixes is None else PagedRows(c.memory.k, c.memory.v, prefixes.tables,
-                                                         jnp.zeros_like(prefixes.lengths), prefixes.lengths)
+        rows = PagedRows(c.memory, tables, starts, c.lengths)
+        prefix = None if prefixes is None else PagedRows(c.memory, prefixes.tables, jnp.zeros_like(prefixes.lengths),
+                                                         prefixes.lengths)
         hidden, pool = model.paged_decode_step(c.pending[:, None], cache=rows, prefix=prefix, running=c.running,
                                                mesh=mesh, packed_weights=packed_weights)
         logits = model.logits_from_hidden(hidden[:, 0], packed_weights)
-        return c._replace(memory=PagedKVCache(*pool),
+        return c._replace(memory=pool,
                           **_drawn(c, logits, base_keys, origins, samplings, choice, stop_tokens))
 
     zeros = lambda dtype: jnp.zeros((slots, steps), dtype)  # noqa: E731

@@ -278,7 +278,7 @@ def attend_paged(q, k, v, call: PagedCall, layer, sliding):
     state = _softmax_block(new_scores, functools.partial(_new_values, v=v, dtype=dtype))
     for rows in (call.rows, call.prefix):
         if rows is not None:  # the prefix's queries sit after it: only a window would read their positions
-            block = call.backend.paged_state(q, rows.k, rows.v, rows.tables, layer, rows.lengths, rows.starts, sliding,
+            block = call.backend.paged_state(q, *rows.pool, rows.tables, layer, rows.lengths, rows.starts, sliding,
                                              window=call.window, scale=call.scale, query_positions=None,
                                              mesh=call.pool_mesh)
             state = _merge_blocks(state, block)

@@ -94,7 +94,7 @@ from jaxgrpo.models.layers import (
     rope_tables,
 )
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
-from jaxgrpo.models.paged_cache import PagedRows, write_new_tokens
+from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows, write_new_tokens
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
 if TYPE_CHECKING:
@@ -356,8 +356,8 @@ class Decoder(nnx.Module):
 
     def paged_decode_step(self, tokens: jax.Array, *, cache: PagedRows, prefix: PagedRows | None = None,
                           running: jax.Array | None = None, mesh: jax.sharding.Mesh | None = None,
-                          packed_weights: PackedWeights | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """(final-normalized hidden states [B, T, E], the pool (k, v) with the new keys and values written) of T
+                          packed_weights: PackedWeights | None = None) -> tuple[jax.Array, PagedKVCache]:
+        """(final-normalized hidden states [B, T, E], the pool with the new keys and values written) of T
         tokens [B, T] after each row's cached positions in a paged pool (`jaxgrpo.models.paged_cache`): row r's
         tokens at positions `cache.lengths[r] + t`, reading its positions [cache.starts[r], cache.lengths[r])
         through its block table and, with `prefix`, its shared prefix's (row r reads prefix row r // (B / P_rows)),

@@ -6,8 +6,9 @@ block_size, head_dim] (heads-major inside a block, like the decoder's dense `KVC
 `p % block_size`. Block `NULL_BLOCK` of each row shard is never a row's: writes that must go nowhere (padding,
 rows that are not running) go there, and nothing reads it.
 
-`PagedRows` is what `Decoder.paged_decode_step` takes: the pool, the rows' tables and the positions each row
-reads. The rollout engine (`jaxgrpo.engine`) owns the pool and the tables; the decoder reads the rows' blocks in
+`PagedKVCache` is the pool, the one paged cache type: the rollout engine's, and what the decoder's paged step
+reads and writes. `PagedRows` is what `Decoder.paged_decode_step` takes: the pool, the rows' tables and the
+positions each row reads. The rollout engine (`jaxgrpo.engine`) owns the pool and the tables; the decoder reads the rows' blocks in
 place through the backend's paged reader (`Backend.paged_state`: a Pallas kernel on TPU) and writes the new
 tokens' keys and values to their blocks (`write_new_tokens`, one position at a time: `write_each`). On a mesh each
 row shard holds its own blocks and rows (`per_shard`). The engine's chunked prefill writes many positions at once
@@ -28,13 +29,27 @@ from jaxgrpo.distributed import batch_axes, batch_shards
 NULL_BLOCK = 0
 
 
-class PagedRows(NamedTuple):
-    """Rows of a paged pool (see the module docstring): `k`, `v` the pool [L, N, kv, S, D]; `tables` int32 [R, M]
-    (on a mesh, block ids local to the row's shard); row r reads positions [`starts[r]`, `lengths[r]`) (int32
-    [R]; positions below `starts` are read elsewhere: a shared prefix)."""
+class PagedKVCache(NamedTuple):
+    """Keys and values of every layer in blocks: `k`, `v` of [layers, num_blocks, kv_heads, block_size, head_dim]."""
 
     k: jax.Array
     v: jax.Array
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[3]
+
+
+class PagedRows(NamedTuple):
+    """Rows of a paged pool (see the module docstring): `pool` the `PagedKVCache`; `tables` int32 [R, M] (on a
+    mesh, block ids local to the row's shard); row r reads positions [`starts[r]`, `lengths[r]`) (int32 [R];
+    positions below `starts` are read elsewhere: a shared prefix)."""
+
+    pool: PagedKVCache
     tables: jax.Array
     starts: jax.Array
     lengths: jax.Array
@@ -92,9 +107,9 @@ def write_each(pool_k: jax.Array, pool_v: jax.Array, tables: jax.Array, position
 
 
 def write_new_tokens(rows: PagedRows, keys: jax.Array, values: jax.Array, valid: jax.Array,
-                     mesh: jax.sharding.Mesh | None) -> tuple[jax.Array, jax.Array]:
+                     mesh: jax.sharding.Mesh | None) -> PagedKVCache:
     """The pool with each row's T new keys and values [L, R, kv, T, D] written at its positions `lengths[r] + t`
     where `valid` [R, T], on each of the mesh's row shards (their blocks and tables of local ids)."""
     positions = rows.lengths[:, None] + jnp.arange(keys.shape[3])[None]
     write = per_shard(write_each, mesh, ("pool", "pool", "rows", "rows", "rows", "pool", "pool"), ("pool", "pool"))
-    return write(rows.k, rows.v, rows.tables, positions, valid, keys, values)
+    return PagedKVCache(*write(*rows.pool, rows.tables, positions, valid, keys, values))

@@ -10,7 +10,7 @@ from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig, UnsupportedConfigError, WeightFileError, load
 from jaxgrpo.models.config import from_hf_config
-from jaxgrpo.models.paged_cache import PagedRows
+from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows
 from tests.support.tiny_models import write_hf_checkpoint
 
 LLAMA = {
@@ -101,7 +101,7 @@ def test_out_of_vocabulary_tokens_raise_in_eager_use():
 def _paged_rows(rows, *, layers=1, blocks=4, kv_heads=1, block_size=4, head_dim=8, max_blocks=2):
     pool = jnp.zeros((layers, blocks, kv_heads, block_size, head_dim))
     zeros = jnp.zeros((rows,), jnp.int32)
-    return PagedRows(pool, pool, jnp.zeros((rows, max_blocks), jnp.int32), zeros, zeros)
+    return PagedRows(PagedKVCache(pool, pool), jnp.zeros((rows, max_blocks), jnp.int32), zeros, zeros)
 
 
 @pytest.mark.parametrize("sliding, cache_rows, prefix_rows, message", [
