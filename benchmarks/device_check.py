@@ -29,10 +29,10 @@ it measured):
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized or not, synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
   one device, the next step's sampling, rewards included, overlapping the update; its step time beside the
-  synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update tokens/s and MFU (6 N x
-  the update's tokens, N the parameters a token multiplies by (`compile.update_model_flops`), prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
-  matmul peak measured here), with the compile
-  report's roofline estimate of the same update (`compile.count_products` at the measured peak and
+  synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update
+  tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by: `compile.update_model_flops`;
+  prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the matmul peak measured here), with
+  the compile report's roofline estimate of the same update (`compile.count_products` at the measured peak and
   bandwidth) and the measured/estimate factor;
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
   accelerator (or with `--small` on a CPU): `generate`, and forward + backward + AdamW over the step's rows

@@ -2,8 +2,8 @@
 
 A `PagedKVCache` (the pool, `jaxgrpo.models.paged_cache`'s: the one paged cache type) holds every layer's keys and
 values in `num_blocks` blocks of `block_size` positions, [layers, num_blocks, kv_heads, block_size, head_dim]
-(heads-major inside a block, like the decoder's `KVCache`). A row's block table (int32 [max_blocks]) says where its positions live: position p in block
-`table[p // block_size]` at offset `p % block_size`.
+(heads-major inside a block, like the decoder's `KVCache`). A row's block table (int32 [max_blocks]) says where
+its positions live: position p in block `table[p // block_size]` at offset `p % block_size`.
 
 The decoder reads a cache through its `decode_step` contract (`jaxgrpo.models.decoder`): a dense
 [layers, rows, kv_heads, width, head_dim] cache, a `kv_mask` and the slot the new tokens go to. `dense_view`
@@ -16,7 +16,6 @@ kernels that read the blocks in place are its fast forms.
 """
 
 from __future__ import annotations
-
 
 import jax
 import jax.numpy as jnp

@@ -136,7 +136,8 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
     lookup = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
     lookup_trained = any(jax.tree_util.keystr(path).endswith("['embed']")
                          for path, _ in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(params)))
-    return Abstract(graphdef, rest, optimizer, state, trained + frozen, trained, decoder_graphdef, lookup, lookup_trained)
+    return Abstract(graphdef, rest, optimizer, state, trained + frozen, trained, decoder_graphdef, lookup,
+                    lookup_trained)
 
 
 def _batch_shapes(cfg: Config) -> tuple[int, int, int, int]:
