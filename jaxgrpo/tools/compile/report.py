@@ -168,11 +168,12 @@ class Report:
         return "\n".join(lines)
 
 
-def prefill_model_flops(num_params: int, unembedding: int, prompt_tokens: int, logit_rows: int) -> float:
-    """A prefill's model FLOPs: 2·N per prompt token, less the unembedding's 2·V·E (`unembedding` = V·E
-    parameters) at every position but the `logit_rows` whose logits it computes (each row's last: what it draws
-    from). Counting 2·N at every prompt token made a prefill's estimated MFU exceed 100%."""
-    return 2 * (num_params - unembedding) * prompt_tokens + 2 * unembedding * logit_rows
+def prefill_model_flops(matmul_params: int, unembedding: int, prompt_tokens: int, logit_rows: int) -> float:
+    """A prefill's model FLOPs: 2·N per prompt token (N = `matmul_params`, `Abstract.matmul_params`), less the
+    unembedding's 2·V·E (`unembedding` = V·E parameters) at every position but the `logit_rows` whose logits it
+    computes (each row's last: what it draws from). Counting 2·N at every prompt token made a prefill's estimated
+    MFU exceed 100%."""
+    return 2 * (matmul_params - unembedding) * prompt_tokens + 2 * unembedding * logit_rows
 
 
 def update_model_flops(abstract, tokens: int) -> float:
