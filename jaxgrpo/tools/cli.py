@@ -340,7 +340,7 @@ def export_main(argv: list[str] | None = None) -> int:
 def eval_main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="jaxgrpo-eval",
-        description="Greedy accuracy (Wilson 95%% interval) and pass@k (bootstrap 95%% interval over questions) of a "
+        description="Greedy accuracy (Wilson 95% interval) and pass@k (bootstrap 95% interval over questions) of a "
                     "run's checkpoint or of a base model on a task split; writes every completion to a JSONL file.",
     )
     parser.add_argument("target", help="a run directory (its newest checkpoint, or --step), or a model: a registered "
@@ -439,7 +439,7 @@ def study_main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="jaxgrpo-study",
         description="Run a study file's grid (configurations x seeds, one run directory per cell; resumable) and "
-                    "collate it: mean and 95%% t-interval over seeds per metric, plots and report.md.",
+                    "collate it: mean and 95% t-interval over seeds per metric, plots and report.md.",
     )
     parser.add_argument("study", help="a study file defining study() -> jaxgrpo.evaluation.study.Study")
     parser.add_argument("--out", help="the study directory (default: runs/studies/<study name>)")
