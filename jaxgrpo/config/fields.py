@@ -278,8 +278,9 @@ class Config(_Fields):
     micro_batch_size: int | None = None
     #: Score each micro-batch as packed prompt groups (jaxgrpo.models.packing): each prompt once, the
     #: completions without padding, untrained rows left out; same log-probs. Minibatches and
-    #: micro-batches then hold whole groups (sizes multiples of group_size). None: the platform's
-    #: measured default (`PACKING_BY_PLATFORM`: on for CPU and TPU programs, off on a GPU).
+    #: micro-batches then hold whole groups (sizes multiples of group_size). A batch whose groups do not each
+    #: hold one prompt (hinted samples, episodes that open differently) packs each row on its own. None: the
+    #: platform's measured default (`PACKING_BY_PLATFORM`: on for CPU and TPU programs, off on a GPU).
     packing: bool | None = None
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
@@ -373,10 +374,6 @@ def resolve_packing(cfg: Config, platform: str) -> Config:
     """`cfg` with `packing` set: as given, or (None) the measured default of `platform` ("cpu", "gpu", "tpu")."""
     if cfg.packing is not None:
         return cfg
-    if cfg.environment is not None or (cfg.guidance is not None and cfg.guidance.replace == "one"):
-        # Episodes' observations sit inside their completions, a hinted sample's prompt is not its group's: a
-        # packed row holds one prompt for its group.
-        return dataclasses.replace(cfg, packing=False)
     return dataclasses.replace(cfg, packing=PACKING_BY_PLATFORM.get(platform, True))
 
 

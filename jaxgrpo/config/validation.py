@@ -189,8 +189,6 @@ def _check_environment(cfg: Config) -> None:
               f"environment.max_context={e.max_context} cannot hold a prompt of sampling.max_prompt_len="
               f"{cfg.sampling.max_prompt_len} and one turn of sampling.max_new_tokens={cfg.sampling.max_new_tokens}; "
               f"raise it"),
-             (not cfg.packing, "packing lays out a prompt and one completion per row, but an episode's observations "
-                               "sit inside its completion; set packing=false (or leave it None) with an environment"),
              (cfg.group_filter is None, f"group_filter={cfg.group_filter!r} does not resample environment episodes "
                                         "yet; set group_filter=None with an environment"),
              (cfg.reward_penalty is None, f"reward_penalty={cfg.reward_penalty!r} penalizes one completion; set it to "
@@ -233,10 +231,7 @@ def _check_guidance(cfg: Config) -> None:
              (h.replace in ("one", "group"), f"guidance.replace must be 'one' (Scaf-GRPO) or 'group' (GHPO), got "
                                              f"{h.replace!r}"),
              (cfg.environment is None, "guidance hints single-turn prompts; an environment's episodes open with the "
-                                       "environment's messages: drop one of guidance and environment"),
-             (not cfg.packing or h.replace == "group",
-              "a hinted sample's prompt differs from its group's, but packing lays out one prompt per group; set "
-              "packing=false (or leave it None) with guidance.replace='one'")]
+                                       "environment's messages: drop one of guidance and environment")]
     for ok, message in rules:
         if not ok:
             raise ConfigError(message)

@@ -16,6 +16,10 @@ keeps only that repeated token, so its completion costs nothing.
 Several groups can share a row (segment ids keep them apart): `plan_rows` balances a minibatch's
 groups over its micro-batches and packs each micro-batch into the fewest slots, on the host.
 `pack_groups` and `unpack` are pure and jittable; the row count and length are static.
+
+A tree needs its rows to hold one prompt. Where a group's rows do not (a hinted sample among unhinted ones,
+environment episodes that open differently), the trainer packs trees of one row each (`group_size=1`: the
+prompt and its completion, whose padding still goes), as `tree_size` decides per batch.
 """
 
 from __future__ import annotations
@@ -70,6 +74,22 @@ def _group_sizes(prompt, completion):
     """Slots each group needs packed [J], from its prompt length [J] and completion lengths [J, G]:
     the trunk's p - 1 slots, then per completion the repeated last prompt token and its n tokens."""
     return prompt - 1 + completion.shape[-1] + completion.sum(-1)
+
+
+def shares_prompts(tokens, attention_mask, completion_len: int, group_size: int) -> bool:
+    """Whether each group of `group_size` consecutive padded rows holds one prompt (tokens and mask), as a
+    packed tree of the group needs (host arrays)."""
+    tokens, attention_mask = np.asarray(tokens), np.asarray(attention_mask).astype(bool)
+    prompt_len = tokens.shape[-1] - completion_len
+    prompt = np.where(attention_mask[:, :prompt_len], tokens[:, :prompt_len], -1)
+    groups = prompt.reshape(-1, group_size, prompt_len)
+    return bool((groups == groups[:, :1]).all())
+
+
+def tree_size(tokens, attention_mask, completion_len: int, group_size: int) -> int:
+    """Rows per packed tree: `group_size` where every group's rows hold one prompt (`shares_prompts`), else 1
+    (each row a tree of its own)."""
+    return group_size if shares_prompts(tokens, attention_mask, completion_len, group_size) else 1
 
 
 def group_lengths(attention_mask, train_mask, completion_len: int, group_size: int):

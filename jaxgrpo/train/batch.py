@@ -150,21 +150,33 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
                       np.asarray(returns, np.float32), np.asarray(old_values, np.float32), row_fields)
 
 
-def group_lengths(cfg: Config, batch: TrainBatch) -> np.ndarray | None:
-    """Packed slots of every group of the whole batch (`packing.group_lengths`; None without `cfg.packing`)."""
+class PackedTrees(NamedTuple):
+    """How a step's batch packs (`cfg.packing`): rows per packed tree (`packing.tree_size`: a whole group where
+    every group's rows hold one prompt on every host, else one row) and the slots each tree of the whole batch
+    needs (`packing.group_lengths`)."""
+
+    size: int
+    lengths: np.ndarray
+
+
+def packed_trees(cfg: Config, batch: TrainBatch) -> PackedTrees | None:
+    """The batch's `PackedTrees` (this host's rows; every host gets the same), or None without `cfg.packing`."""
     if not cfg.packing:
         return None
-    local = packing.group_lengths(np.asarray(batch.attention_mask), np.asarray(batch.completion_mask),
-                                  batch.completion_mask.shape[-1], cfg.group_size)
-    return gather_rows(local.astype(np.int32))
+    tokens, attention = np.asarray(batch.tokens), np.asarray(batch.attention_mask)
+    completion_len = batch.completion_mask.shape[-1]
+    shared = across_processes(np.bool_(packing.shares_prompts(tokens, attention, completion_len, cfg.group_size)))
+    size = cfg.group_size if np.all(shared) else 1
+    local = packing.group_lengths(attention, np.asarray(batch.completion_mask), completion_len, size)
+    return PackedTrees(size, gather_rows(local.astype(np.int32)))
 
 
-def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | None, attention_scale):
+def minibatches(cfg: Config, num_rows: int, step: int, trees: PackedTrees | None, attention_scale):
     """The rows i32[micro_batches, micro], packed shape and packing layout of each of a step's minibatches.
 
     Epoch after the first (and every epoch with several minibatches) shuffles whole groups, each group's
-    rows in order, with the step's "minibatches" generator (`jaxgrpo.rng`). The packed shape is None without
-    packing.
+    rows in order, with the step's "minibatches" generator (`jaxgrpo.rng`). The packed shape (rows, length,
+    rows per tree) is None without packing (`trees` None).
     """
     minibatch = num_rows // cfg.num_minibatches
     micro = cfg.micro_batch_size or minibatch
@@ -177,9 +189,9 @@ def minibatches(cfg: Config, num_rows: int, step: int, lengths: np.ndarray | Non
         for m in range(cfg.num_minibatches):
             rows = order[m * minibatch : (m + 1) * minibatch]
             packed_shape, layout = None, ()
-            if lengths is not None:
-                rows, plan = packing.plan_rows(rows, lengths, cfg.group_size, micro, attention_scale=attention_scale)
-                packed_shape, layout = (plan.rows, plan.length), ((plan.group_rows, plan.group_offsets),)
+            if trees is not None:
+                rows, plan = packing.plan_rows(rows, trees.lengths, trees.size, micro, attention_scale=attention_scale)
+                packed_shape, layout = (plan.rows, plan.length, trees.size), ((plan.group_rows, plan.group_offsets),)
             yield rows.reshape(minibatch // micro, micro), packed_shape, layout
 
 

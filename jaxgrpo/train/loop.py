@@ -444,17 +444,17 @@ class Trainer:
         """
         cfg = self.cfg
         whole = global_batch(batch, self.mesh)
-        lengths = batch_lib.group_lengths(cfg, batch)
+        trees = batch_lib.packed_trees(cfg, batch)
         history = []
         # Compiling the update (its first call) or running it may not fit the device: one line naming what to
         # change. A failure while running surfaces when the metrics are read, inside this block too.
         with profiling.phase("update"), device_memory.reported(cfg, "update", self.mesh):
-            for rows, packed_shape, layout in batch_lib.minibatches(cfg, whole.tokens.shape[0], int(train.step), lengths,
-                                                          self.attention_scale):
+            for rows, packed_shape, layout in batch_lib.minibatches(cfg, whole.tokens.shape[0], int(train.step), trees,
+                                                                    self.attention_scale):
                 if packed_shape not in self._updates:
                     if packed_shape is not None:
-                        logger.info("compiling the update for micro-batches of %d packed rows x %d slots",
-                                    *packed_shape)
+                        logger.info("compiling the update for micro-batches of %d packed rows x %d slots (trees of %d "
+                                    "rows)", *packed_shape)
                     self._updates[packed_shape] = step_lib.make_update_fn(
                         cfg, self.graphdef, self.rest, self.optimizer, self.mesh, self.state_sharding, packed_shape)
                 with jax.set_mesh(self.mesh):

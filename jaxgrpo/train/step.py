@@ -96,14 +96,14 @@ def completion_outputs(policy: Policy, tokens, attention_mask, positions, comple
     return logp, entropy, values
 
 
-def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | None = None,
+def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int, int] | None = None,
                  objective: Objective | None = None) -> Callable:
     """loss(params, micro_batch, denominator, layout=None) -> (scalar loss, metrics); sums exactly over micro-batches.
 
-    `objective`: the terms (default: `objective_of(cfg)`). `packed_shape`: (rows, length): score each
-    micro-batch as that many packed rows of prompt groups, `layout` = (row, first slot) of each of its
-    groups (a `packing.RowPlan`'s, for one micro-batch); micro-batches then hold whole groups, each
-    group's rows in order.
+    `objective`: the terms (default: `objective_of(cfg)`). `packed_shape`: (rows, length, tree size): score each
+    micro-batch as that many packed rows of trees of `tree size` rows sharing a prompt (a prompt group, or one
+    row: `batch.packed_trees`), `layout` = (row, first slot) of each of its trees (a `packing.RowPlan`'s, for one
+    micro-batch); micro-batches then hold whole trees, each tree's rows in order.
     """
     o = objective or objective_of(cfg)
     policy_loss = kernels.get_loss(o.loss) if o.loss else None
@@ -117,8 +117,8 @@ def make_loss_fn(cfg: Config, graphdef, rest, packed_shape: tuple[int, int] | No
         completion_len = batch.completion_mask.shape[-1]
         mask = batch.completion_mask
         if packed_shape:
-            rows, length = packed_shape
-            packed = packing.pack_groups(batch.tokens, batch.attention_mask, completion_len, cfg.group_size, length,
+            rows, length, tree = packed_shape
+            packed = packing.pack_groups(batch.tokens, batch.attention_mask, completion_len, tree, length,
                                          train_mask=mask, rows=rows, group_rows=layout[0], group_offsets=layout[1])
             logp, entropy, values = packing.packed_completion_outputs(
                 policy.decoder, packed, temperature=o.temperature, value_head=policy.value_head if with_values else None)
@@ -198,7 +198,7 @@ def shardings_of(tree):
 
 
 def make_update_fn(cfg: Config, graphdef, rest, optimizer: optax.GradientTransformation, mesh, state_sharding,
-                   packed_shape: tuple[int, int] | None = None, objective: Objective | None = None) -> BoundProgram:
+                   packed_shape: tuple[int, int, int] | None = None, objective: Objective | None = None) -> BoundProgram:
     """The jitted update: (TrainState, TrainBatch [num_micro, micro, ...][, layout]) -> (TrainState, metrics).
 
     Gradients of the micro-batches are summed in a `lax.scan`; each micro-batch

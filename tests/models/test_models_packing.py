@@ -100,6 +100,35 @@ def test_packed_groups_score_completions_like_padded_rows(family, shared_row):
         assert np.all(np.asarray(g)[~real] == 0)
 
 
+def test_rows_whose_group_holds_two_prompts_pack_as_trees_of_one_row_and_score_like_padded_rows():
+    """A group whose rows do not hold one prompt (a hinted sample, an episode that opened differently) cannot be one
+    tree; `tree_size` says 1 and every row packs as a tree of its own, scoring its completion as the padded row."""
+    family = next(iter(CONFIGS))
+    model = Decoder(CONFIGS[family], rngs=nnx.Rngs(0))
+    tokens, attention, mask = _padded_batch(CONFIGS[family].vocab_size)
+    # Left padding differs (masked tokens are not the prompt): the groups still hold one prompt each.
+    assert packing.tree_size(np.where(attention, tokens, 7), attention, COMPLETION, GROUP) == GROUP
+    hinted = np.asarray(tokens).copy()
+    hinted[1, PROMPT - 2] = hinted[1, PROMPT - 2] % (CONFIGS[family].vocab_size - 1) + 1  # row 1's prompt differs
+    hinted = jnp.asarray(hinted)
+    assert not packing.shares_prompts(hinted, attention, COMPLETION, GROUP)
+    assert packing.tree_size(hinted, attention, COMPLETION, GROUP) == 1
+    lengths = packing.group_lengths(np.asarray(attention), None, COMPLETION, 1)
+    np.testing.assert_array_equal(lengths, [p + n for p in PROMPT_LENGTHS for n in COMPLETION_LENGTHS[0 if p == 6 else 1]])
+    order, plan = packing.plan_rows(np.arange(len(lengths)), lengths, 1, len(lengths), multiple=8)
+    hinted, attention, mask = hinted[order], attention[order], mask[order]  # the plan's order: longest first
+    packed = packing.pack_groups(hinted, attention, COMPLETION, 1, plan.length, rows=plan.rows,
+                                 group_rows=jnp.asarray(plan.group_rows[0]), group_offsets=jnp.asarray(plan.group_offsets[0]))
+    assert plan.rows < len(lengths)  # trees of one row share packed rows
+    graphdef, params = nnx.split(model)
+    got = packing.packed_completion_outputs(nnx.merge(graphdef, params), packed, temperature=0.7)[:2]
+    want = _padded_outputs(model, hinted, attention, 0.7)
+    real = np.asarray(mask) > 0
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g)[real], np.asarray(w)[real], atol=1e-5)
+    assert plan.rows * plan.length < hinted.size  # the padding is gone
+
+
 def test_packed_gradients_equal_padded_gradients():
     model = Decoder(CONFIGS["gemma3"], rngs=nnx.Rngs(1))
     tokens, attention, mask = _padded_batch(CONFIGS["gemma3"].vocab_size)

@@ -12,6 +12,7 @@ from jaxgrpo.config import ConfigError, apply_overrides, load_experiment, valida
 from jaxgrpo.data import arithmetic
 from jaxgrpo.data.toy import ToySumTask
 from jaxgrpo.train import Trainer, guidance
+from jaxgrpo.train.batch import packed_trees
 from jaxgrpo.train.rollout import Trajectories
 from tests.support import experiment_metrics
 from tests.support.paths import REPO_ROOT
@@ -140,7 +141,7 @@ def test_a_guided_step_trains_the_hinted_samples_on_policy(tmp_path):
     apply_overrides(cfg, overrides + ["correctness_reward=scripted", "guidance.attempts=1", "prompts_per_step=4",
                                       "group_size=2"])
     trainer = Trainer(cfg, reward_fns=[(scripted, 1.0)], task=ToyWithHints())
-    assert trainer.cfg.packing is False  # a hinted row's prompt is not its group's
+    assert trainer.cfg.packing  # on a CPU the default packs
     rollout, _, timings = trainer.rollout(trainer.loop_state, jax.random.key(3))
     assert timings["guidance_failed_groups"] == 4 and timings["guidance_solved_groups"] == 4
     assert timings["guidance_mean_tier"] == 1.0 and calls == [8, 4]
@@ -152,6 +153,16 @@ def test_a_guided_step_trains_the_hinted_samples_on_policy(tmp_path):
     assert (np.asarray(batch.advantages)[0::2][mask[0::2]] > 0).all()
     new = trainer.logprobs(trainer.state.params, batch.tokens, batch.attention_mask, batch.positions, mask.shape[1])
     np.testing.assert_allclose(np.asarray(new)[mask], np.asarray(batch.old_logp)[mask], atol=1e-5, rtol=0)
+    # A hinted row's prompt is not its group's: each row packs as a tree of its own, and updates as padded rows do.
+    assert packed_trees(trainer.cfg, batch).size == 1
+    start = jax.tree.map(np.array, trainer.loop_state.train)
+    fresh = lambda: jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)  # noqa: E731
+    packed, _ = trainer.update(fresh(), batch)  # the update donates its input
+    trainer.cfg.packing = False
+    padded, _ = trainer.update(fresh(), batch)
+    trainer.cfg.packing = True
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4),
+                 *(jax.tree.map(np.asarray, s.params) for s in (packed, padded)))
     _, metrics = trainer.learn(trainer.loop_state, batch, rollout)
     assert np.isfinite(metrics["loss"])
 
@@ -159,7 +170,6 @@ def test_a_guided_step_trains_the_hinted_samples_on_policy(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["guidance.attempts=0"], "guidance.attempts must be >= 1"),
     (["guidance.after_step=-1"], "guidance.after_step must be >= 0"),
-    (["guidance.attempts=1", "packing=true"], "set packing=false"),
     (["guidance.attempts=1", "environment.name=calculator"], "drop one of guidance and environment"),
     (["guidance.replace=all"], "guidance.replace must be 'one' .Scaf-GRPO. or 'group' .GHPO."),
 ])

@@ -17,6 +17,7 @@ from jaxgrpo.models import Decoder, DecoderConfig, registry
 from jaxgrpo.models.tokenizer import load_tokenizer
 from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.train import Trainer, inputs, register_model_builder, stages
+from jaxgrpo.train.batch import packed_trees
 from tests.support.tiny_models import register_two_turn_episodes
 
 from tests.support import kill_resume
@@ -38,7 +39,6 @@ def trainer(tmp_path_factory):
 
 
 def test_episode_rows_train_on_the_policys_tokens_with_the_behaviour_log_probs(trainer):
-    assert trainer.cfg.packing is False  # an episode's observations sit inside its completion
     rollout, _, timings = trainer.rollout(trainer.loop_state, jax.random.key(5))
     assert rollout.completion_valid is not None and timings["episode_turns"] == 2.0
     assert (rollout.policy_version == trainer.loop_state.step).all()
@@ -58,6 +58,34 @@ def test_episode_rows_train_on_the_policys_tokens_with_the_behaviour_log_probs(t
     assert np.abs(np.asarray(batch.old_logp)[~mask]).max() == 0
 
 
+def test_episode_groups_pack_as_prompt_groups_and_update_as_the_padded_rows(trainer):
+    """A group's episodes open with the same messages (the environment's opening of one example), so the batch
+    packs as prompt groups, each completion's observation tokens packed inside it (attended, not trained); the
+    update equals the padded rows' (the default packs on a CPU, episodes too)."""
+    cfg = trainer.cfg
+    assert cfg.packing
+    rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(7))
+    batch = trainer.advantages(trainer.loop_state, rollout)
+    trees = packed_trees(cfg, batch)
+    assert trees.size == cfg.group_size and len(trees.lengths) == cfg.prompts_per_step
+    assert (np.asarray(batch.advantages) != 0).any()
+    start = jax.tree.map(np.array, trainer.loop_state.train)
+    fresh = lambda: jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)  # noqa: E731
+    packed, packed_metrics = trainer.update(fresh(), batch)  # the update donates its input
+    try:
+        cfg.packing = False
+        padded, padded_metrics = trainer.update(fresh(), batch)
+    finally:
+        cfg.packing = True
+    # Adam moves a weight by ~lr (1e-3 here) whatever its gradient's scale, so float rounding in a near-zero
+    # gradient can move one by a fraction of that (5e-5 seen); a wrong gradient would move it by ~1e-3.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4),
+                 *(jax.tree.map(np.asarray, s.params) for s in (packed, padded)))
+    for key in ("loss", "entropy", "logp_gap", "grad_norm"):
+        np.testing.assert_allclose(packed_metrics[key], padded_metrics[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    assert not np.allclose(jax.tree.leaves(jax.tree.map(np.asarray, packed.params))[0], jax.tree.leaves(start.params)[0])
+
+
 def test_a_run_on_episodes_records_steps_and_held_out_episodes(trainer):
     trainer.run(progress=False)
     records = read_jsonl(os.path.join(trainer.cfg.run_dir, "metrics.jsonl"))
@@ -70,7 +98,6 @@ def test_a_run_on_episodes_records_steps_and_held_out_episodes(trainer):
 
 @pytest.mark.parametrize("overrides, message", [
     (["environment.name=chess"], "environment.name='chess' is not a registered environment"),
-    (["environment.name=calculator", "packing=true"], "set packing=false"),
     (["environment.name=calculator", "group_filter=dynamic_sampling_filter"], "does not resample environment episodes"),
     (["environment.name=calculator", "environment.max_context=64"], "cannot hold a prompt"),
     (["environment.name=calculator", "environment.max_turns=0"], "max_turns must be >= 1"),

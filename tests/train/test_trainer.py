@@ -16,7 +16,7 @@ from jaxgrpo.errors import ConfigError
 from jaxgrpo.models import packing
 from jaxgrpo.run.metrics import read_jsonl
 from jaxgrpo.train import Trainer
-from jaxgrpo.train.batch import group_lengths
+from jaxgrpo.train.batch import packed_trees
 from jaxgrpo.train.warmup import supervised_warmup
 
 from tests.support import kill_resume
@@ -209,12 +209,14 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
     rollout = rollout._replace(kept=rollout.kept & (rollout.group_ids != 1))  # a group that does not train
     batch = trainer.advantages(state, rollout)
     # The prompt once and the completions unpadded: fewer slots than the padded rows.
-    rows, plan = packing.plan_rows(np.arange(cfg.batch_size), group_lengths(cfg, batch), cfg.group_size, 16)
+    trees = packed_trees(cfg, batch)
+    assert trees.size == cfg.group_size  # a group's rows hold one prompt: one tree each
+    rows, plan = packing.plan_rows(np.arange(cfg.batch_size), trees.lengths, trees.size, 16)
     assert plan.rows * plan.length * (cfg.batch_size // 16) < batch.tokens.size
     start = jax.tree.map(np.array, state.train)
     packed, packed_metrics = trainer.update(on_device(trainer, start), batch)
     cfg.packing = False
-    assert group_lengths(cfg, batch) is None
+    assert packed_trees(cfg, batch) is None
     padded, padded_metrics = trainer.update(on_device(trainer, start), batch)
     # Adam divides by the gradient's scale, so rounding in a near-zero gradient can move a weight by ~1e-5.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), *host_params(packed, padded))

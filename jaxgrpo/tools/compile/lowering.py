@@ -168,7 +168,8 @@ def lower_update(cfg: Config, mesh, abstract: Abstract):
     if cfg.packing:
         # The worst case: no two groups share a row, each group a prompt and G full completions.
         groups = micro // cfg.group_size
-        packed_shape = (groups, packing.packed_length(cfg.sampling.max_prompt_len + cfg.group_size * completion))
+        packed_shape = (groups, packing.packed_length(cfg.sampling.max_prompt_len + cfg.group_size * completion),
+                        cfg.group_size)
         replicated = NamedSharding(mesh, P())
         layout = ((_sharded((num_micro, groups), jnp.int32, replicated),) * 2,)
     state_sharding = jax.tree.map(lambda x: x.sharding, abstract.state)
