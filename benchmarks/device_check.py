@@ -308,7 +308,7 @@ def through_sampler(model, shapes: Shapes):
 
 def through_engine(model, shapes: Shapes, in_place: bool | None = None):
     """`generate(new_tokens, seed)` -> completion tokens made, through the rollout engine (one slot per row,
-    the whole completion in one decode chunk), as the trainer's `sampling.engine` samples; `in_place`: the
+    the whole completion in one decode chunk), as the trainer samples; `in_place`: the
     engine's choice of reading the pool's blocks in place (None: the backend's, the paged kernel on a GPU;
     False: through dense views gathered once a chunk)."""
     import jax

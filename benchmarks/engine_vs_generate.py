@@ -1,7 +1,7 @@
 """The trainer's sampling call through the rollout engine against `sampler.generate`, at the main job's shapes.
 
-The trainer samples through `engine.generate_groups` (`sampling.engine=true`, the default: one slot per sample, the
-engine built as `Trainer.engine` builds it), or with `sampling.engine=false` through `sampler.generate`. This times
+The trainer samples through `engine.generate_groups` (one slot per sample, the engine built as `Trainer.engine` builds
+it); until 2026-12-06 it could sample through `sampler.generate`'s fixed batch instead. This times
 one such call both ways on the same prompts, after a warm-up call of each (compilation excluded), alternating, and
 reports medians, their ratio, and the engine's host-side share: the seconds its Python spends outside the
 device programs (admission, block tables, bookkeeping), from `cProfile` over one extra call. Both draw a token

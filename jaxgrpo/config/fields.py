@@ -40,6 +40,15 @@ REPLACED = {
 }
 
 
+#: Fields removed, keyed by (section class, field name), and the one-line error for setting one. A run's config.json
+#: that has them reads without them (`migrate`).
+REMOVED = {
+    ("SamplingConfig", "engine"): "sampling.engine was removed on 2026-12-06: the trainer samples through the rollout "
+                                  "engine only (docs/engine.md; `jaxgrpo.sampler.generate`'s fixed batch is no "
+                                  "longer one of its samplers); drop the setting",
+}
+
+
 def replaced(name: str) -> str | None:
     """The one-line error for setting a field that became a stage, or None for any other name."""
     if name not in REPLACED:
@@ -61,6 +70,8 @@ def migrate(values: dict) -> dict:
     if cache_len:
         values["reward_penalty"] = "overlong_penalty"
         values["reward_penalty_kwargs"] = {"cache_len": int(cache_len)}
+    if isinstance(values.get("sampling"), dict):  # REMOVED: what the run sampled with, not what a reader can redo
+        values["sampling"] = {k: v for k, v in values["sampling"].items() if k != "engine"}
     return values
 
 
@@ -76,6 +87,8 @@ class _Fields:
         fields = self.__dataclass_fields__
         if name in REPLACED and name not in fields:
             raise AttributeError(replaced(name))
+        if (type(self).__name__, name) in REMOVED:
+            raise AttributeError(REMOVED[type(self).__name__, name])
         if name not in fields and not isinstance(getattr(type(self), name, None), property):
             close = difflib.get_close_matches(name, fields, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"valid fields: {', '.join(fields)}"
@@ -98,7 +111,10 @@ class TaskConfig(_Fields):
 
 @dataclasses.dataclass
 class SamplingConfig(_Fields):
-    """How completions are sampled during training (see `jaxgrpo.sampler`)."""
+    """How completions are sampled during training and held-out evaluation: through the rollout engine
+    (`jaxgrpo.engine`: continuous batching over a paged KV cache, one slot per sample of a step, the trainer's
+    weights swapped in each step), with these parameters (`jaxgrpo.sampler.SamplingParams`). In a multi-process
+    run each process's engine samples its own prompts on its own devices."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -106,13 +122,6 @@ class SamplingConfig(_Fields):
     min_p: float = 0.0
     max_new_tokens: int = 128
     max_prompt_len: int = 256
-    #: Sample through the rollout engine (`jaxgrpo.engine`: continuous batching over a paged KV cache, one slot
-    #: per sample of a step, the trainer's weights swapped in each step), training and held-out evaluation both;
-    #: `false`: `sampler.generate`'s fixed batch. Both draw a token with the same key (its prompt id, sample and
-    #: index in the completion), so they sample the same tokens wherever their logits agree. In a multi-process
-    #: run each process's engine samples its own prompts on its own devices, the rounds of dynamic sampling
-    #: agreed between the processes.
-    engine: bool = True
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any
 
-from jaxgrpo.config.fields import Config, replaced
+from jaxgrpo.config.fields import REMOVED, Config, replaced
 from jaxgrpo.errors import UserError
 
 
@@ -98,6 +98,8 @@ def apply_override(cfg: Any, key: str, text: str) -> None:
             node[part] = _parse_value(text, Any)
             return
         if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            if (type(node).__name__, part) in REMOVED:
+                raise KeyError(f"config key {key!r}: {REMOVED[type(node).__name__, part]}")
             if node is cfg and replaced(part):
                 raise KeyError(f"config key {key!r}: {replaced(part)}")
             raise KeyError(

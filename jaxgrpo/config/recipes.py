@@ -34,10 +34,10 @@ def gsm8k_grpo_tpu(model: str, run_dir: str) -> Config:
     c.sampling.max_prompt_len = 512
     c.sampling.max_new_tokens = 1024
     c.sampling.temperature = 1.0
-    # The rollout engine (the default sampler, `sampling.engine`): one per host, its decode reading the paged pool in
-    # place with the Pallas kernel, estimated at 0.99-1.02x its step's HBM floor with the pool full, every program
-    # fitting (docs/tpu.md, the *_engine reports; no TPU run measured yet). `sampling.engine=false` samples with the
-    # fixed batch (its decode 1.01-1.04x the floor), the recipes' sampler until 2026-12-06.
+    # The rollout engine samples: one per host, its decode reading the paged pool in place with the Pallas kernel,
+    # estimated at 0.99-1.02x its step's HBM floor with the pool full, every program fitting (docs/tpu.md, the
+    # *_engine reports; no TPU run measured yet). The fixed batch, the recipes' sampler until 2026-12-06, was
+    # estimated at 1.01-1.04x.
     c.mesh.data, c.mesh.fsdp, c.mesh.model = 1, -1, 1
     c.optimizer.lr = 1e-6
     c.steps = 500

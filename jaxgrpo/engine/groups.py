@@ -1,5 +1,5 @@
 """G samples of each prompt through a rollout engine, returned as the fixed-batch sampler returns them (a
-`sampler.Generation`): the trainer's sampling with `sampling.engine`."""
+`sampler.Generation`): the trainer's sampling."""
 
 from __future__ import annotations
 

@@ -28,11 +28,9 @@ with `fold_in(fold_in(key, r), t)`, so a row's sample does not depend on its bat
 Shapes are bucketed (prompt length and completion length to powers of two >= 16), so a run
 compiles a bounded number of times; `compilation_counts()` reports how many.
 
-Multi-host (`process_local=True`): each process passes only its own block of the batch's prompts
-(`jaxgrpo.distributed.process_block`); the prompt bucket is agreed with a cross-process max of the longest prompt, the
-padded prompts (small host arrays) are gathered so every process holds the whole batch's, and every
-process runs the same program on the global batch; the returned rows are global arrays, this
-process's block on its own devices (`process_sharding`, `jax.make_array_from_process_local_data`).
+The trainer samples through the rollout engine (`jaxgrpo.engine`), which shares this package's distribution,
+requests and `Generation`; in a multi-process run each process's engine samples its own prompts on its own
+devices. `generate` is the fixed batch, one program over one process's devices.
 
 The package: `distribution` (the sampling distribution, behaviour log-probs, per-row keys), `requests` (prompts
 checked and bucketed, stop sets, `Generation`: shared with the rollout engine) and `fixed_batch` (the programs and

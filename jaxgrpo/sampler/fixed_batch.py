@@ -14,10 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo.distributed import batch_axes, global_rows
+from jaxgrpo.distributed import batch_axes
 from jaxgrpo.models import backend as backends, partitioning
 from jaxgrpo.models.decoder import mask_positions
 from jaxgrpo.sampler.distribution import SamplingParams, row_keys, sample_tokens, step_keys
@@ -278,7 +277,6 @@ def generate(
     pad_id: int = 0,
     context_window: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
-    process_local: bool = False,
 ) -> Generation:
     """Sample `num_samples` completions for each prompt with a KV cache.
 
@@ -299,37 +297,19 @@ def generate(
         model config's `max_position_embeddings` if it has one).
       mesh: a mesh with `data` (and optionally `model`) axes to shard rows over (default: the
         mesh of the model's parameters, if they are sharded).
-      process_local: in a multi-process run, `prompts` and `prompt_ids` are only this process's
-        `process_block` of a batch of `B * process_count` prompts (every process passes as many);
-        the others pass theirs. No effect where the model's mesh is one process's devices.
 
     Returns:
-      A `Generation` with B*G rows (with `process_local`, global arrays of all processes' rows,
-      this process's block on its own devices; `jaxgrpo.distributed.local_rows` copies it to the host).
+      A `Generation` with B*G rows.
     """
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, greedy=greedy)
     prompts, prompt_ids, key = _checked_request(model, prompts, num_samples, max_new_tokens, key, sampling, prompt_ids,
                                                 pad_id, context_window)
     graphdef, state = nnx.split(model)
     mesh = mesh if mesh is not None else _mesh_of(state)
-    # Rows are exchanged only where the model's mesh spans processes; on one process's devices its prompts are
-    # all the program sees (e.g. each process's own sampler, multi-process one-step-off).
-    distributed = process_local and mesh is not None and len({d.process_index for d in mesh.devices.flat}) > 1
-    longest = max(len(p) for p in prompts)
-    if distributed:  # one prompt bucket on every process, so all compile the same program
-        longest = int(np.max(multihost_utils.process_allgather(np.int32(longest))))
-    prompt_bucket = bucket_length(longest)
+    prompt_bucket = bucket_length(max(len(p) for p in prompts))
     layout = layout_for(model, mesh, num_samples, prompt_bucket, bucket_length(max_new_tokens), sampling)
     tokens, mask = left_pad(prompts, prompt_bucket, pad_id)
-    if distributed:
-        # The generation's prompt rows: this process's block of the global [B*G, P] arrays, on its own devices.
-        row_tokens, row_mask = (global_rows(np.repeat(x, num_samples, axis=0), mesh) for x in (tokens, mask))
-        # The sampler's inputs: every process's prompts (small host arrays), as a single process has them,
-        # so every process runs the program (and gets the numbers) of one process with the same devices.
-        tokens, mask, prompt_ids = multihost_utils.process_allgather((tokens, mask.astype(np.int32), prompt_ids), tiled=True)
-        mask = np.asarray(mask).astype(bool)  # gathered as int32
-    else:
-        row_tokens, row_mask = (jnp.repeat(jnp.asarray(x), num_samples, axis=0) for x in (tokens, mask))
+    row_tokens, row_mask = (jnp.repeat(jnp.asarray(x), num_samples, axis=0) for x in (tokens, mask))
     keys = row_keys(key, prompt_ids, num_samples)
     final = _run(graphdef, state, tokens, mask, keys, stop_tokens, max_new_tokens, pad_id, layout)
 
@@ -338,7 +318,7 @@ def generate(
         prompt_tokens=row_tokens, prompt_mask=row_mask, completion_tokens=final.tokens[:, :n],
         completion_mask=jnp.arange(n) < final.lengths[:, None], logprobs=final.logprobs[:, :n],
         policy_logprobs=final.policy_logprobs[:, :n], finish_reason=final.finish_reason,
-        prompt_index=jnp.repeat(jnp.arange(len(prompt_ids), dtype=jnp.int32), num_samples),  # every process's
+        prompt_index=jnp.repeat(jnp.arange(len(prompt_ids), dtype=jnp.int32), num_samples),
     )
 
 

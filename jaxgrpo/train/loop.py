@@ -94,7 +94,7 @@ class Trainer:
         split = cfg.mesh.rollout_devices
         learner_devices, sampler_devices = state_lib.split_devices(split) if split else (None, None)
         self.mesh = mesh or state_lib.make_mesh(cfg, learner_devices)
-        self._local_sampler = preflight.samples_locally(cfg)
+        self._local_sampler = preflight.samples_locally()
         if self._local_sampler and not split:  # the engine on this process's devices, time-shared with the learner
             sampler_devices = jax.local_devices()
         #: The sampler's own devices (`mesh.rollout_devices`, the last ones; in a multi-process run this process's
@@ -250,33 +250,34 @@ class Trainer:
         return self._prompt_cache[text]
 
     def generate(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
-                 prompt_ids: np.ndarray | None = None, process_local: bool = False, params=None):
-        """`sampler.generate` on the examples' prompts by the policy of `params` (default: `loop_state`'s);
-        `process_local`: they are this host's block of the batch."""
+                 prompt_ids: np.ndarray | None = None, params=None):
+        """`num_samples` completions of each example's prompt through the rollout engine (`generate_tokens`)."""
         return self.generate_tokens([self.prompt_ids(e) for e in examples], num_samples, key, greedy=greedy,
-                                    prompt_ids=prompt_ids, process_local=process_local, params=params)
+                                    prompt_ids=prompt_ids, params=params)
 
     def generate_tokens(self, prompts: list[list[int]], num_samples: int, key: Array, *, greedy: bool = False,
-                        prompt_ids: np.ndarray | None = None, process_local: bool = False, params=None,
-                        max_new_tokens: int | None = None):
-        """`generate` on token prompts (e.g. a prompt and a completion so far, continued: partial rollouts), at
-        most `max_new_tokens` new tokens each (default `sampling.max_new_tokens`)."""
-        s = self.cfg.sampling
+                        prompt_ids: np.ndarray | None = None, params=None, max_new_tokens: int | None = None):
+        """`num_samples` completions of each token prompt (e.g. a prompt and a completion so far, continued: partial
+        rollouts) by the policy of `params` (default: `loop_state`'s), at most `max_new_tokens` new tokens each
+        (default `sampling.max_new_tokens`), through the rollout engine (`engine`), as a `sampler.Generation` on a
+        device of the sampler's. In a multi-process run `prompts` are this process's own; `prompt_ids` (default
+        0..B-1) key their draws."""
+        from jaxgrpo import engine as engine_lib
+
         params = self._sampling_params() if params is None else params
-        budget = s.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if s.engine:
-            return self._generate_with_engine(prompts, num_samples, key, greedy=greedy, prompt_ids=prompt_ids,
-                                              params=params, max_new_tokens=budget)
-        with device_memory.reported(self.cfg, "sampler", self.mesh):  # a run-time failure surfaces when waited for
-            return jax.block_until_ready(sampler.generate(
-                self.policy_of(params).decoder, prompts, prompt_ids=prompt_ids,
-                process_local=process_local, num_samples=num_samples, key=key, temperature=s.temperature,
-                top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, greedy=greedy, max_new_tokens=budget,
-                stop_tokens=self.stop_tokens, pad_id=self.pad_id,
-            ))
+        budget = self.cfg.sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
+        engine = self.engine(params)
+        with device_memory.reported(self.cfg, "sampler", self.mesh):
+            out = engine_lib.generate_groups(
+                engine, prompts, num_samples=num_samples, key=key, max_new_tokens=budget,
+                sampling=self._sampling(greedy), stop_tokens=self.stop_tokens, prompt_ids=prompt_ids,
+                pad_id=self.pad_id)
+        # On a device of the sampler's (the learner's, or its own devices), where the rest of the step reads it.
+        devices = self._sampling_mesh(params).devices.flat
+        return jax.device_put(out, next(d for d in devices if d.process_index == jax.process_index()))
 
     def engine(self, params=None):
-        """The rollout engine the trainer samples through (`sampling.engine`, or `environment` episodes), made on
+        """The rollout engine the trainer samples through (single turns and `environment` episodes), made on
         first use with one slot per sample of a step, holding the policy of `params` (default: `loop_state`'s):
         its weights swapped in place (no copy; a new policy version) whenever they changed."""
         from jaxgrpo import engine as engine_lib
@@ -305,20 +306,6 @@ class Trainer:
         s = self.cfg.sampling
         return sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
                                       greedy=greedy)
-
-    def _generate_with_engine(self, prompts, num_samples, key, *, greedy, prompt_ids, params, max_new_tokens):
-        """`generate_tokens` through the rollout engine (`engine`)."""
-        from jaxgrpo import engine as engine_lib
-
-        engine = self.engine(params)
-        with device_memory.reported(self.cfg, "sampler", self.mesh):
-            out = engine_lib.generate_groups(
-                engine, prompts, num_samples=num_samples, key=key, max_new_tokens=max_new_tokens,
-                sampling=self._sampling(greedy),
-                stop_tokens=self.stop_tokens, prompt_ids=prompt_ids, pad_id=self.pad_id)
-        # On a device of the sampler's, as the fixed batch returns its rows (the learner's, or its own devices).
-        devices = self._sampling_mesh(params).devices.flat
-        return jax.device_put(out, next(d for d in devices if d.process_index == jax.process_index()))
 
     def run_episodes(self, examples: list[dict], num_samples: int, key: Array, *, greedy: bool = False,
                      params=None, first_id: int = 0):

@@ -208,12 +208,12 @@ def _check_multi_process(cfg: Config) -> None:
                           "thread does not do in a multi-process run; set max_staleness=0, or group_filter=None")
 
 
-def samples_locally(cfg: Config) -> bool:
-    """Whether each process of a multi-process run samples its own prompts on devices of its own, with nothing
-    exchanged between processes while it samples: one-step-off (on `mesh.rollout_devices`, beside the learner's
-    thread: two threads issuing collectives in an order that differs between processes would deadlock), and the
-    rollout engine and environment episodes (each process's engine admits its own requests, on its own devices)."""
-    return jax.process_count() > 1 and bool(cfg.max_staleness or cfg.sampling.engine or cfg.environment is not None)
+def samples_locally() -> bool:
+    """Whether each process samples its own prompts on devices of its own, with nothing exchanged between processes
+    while it samples: in every multi-process run (each process's rollout engine admits its own requests, on its
+    own devices; one-step-off's sampling thread could not issue collectives anyway, as two threads issuing them in
+    an order that differs between processes would deadlock)."""
+    return jax.process_count() > 1
 
 
 def environment_turns(cfg: Config, tokenizer, examples):

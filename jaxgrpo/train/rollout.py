@@ -219,7 +219,7 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
             ) -> tuple[Trajectories, dict]:
     """Samples and scores this host's share of `prompts_per_step` groups (all of them in a single process).
 
-    `generate(examples, num_samples, key, prompt_ids=..., process_local=True)` samples a `sampler.Generation`.
+    `generate(examples, num_samples, key, prompt_ids=...)` samples a `sampler.Generation` of this host's examples.
     Returns this host's rows (group ids are global) and the step's timings. Under dynamic sampling,
     zero-signal groups are resampled: each round reads `need * processes` new prompts, `need` the most
     groups any host still lacks, so every host runs the same rounds with the same shapes. `guide(rollout, key)`
@@ -248,7 +248,7 @@ def collect(cfg: Config, key: jax.Array, prompts: PromptStream, generate: Callab
         t0 = time.perf_counter()
         with profiling.phase("sample"):
             out = generate(examples, g, jax.random.fold_in(key, rounds),
-                           prompt_ids=np.arange(block.start, block.stop, dtype=np.int32), process_local=True)
+                           prompt_ids=np.arange(block.start, block.stop, dtype=np.int32))
             out = jax.tree.map(np.asarray if local else lambda x: local_rows(x, mesh), out)
         timings["time_sample"] += time.perf_counter() - t0
         sampled_tokens += int(out.completion_mask.sum())

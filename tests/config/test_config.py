@@ -13,6 +13,7 @@ import pytest
 
 from jaxgrpo.config import Config, ExperimentError, apply_overrides, load_experiment, to_dict, valid_keys, validate
 from jaxgrpo.evaluation.runs import config_from_dict
+from jaxgrpo.run.rundir import config_changes
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -232,6 +233,25 @@ def test_a_run_written_with_the_old_flags_reads_as_their_stages():
     assert (cfg.reward_penalty, cfg.reward_penalty_kwargs) == ("overlong_penalty", {"cache_len": 16})
     unchanged = {**to_dict(Config()), "value_head": False, "dynamic_sampling": False, "overlong_cache_len": 0}
     assert to_dict(config_from_dict(unchanged)) == to_dict(Config())
+
+
+@pytest.mark.parametrize("value", ["false", "true"])
+def test_the_removed_sampling_engine_setting_is_refused_with_what_to_do(value):
+    """`sampling.engine` chose the fixed batch over the rollout engine until 2026-12-06: an old experiment file or
+    --set is told in one line that the engine is the trainer's only sampler, not "unknown key"."""
+    with pytest.raises(KeyError) as error:
+        apply_overrides(Config(), [f"sampling.engine={value}"])
+    line = str(error.value).strip("'\"")
+    assert line.startswith("config key 'sampling.engine': sampling.engine was removed") and "drop the setting" in line
+    assert "\n" not in line
+    with pytest.raises(AttributeError, match="the trainer samples through the rollout engine only"):
+        Config().sampling.engine = value == "true"
+    # A run written with it (either value) reads, resumes and compares as the same run without it.
+    for engine in (False, True):
+        old = to_dict(Config())
+        old["sampling"] = {**old["sampling"], "engine": engine}
+        assert to_dict(config_from_dict(old)) == to_dict(Config())
+        assert config_changes(old, to_dict(Config()), to_dict(Config())) == []
 
 
 def test_a_group_filter_must_return_the_rows_to_keep():

@@ -58,7 +58,8 @@ def reports():
 
     def get(path, topology):
         if (path, topology) not in cache:
-            programs = aot.FIXED_BATCH_PROGRAMS if (path, topology) == (QUICKSTART, ONE_HOST) else ("decode", "update")
+            programs = ((*aot.FIXED_BATCH_PROGRAMS, "forward", "update") if (path, topology) == (QUICKSTART, ONE_HOST)
+                        else ("decode", "update"))
             cfg = _config(path, *CASES[path, topology])
             cache[path, topology] = (cfg, aot.compile_experiment(cfg, topology, programs=programs))
         return cache[path, topology]
@@ -336,7 +337,7 @@ def test_cli_writes_the_report_and_exits_by_whether_it_fits(tmp_path, capsys):
     (["--topology", "v5e:3x7"], "libtpu cannot lay out the topology 'v5e:3x7'"),
     (["--topology", "v5e:2x4", "--set", "mesh.data=1", "mesh.fsdp=3"], "does not divide the 8 devices"),
     (["--topology", "v5e:2x4", "--set", "model=no-such-model"], "'no-such-model' is neither a model directory"),
-    (["--topology", "v5e:2x4", "--programs", "sampler"], "unknown program(s) sampler; valid: prefill, decode, forward, update"),
+    (["--topology", "v5e:2x4", "--programs", "sampler"], "unknown program(s) sampler; valid: engine, forward, update, prefill, decode"),
 ])
 def test_bad_input_gets_one_line_errors(args, message, capsys):
     assert cli.compile_main([TOY, *args]) == 2

@@ -298,7 +298,7 @@ def _raising(message):
 
 
 def test_the_update_sampler_and_scoring_forward_say_they_do_not_fit_with_xla_chained(trainer, monkeypatch):
-    from jaxgrpo import engine, sampler
+    from jaxgrpo import engine
     from jaxgrpo.train import step as step_lib
 
     message = MESSAGES["gpu autotuning"][0]
@@ -314,8 +314,7 @@ def test_the_update_sampler_and_scoring_forward_say_they_do_not_fit_with_xla_cha
     assert "optimizer.state_dtype=bfloat16" in str(raised.value)
     assert isinstance(raised.value.__cause__, XlaRuntimeError) and str(raised.value.__cause__) == message
     with monkeypatch.context() as patch:
-        patch.setattr(sampler, "generate", _raising(message))  # the fixed batch (sampling.engine=false)
-        patch.setattr(engine, "generate_groups", _raising(message))  # the rollout engine (the default)
+        patch.setattr(engine, "generate_groups", _raising(message))  # the rollout engine, the trainer's sampler
         with pytest.raises(OutOfDeviceMemory, match="^the sampler does not fit in device memory"):
             trainer.rollout(trainer.loop_state, jax.random.key(0))
     monkeypatch.setattr(trainer, "_forward", _raising(message))

@@ -155,14 +155,12 @@ def partial_toy(tmp_path, *overrides):
     return toy(tmp_path, "sampling.max_new_tokens=8", "partial_rollout_tokens=4", "max_staleness=2", *overrides)
 
 
-@pytest.mark.parametrize("engine", [False, True])
-def test_partial_rollouts_continue_rows_across_a_weight_swap_with_each_tokens_version(tmp_path, engine, caplog):
-    trainer = with_signal(partial_toy(tmp_path, "steps=5", "checkpoint_every=0", f"sampling.engine={engine}",
-                                      *SIGNAL))
+def test_partial_rollouts_continue_rows_across_a_weight_swap_with_each_tokens_version(tmp_path, caplog):
+    trainer = with_signal(partial_toy(tmp_path, "steps=5", "checkpoint_every=0", *SIGNAL))
     history = trainer.run(progress=False)
     # A step whose groups all go on trains no row, and is not warned about as a step without signal.
     all_carried = [r["step"] for r in history if r["rows_carried"] == 16]
-    assert all_carried or engine  # the engine draws other tokens: its run may carry fewer
+    assert all_carried  # this seed has steps whose every group went on
     for step in all_carried:
         assert history[step - 1]["frac_trained_rows"] == 0 and f"step {step} trained no row" not in caplog.text
     assert all(r["rows_carried"] % 4 == 0 for r in history)  # whole groups wait

@@ -297,19 +297,6 @@ def test_two_processes_run_their_own_environment_episodes_on_their_own_engines_l
     assert [r["step"] for r in records] == [1, 2] and all(np.isfinite(r["loss"]) for r in records)
 
 
-def test_two_processes_sample_a_fixed_batch_over_both_hosts_like_one(tmp_path):
-    """`sampling.engine=false` on 2 hosts x 4 devices: `sampler.generate` runs one program over the global batch,
-    each host passing its own block of the prompts; the parameters after two steps equal the 1 x 8 run's (1e-5)."""
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER.format(toy=TOY))
-    reference, trained, _ = _one_and_two_processes(tmp_path, script, overrides="sampling.engine=false")
-    np.testing.assert_array_equal(reference.pop("__scored_rows__"), [64, 64])
-    np.testing.assert_array_equal(trained.pop("__scored_rows__"), [32, 32])
-    np.testing.assert_array_equal(trained.pop("__read__"), [0, 1, 2, 3, 8, 9, 10, 11])
-    reference.pop("__read__")
-    _assert_trained_alike(reference, trained)
-
-
 def test_two_processes_agree_on_the_rounds_of_dynamic_sampling_through_engines_of_their_own(tmp_path):
     """DAPO's dynamic sampling through each host's own engine (the default sampler), 2 hosts x 4 devices: each
     round samples the most groups either host still lacks, so both hosts run the same rounds with the same number

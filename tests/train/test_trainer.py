@@ -1,7 +1,6 @@
 """The GRPO loop end to end on the offline toy task: learning, exact resume (every experiment file:
 tests/test_experiments_reproduce_metrics.py)."""
 
-import dataclasses
 import glob
 import json
 import logging
@@ -11,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxgrpo import sampler
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.models import packing
@@ -82,27 +82,14 @@ def test_mean_reward_rises_on_the_toy_task(method, tmp_path, caplog):
     # back in the pool; sampling again swaps the last update's weights in (the trainer's own arrays, no copy).
     engine = trainer._engine
     assert engine.version == 39 and engine.blocks_in_use == 0
-    trainer.generate(trainer.train_examples[:4], 1, jax.random.key(0), greedy=True)
-    params = {id(x) for x in jax.tree.leaves(trainer.state.params)}
-    assert engine.version == 40 and all(id(x) in params for x in jax.tree.leaves(engine._state))
-
-
-def test_the_fixed_batch_sampler_learns_and_greedily_samples_what_the_engine_samples(tmp_path):
-    """`sampling.engine=false`: `sampler.generate`'s fixed batch samples every step and the toy learns as it does
-    through the rollout engine (the default); an engine made afterwards holds the trainer's own weight arrays
-    (no copy) and its greedy completions are the sampler's."""
-    cfg = toy_config(tmp_path, "task.num_eval_examples=0", "checkpoint_every=0", "steps=40", "sampling.engine=false")
-    trainer = Trainer(cfg)
-    history = trainer.run(progress=False)
-    accuracy = np.array([h["accuracy"] for h in history])
-    assert accuracy[-10:].mean() > accuracy[:10].mean() + 0.15, accuracy
-    assert trainer._engine is None  # no engine was made
     examples = trainer.train_examples[:24]
-    by_sampler = trainer.generate(examples, 1, jax.random.key(0), greedy=True)
-    trainer.cfg = dataclasses.replace(trainer.cfg, sampling=dataclasses.replace(trainer.cfg.sampling, engine=True))
     by_engine = trainer.generate(examples, 1, jax.random.key(0), greedy=True)
     params = {id(x) for x in jax.tree.leaves(trainer.state.params)}
-    assert trainer._engine.version == 0 and all(id(x) in params for x in jax.tree.leaves(trainer._engine._state))
+    assert engine.version == 40 and all(id(x) in params for x in jax.tree.leaves(engine._state))
+    # The trained policy's greedy completions are `sampler.generate`'s fixed batch's.
+    by_sampler = sampler.generate(trainer.policy.decoder, [trainer.prompt_ids(e) for e in examples], greedy=True,
+                                  max_new_tokens=cfg.sampling.max_new_tokens, stop_tokens=trainer.stop_tokens,
+                                  pad_id=trainer.pad_id)
     for field in ("completion_tokens", "completion_mask", "finish_reason", "prompt_tokens"):
         np.testing.assert_array_equal(np.asarray(getattr(by_engine, field)), np.asarray(getattr(by_sampler, field)))
     np.testing.assert_allclose(by_engine.policy_logprobs, by_sampler.policy_logprobs, atol=1e-5)

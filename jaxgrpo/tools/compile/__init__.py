@@ -4,18 +4,20 @@ libtpu compiles for a TPU topology without a TPU: `jax.experimental.topologies` 
 chips, a mesh is laid over them as the experiment's mesh config says, the model is built from shapes
 alone (no weights are read), and `jax.jit(...).lower(abstract inputs).compile()` gives what XLA's TPU
 compiler decided: memory per chip, FLOPs and bytes, its time estimate, and the compiled HLO, which
-shows the collectives. Programs compiled here, each at the experiment's shapes:
+shows the collectives. Programs compiled here, each at the experiment's shapes (by default those a run runs,
+`RUN_PROGRAMS`):
 
-* `prefill` and `decode`: the sampler's two programs (`sampler.generate`) for one step's prompts, at the
-  prompt and completion buckets of `sampling.max_prompt_len` and `sampling.max_new_tokens`: the
-  prompts run once into a shared cache, then a `while` loop samples one token per row per iteration;
+* `engine`: the rollout engine's programs (`jaxgrpo.engine.trace_programs`), the trainer's sampler: its prefill,
+  and a chunk of decode steps over one slot per sample at two fill levels (`ENGINE_FILLS`: a pool holding half
+  and all of every slot's context), each with its KV pool's bytes per chip: KV memory follows the live
+  positions, in whole blocks;
 * `forward`: the reference / old-policy log-prob forward (`jaxgrpo.train.step.make_forward_fn`) over a batch;
 * `update`: one optimizer step of `jaxgrpo.train.step.make_update_fn` over a minibatch of micro-batches (packed
-  groups at their worst case, one group per row, when `packing` is on).
-* `engine` (asked for by name, not in the default set while the trainer samples with `sampler.generate`):
-  the rollout engine's programs (`jaxgrpo.engine.trace_programs`): its prefill, and a chunk of decode steps
-  over one slot per sample at two fill levels (`ENGINE_FILLS`: a pool holding half and all of every slot's
-  context), each with its KV pool's bytes per chip: KV memory follows the live positions, in whole blocks.
+  groups at their worst case, one group per row, when `packing` is on);
+* `prefill` and `decode` (asked for by name, `FIXED_BATCH_PROGRAMS`): `sampler.generate`'s fixed batch for one
+  step's prompts, at the prompt and completion buckets of `sampling.max_prompt_len` and
+  `sampling.max_new_tokens`: the prompts run once into a shared cache, then a `while` loop samples one token
+  per row per iteration (the trainer's sampler until 2026-12-06).
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
 scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower bounds. So the report also
@@ -52,12 +54,13 @@ from jaxgrpo.tools.compile.chips import CHIPS, EXAMPLE_TOPOLOGIES, GiB, Chip, to
 from jaxgrpo.tools.compile.lowering import (ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK, Abstract, EnginePrograms,
                                             OutOfMemory, abstract_train_state, compile_lowered, decoder_config,
                                             lower_engine, lower_forward, lower_sampler, lower_update)
-from jaxgrpo.tools.compile.report import (ENGINE_FILLS, FIXED_BATCH_PROGRAMS, PROGRAMS, SAMPLER_PROGRAMS, ProgramReport,
-                                          Report, compile_experiment, fits_everywhere, prefill_model_flops,
-                                          program_report, programs_of, update_model_flops)
+from jaxgrpo.tools.compile.report import (ENGINE_FILLS, FIXED_BATCH_PROGRAMS, PROGRAMS, RUN_PROGRAMS, SAMPLER_PROGRAMS,
+                                          ProgramReport, Report, compile_experiment, fits_everywhere,
+                                          prefill_model_flops, program_report, programs_of, update_model_flops)
 
 __all__ = ["CHIPS", "COLLECTIVES", "ENGINE_BLOCK_SIZE", "ENGINE_DECODE_CHUNK", "ENGINE_FILLS", "EXAMPLE_TOPOLOGIES",
-           "FIXED_BATCH_PROGRAMS", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "SAMPLER_PROGRAMS", "Abstract",
+           "FIXED_BATCH_PROGRAMS", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "RUN_PROGRAMS",
+           "SAMPLER_PROGRAMS", "Abstract",
            "Chip", "EnginePrograms", "GiB", "OutOfMemory", "ProductCount", "ProgramReport", "Report",
            "abstract_train_state", "collectives", "compile_experiment", "compile_lowered", "count_products",
            "decoder_config", "fits_everywhere", "host_transfers", "largest_values", "lower_engine", "lower_forward",

@@ -19,10 +19,13 @@ from jaxgrpo.tools.compile.lowering import (OutOfMemory, abstract_train_state, c
                                             lower_forward, lower_sampler, lower_update)
 
 
-FIXED_BATCH_PROGRAMS = ("prefill", "decode", "forward", "update")
-"""A run's programs with the fixed-batch sampler (`sampling.engine=false`): its prefill and decode loop, the scoring
-forward and the update (`programs_of`)."""
-PROGRAMS = (*FIXED_BATCH_PROGRAMS, "engine")
+RUN_PROGRAMS = ("engine", "forward", "update")
+"""The programs a run runs (`programs_of`): the rollout engine's prefill and decode chunk, the scoring forward and the
+update."""
+FIXED_BATCH_PROGRAMS = ("prefill", "decode")
+"""`sampler.generate`'s fixed batch, its prefill and decode loop: asked for by name (`--programs prefill decode`); no
+run samples with it since 2026-12-06."""
+PROGRAMS = (*RUN_PROGRAMS, *FIXED_BATCH_PROGRAMS)
 SAMPLER_PROGRAMS = ("prefill", "decode", "engine")  # on the sampler's chips under a split mesh
 ENGINE_FILLS = (0.5, 1.0)
 """The rollout engine's fill levels (`--programs engine`): its pool holds this share of every slot's whole context."""
@@ -239,9 +242,8 @@ def program_report(name: str, compiled, seconds: float, jaxpr, chip: Chip, chips
 
 
 def programs_of(cfg: Config) -> tuple[str, ...]:
-    """The programs a run of `cfg` runs: its sampler's (the rollout engine's with `sampling.engine`, the default;
-    else the fixed batch's prefill and decode), the scoring forward and the update."""
-    return ("engine", "forward", "update") if cfg.sampling.engine else FIXED_BATCH_PROGRAMS
+    """The programs a run of `cfg` runs: the rollout engine's, the scoring forward and the update."""
+    return RUN_PROGRAMS
 
 
 def compile_experiment(cfg: Config, topology: str, programs=None, cpu_forms: bool = False,
