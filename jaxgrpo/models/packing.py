@@ -19,7 +19,8 @@ groups over its micro-batches and packs each micro-batch into the fewest slots, 
 
 A tree needs its rows to hold one prompt. Where a group's rows do not (a hinted sample among unhinted ones,
 environment episodes that open differently), the trainer packs trees of one row each (`group_size=1`: the
-prompt and its completion, whose padding still goes), as `tree_size` decides per batch.
+prompt and its completion, whose padding still goes), as `shares_prompts` decides per batch
+(`jaxgrpo.train.batch.packed_trees`, agreed by every host).
 """
 
 from __future__ import annotations
@@ -84,12 +85,6 @@ def shares_prompts(tokens, attention_mask, completion_len: int, group_size: int)
     prompt = np.where(attention_mask[:, :prompt_len], tokens[:, :prompt_len], -1)
     groups = prompt.reshape(-1, group_size, prompt_len)
     return bool((groups == groups[:, :1]).all())
-
-
-def tree_size(tokens, attention_mask, completion_len: int, group_size: int) -> int:
-    """Rows per packed tree: `group_size` where every group's rows hold one prompt (`shares_prompts`), else 1
-    (each row a tree of its own)."""
-    return group_size if shares_prompts(tokens, attention_mask, completion_len, group_size) else 1
 
 
 def group_lengths(attention_mask, train_mask, completion_len: int, group_size: int):

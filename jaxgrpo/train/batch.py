@@ -151,8 +151,8 @@ def train_batch(cfg: Config, rollout: Trajectories, reward_weights: np.ndarray, 
 
 
 class PackedTrees(NamedTuple):
-    """How a step's batch packs (`cfg.packing`): rows per packed tree (`packing.tree_size`: a whole group where
-    every group's rows hold one prompt on every host, else one row) and the slots each tree of the whole batch
+    """How a step's batch packs (`cfg.packing`): rows per packed tree (a whole group where every group's rows hold
+    one prompt on every host, `packing.shares_prompts`, else one row) and the slots each tree of the whole batch
     needs (`packing.group_lengths`)."""
 
     size: int

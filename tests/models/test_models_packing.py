@@ -102,17 +102,17 @@ def test_packed_groups_score_completions_like_padded_rows(family, shared_row):
 
 def test_rows_whose_group_holds_two_prompts_pack_as_trees_of_one_row_and_score_like_padded_rows():
     """A group whose rows do not hold one prompt (a hinted sample, an episode that opened differently) cannot be one
-    tree; `tree_size` says 1 and every row packs as a tree of its own, scoring its completion as the padded row."""
+    tree (`shares_prompts` is false) and every row packs as a tree of its own, scoring its completion as the padded
+    row."""
     family = next(iter(CONFIGS))
     model = Decoder(CONFIGS[family], rngs=nnx.Rngs(0))
     tokens, attention, mask = _padded_batch(CONFIGS[family].vocab_size)
     # Left padding differs (masked tokens are not the prompt): the groups still hold one prompt each.
-    assert packing.tree_size(np.where(attention, tokens, 7), attention, COMPLETION, GROUP) == GROUP
+    assert packing.shares_prompts(np.where(attention, tokens, 7), attention, COMPLETION, GROUP)
     hinted = np.asarray(tokens).copy()
     hinted[1, PROMPT - 2] = hinted[1, PROMPT - 2] % (CONFIGS[family].vocab_size - 1) + 1  # row 1's prompt differs
     hinted = jnp.asarray(hinted)
     assert not packing.shares_prompts(hinted, attention, COMPLETION, GROUP)
-    assert packing.tree_size(hinted, attention, COMPLETION, GROUP) == 1
     lengths = packing.group_lengths(np.asarray(attention), None, COMPLETION, 1)
     np.testing.assert_array_equal(lengths, [p + n for p in PROMPT_LENGTHS for n in COMPLETION_LENGTHS[0 if p == 6 else 1]])
     order, plan = packing.plan_rows(np.arange(len(lengths)), lengths, 1, len(lengths), multiple=8)

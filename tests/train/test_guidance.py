@@ -16,6 +16,7 @@ from jaxgrpo.train.batch import packed_trees
 from jaxgrpo.train.rollout import Trajectories
 from tests.support import experiment_metrics
 from tests.support.paths import REPO_ROOT
+from tests.support.updates import host_params, packed_and_padded
 
 ROOT = REPO_ROOT
 
@@ -155,14 +156,8 @@ def test_a_guided_step_trains_the_hinted_samples_on_policy(tmp_path):
     np.testing.assert_allclose(np.asarray(new)[mask], np.asarray(batch.old_logp)[mask], atol=1e-5, rtol=0)
     # A hinted row's prompt is not its group's: each row packs as a tree of its own, and updates as padded rows do.
     assert packed_trees(trainer.cfg, batch).size == 1
-    start = jax.tree.map(np.array, trainer.loop_state.train)
-    fresh = lambda: jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)  # noqa: E731
-    packed, _ = trainer.update(fresh(), batch)  # the update donates its input
-    trainer.cfg.packing = False
-    padded, _ = trainer.update(fresh(), batch)
-    trainer.cfg.packing = True
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4),
-                 *(jax.tree.map(np.asarray, s.params) for s in (packed, padded)))
+    (packed, _), (padded, _) = packed_and_padded(trainer, jax.tree.map(np.array, trainer.loop_state.train), batch)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), *host_params(packed, padded))
     _, metrics = trainer.learn(trainer.loop_state, batch, rollout)
     assert np.isfinite(metrics["loss"])
 

@@ -22,6 +22,7 @@ from tests.support.tiny_models import register_two_turn_episodes
 
 from tests.support import kill_resume
 from tests.support.paths import REPO_ROOT
+from tests.support.updates import host_params, packed_and_padded
 
 TOY = os.path.join(REPO_ROOT, "experiments", "toy_sum.py")
 
@@ -70,20 +71,13 @@ def test_episode_groups_pack_as_prompt_groups_and_update_as_the_padded_rows(trai
     assert trees.size == cfg.group_size and len(trees.lengths) == cfg.prompts_per_step
     assert (np.asarray(batch.advantages) != 0).any()
     start = jax.tree.map(np.array, trainer.loop_state.train)
-    fresh = lambda: jax.tree.map(lambda x, s: jax.device_put(x, s), start, trainer.state_sharding)  # noqa: E731
-    packed, packed_metrics = trainer.update(fresh(), batch)  # the update donates its input
-    try:
-        cfg.packing = False
-        padded, padded_metrics = trainer.update(fresh(), batch)
-    finally:
-        cfg.packing = True
+    (packed, packed_metrics), (padded, padded_metrics) = packed_and_padded(trainer, start, batch)
     # Adam moves a weight by ~lr (1e-3 here) whatever its gradient's scale, so float rounding in a near-zero
     # gradient can move one by a fraction of that (5e-5 seen); a wrong gradient would move it by ~1e-3.
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4),
-                 *(jax.tree.map(np.asarray, s.params) for s in (packed, padded)))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4), *host_params(packed, padded))
     for key in ("loss", "entropy", "logp_gap", "grad_norm"):
         np.testing.assert_allclose(packed_metrics[key], padded_metrics[key], rtol=1e-4, atol=1e-6, err_msg=key)
-    assert not np.allclose(jax.tree.leaves(jax.tree.map(np.asarray, packed.params))[0], jax.tree.leaves(start.params)[0])
+    assert not np.allclose(jax.tree.leaves(host_params(packed)[0])[0], jax.tree.leaves(start.params)[0])
 
 
 def test_a_run_on_episodes_records_steps_and_held_out_episodes(trainer):

@@ -21,6 +21,7 @@ from jaxgrpo.train.warmup import supervised_warmup
 
 from tests.support import kill_resume
 from tests.support.paths import REPO_ROOT
+from tests.support.updates import host_params, on_device, packed_and_padded
 
 ROOT = REPO_ROOT
 EXPERIMENTS = os.path.join(ROOT, "experiments")
@@ -43,16 +44,6 @@ def toy_config(tmp_path, *overrides):
 
 def params_of(trainer):
     return jax.tree.map(np.asarray, trainer.state.params)
-
-
-def host_params(*states):
-    """The parameters of train states, copied to the host."""
-    return [jax.tree.map(np.asarray, state.params) for state in states]
-
-
-def on_device(trainer, state):
-    """A host copy of a train state laid out on the trainer's mesh again (a fresh input for the donating update)."""
-    return jax.tree.map(lambda x, s: jax.device_put(x, s), state, trainer.state_sharding)
 
 
 def collapse_warnings(caplog) -> list[str]:
@@ -201,10 +192,9 @@ def test_packed_groups_give_the_padded_update(tmp_path, overrides):
     rows, plan = packing.plan_rows(np.arange(cfg.batch_size), trees.lengths, trees.size, 16)
     assert plan.rows * plan.length * (cfg.batch_size // 16) < batch.tokens.size
     start = jax.tree.map(np.array, state.train)
-    packed, packed_metrics = trainer.update(on_device(trainer, start), batch)
+    (packed, packed_metrics), (padded, padded_metrics) = packed_and_padded(trainer, start, batch)
     cfg.packing = False
     assert packed_trees(cfg, batch) is None
-    padded, padded_metrics = trainer.update(on_device(trainer, start), batch)
     # Adam divides by the gradient's scale, so rounding in a near-zero gradient can move a weight by ~1e-5.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), *host_params(packed, padded))
     for key in ("loss", "policy_loss", "entropy", "logp_gap", "grad_norm") + (("kl",) if cfg.kl_coef else ()):
