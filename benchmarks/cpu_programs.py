@@ -8,8 +8,9 @@ information (`as_text(debug_info=False)`: no source locations, so moving code be
 change a hash). The programs, for the toy model ("toy-tiny") and SmolLM2-135M's architecture, each in
 float32 and bfloat16:
 
-* the sampler's prefill and decode loop (`jaxgrpo.sampler`, as `generate` runs them on one CPU device:
-  no mesh), with one sample per prompt and with four sharing each prompt's cache;
+* the rollout engine's prefill and decode chunk (`jaxgrpo.engine.trace_programs`, the programs an `Engine` on
+  one CPU device runs: no mesh, the decode through dense views of its blocks), with one slot per prompt and
+  with four drawing from each prompt's prefill;
 * one decoder decode step called directly (a run-time cache index), without and with a shared prefix;
 * the trainer's log-prob forward and update step on a one-device CPU mesh (`jaxgrpo.tools.compile.lower_forward`
   and `lower_update`, which build them as the trainer does).
@@ -24,7 +25,6 @@ PYTHONPATH set to it, and prints one row per program. `--dump DIR` writes each p
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -40,7 +40,7 @@ from flax import nnx
 
 MODELS = {"toy": "toy-tiny", "smollm2": "smollm2-135m-instruct"}
 DTYPES = ("float32", "bfloat16")
-PROMPTS, PROMPT_BUCKET, NEW_BUCKET = 2, 16, 16
+PROMPTS, PROMPT_BUCKET, NEW_BUCKET, BLOCK_SIZE = 2, 16, 16, 16  # the engine's default blocks
 
 
 def _config(model: str, dtype: str):
@@ -54,23 +54,18 @@ def _config(model: str, dtype: str):
     return cfg
 
 
-def _sampler_programs(decoder, samples: int) -> dict[str, str]:
-    """The sampler's prefill and decode loop for PROMPTS prompts x `samples`, as `generate` traces them."""
-    from jaxgrpo import sampler
+def _engine_programs(decoder, samples: int) -> dict[str, jax.stages.Lowered]:
+    """The engine's prefill and decode chunk for PROMPTS prompts x `samples`, a slot per sample, each slot's blocks
+    holding its PROMPT_BUCKET prompt positions and room for NEW_BUCKET more (the decode chunk's steps)."""
+    from jaxgrpo import engine, sampler
 
     graphdef, state = nnx.split(decoder)
-    layout = sampler.layout_for(decoder, None, samples, PROMPT_BUCKET, NEW_BUCKET, sampler.SamplingParams())
-    scalar = jax.ShapeDtypeStruct((), jnp.int32)
-    stop = jax.ShapeDtypeStruct((8,), jnp.int32)
-    keys = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), PROMPTS * samples))
-    prompt = (jax.ShapeDtypeStruct((PROMPTS, PROMPT_BUCKET), jnp.int32),
-              jax.ShapeDtypeStruct((PROMPTS, PROMPT_BUCKET), jnp.bool_))
-    prefill = functools.partial(sampler.prefill_program, graphdef, layout=layout)
-    carry = jax.eval_shape(prefill, state, *prompt, keys, stop, scalar, scalar)
-    return {
-        "prefill": sampler.prefill_program.lower(graphdef, state, *prompt, keys, stop, scalar, scalar, layout=layout),
-        "decode loop": sampler.decode_program.lower(graphdef, state, carry, stop, scalar, scalar, layout=layout),
-    }
+    slots, context = PROMPTS * samples, PROMPT_BUCKET + NEW_BUCKET
+    traced = engine.trace_programs(graphdef, state, num_slots=slots, num_blocks=slots * context // BLOCK_SIZE + 1,
+                                   block_size=BLOCK_SIZE, max_context=context, prefill_rows=PROMPTS,
+                                   prompt_len=PROMPT_BUCKET, draws=slots, width=PROMPT_BUCKET, steps=NEW_BUCKET,
+                                   sampling=sampler.SamplingParams())
+    return {"prefill": traced["engine prefill"].lower(), "decode chunk": traced["engine decode"].lower()}
 
 
 def _decode_step(decoder, with_prefix: bool):
@@ -106,8 +101,8 @@ def programs() -> dict[str, str]:
                                                      param_dtype=getattr(jnp, dtype), rngs=nnx.Rngs(0)))
             lowered = {}
             for samples in (1, 4):
-                for name, program in _sampler_programs(decoder, samples).items():
-                    lowered[f"sampler {name}, G={samples}"] = program
+                for name, program in _engine_programs(decoder, samples).items():
+                    lowered[f"engine {name}, G={samples}"] = program
             lowered["decode step"] = _decode_step(decoder, with_prefix=False)
             lowered["decode step, shared prefix"] = _decode_step(decoder, with_prefix=True)
             mesh = train.make_mesh(cfg, jax.devices()[:1])

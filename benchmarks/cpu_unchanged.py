@@ -53,7 +53,8 @@ def _sampler(tree: pathlib.Path, script: pathlib.Path, dtype: str, repeats: int)
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"sampler benchmark in {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    ours = re.search(r"\| jaxgrpo\.sampler [^|]*\| (\d+) \|", proc.stdout)
+    # Its first jaxgrpo row: the fixed batch's (`jaxgrpo.sampler`) in a tree before 2026-12-06, the engine's after.
+    ours = re.search(r"\| jaxgrpo\.(?:sampler|engine)[^|]*\| (\d+) \|", proc.stdout)
     ratio = re.search(r"\*\*(\d+\.\d+)x\*\*", proc.stdout)
     if not (ours and ratio):
         raise SystemExit(f"could not read the sampler benchmark's table:\n{proc.stdout[-3000:]}")

@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants plain,graphs,engine,engine-views] [--trace-dir DIR]
+        [--decode-variants engine,engine-views,engine-graphs] [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
@@ -16,15 +16,16 @@ it measured):
   measured memory bandwidth (a jitted elementwise pass over a large array: bytes read + written);
 * `attention`: forward + backward of one layer's training attention on the packed prompt-group layout
   (one prompt and its samples in a row) and on unpacked rows, for every implementation that runs here;
-* `sampler`: `sampler.generate` of prompts x samples rows, `--prompt-len` random prompt tokens, `--new-tokens`
-  new tokens, no stop token: tokens/s and ms per decode step (the slope between a short and the full run,
-  so prefill is out of it) beside the HBM floor (the weights plus the live KV cache read once a step, the
-  prompt's cache once per group as the sampler shares it, over the measured bandwidth);
-* `decode_loop`: the same through the decode loop's variants side by side (`--decode-variants`): "plain", as
-  jaxgrpo compiles it; "graphs", the sampler's decode loop compiled with XLA command buffers for WHILE and
-  CONDITIONAL (CUDA graphs on a GPU); "engine", the rollout engine (one slot per row, the completion in one decode chunk,
-  the pool read in place by the paged kernel); "engine-views", the engine through dense views of its blocks;
-  with `--trace-dir`, a jax.profiler trace of one short plain `generate` and the device's busy share of it;
+* `sampler`: prompts x samples rows through the rollout engine as the trainer samples (one slot per row, the
+  completion in one decode chunk), `--prompt-len` random prompt tokens, `--new-tokens` new tokens, no stop
+  token: tokens/s and ms per decode step (the slope between a short and the full run, so prefill is out of
+  it) beside the HBM floor (the weights plus the live KV cache read once a step, the prompt's blocks once per
+  group as the engine shares them, over the measured bandwidth);
+* `decode_loop`: the same through the engine's decode variants side by side (`--decode-variants`): "engine", as
+  jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-views",
+  through dense views of its blocks (the form the paged kernel replaces); "engine-graphs", its decode chunk
+  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); with `--trace-dir`, a
+  jax.profiler trace of one short run of the engine and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized or not, synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
@@ -42,6 +43,9 @@ it measured):
 `--small` runs all of it on a tiny Qwen3-shaped model in seconds (on a CPU): a test runs it so the script
 cannot rot. Without `--small` the defaults are the shapes of the issue that asked for this (16 prompts x 8
 samples, 256-token prompts, 512 new tokens).
+
+Results written before 2026-12-06 time `sampler.generate`'s fixed batch (since removed) in `sampler` and in every
+decode variant but "engine" and "engine-views" (those were the rollout engine already).
 """
 
 from __future__ import annotations
@@ -290,22 +294,6 @@ def _prompts(model, shapes: Shapes) -> list[list[int]]:
     return rng.integers(1, model.config.vocab_size, (shapes.prompts, shapes.prompt_len)).tolist()
 
 
-def through_sampler(model, shapes: Shapes):
-    """`generate(new_tokens, seed)` -> completion tokens made, through `sampler.generate`."""
-    import jax
-
-    from jaxgrpo import sampler
-
-    prompts = _prompts(model, shapes)
-
-    def generate(new_tokens: int, seed: int) -> int:
-        out = sampler.generate(model, prompts, num_samples=shapes.samples, max_new_tokens=new_tokens,
-                               key=jax.random.key(seed), temperature=1.0)
-        return int(jax.block_until_ready(out.completion_mask).sum())
-
-    return generate
-
-
 def through_engine(model, shapes: Shapes, in_place: bool | None = None):
     """`generate(new_tokens, seed)` -> completion tokens made, through the rollout engine (one slot per row,
     the whole completion in one decode chunk), as the trainer samples; `in_place`: the
@@ -331,11 +319,11 @@ def through_engine(model, shapes: Shapes, in_place: bool | None = None):
 
 
 def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> dict:
-    """Tokens/s and ms per decode step of `generate` (`through_sampler`'s by default), beside the HBM floor
+    """Tokens/s and ms per decode step of `generate` (`through_engine`'s by default), beside the HBM floor
     per step."""
     import jax
 
-    generate = generate or through_sampler(model, shapes)
+    generate = generate or through_engine(model, shapes)
 
     def run(new_tokens: int, seed: int) -> float:
         start = time.perf_counter()
@@ -360,7 +348,7 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
     c = model.config
     kv_bytes_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2  # k and v, bfloat16
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx_state(model)))
-    # Live cache at the middle step: every prompt's cache once (shared by its samples), each row's new tokens.
+    # Live cache at the middle step: every prompt's blocks once (shared by its samples), each row's new tokens.
     live = (shapes.prompts * shapes.prompt_len + shapes.rows * shapes.new_tokens / 2) * kv_bytes_per_token
     floor = (weights + live) / bandwidth
     return {"new_tokens": shapes.new_tokens, "short_new_tokens": short, "seconds_all": full, "short_seconds_all": brief,
@@ -369,56 +357,66 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
             "hbm_floor_ms_per_step": 1e3 * floor, "floor_ratio": per_step / floor}
 
 
-#: The decode loop's variants the `decode_loop` section times side by side: "plain" (the programs as jaxgrpo
-#: compiles them) and "graphs" (the sampler's decode loop compiled with `GRAPH_OPTIONS`: XLA command buffers with
-#: WHILE and CONDITIONAL nodes, the whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads the options).
-DECODE_VARIANTS = ("plain", "graphs")
-#: The rollout engine's decode: "engine" as the backend chooses (its paged kernel reads the pool in place on a GPU),
-#: "engine-views" through dense views gathered once a chunk (the form the paged kernel replaces).
-ENGINE_VARIANTS = {"engine": None, "engine-views": False}
+@dataclasses.dataclass(frozen=True)
+class DecodeVariant:
+    """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `graphs` compiles its
+    decode chunks with `GRAPH_OPTIONS` (`decode_compiled_with_graphs`)."""
+
+    in_place: bool | None = None
+    graphs: bool = False
+
+
+#: The engine's decode variants the `decode_loop` section times side by side: "engine" as jaxgrpo runs it (the
+#: backend chooses: its paged kernel reads the pool in place on a GPU), "engine-views" through dense views gathered
+#: once a chunk (the form the paged kernel replaces), "engine-graphs" its decode chunks compiled with XLA command
+#: buffers with WHILE and CONDITIONAL nodes (a chunk's whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads
+#: the options).
+DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_place=False),
+                   "engine-graphs": DecodeVariant(graphs=True)}
 GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
 
 
 @contextlib.contextmanager
-def decode_variant(name: str):
-    """Within it, `sampler.generate` decodes as the variant `name` of `DECODE_VARIANTS` says: "plain" with the
-    library's own programs, "graphs" with its decode loop jitted again with `GRAPH_OPTIONS` (its prefill is the
-    library's: the options concern loops)."""
+def decode_compiled_with_graphs():
+    """Within it, the engine's decode chunks are the library's decode program (`programs.engine_decode`, the same
+    static and donated arguments) jitted with `GRAPH_OPTIONS`; its prefill and block copies are the library's (the
+    options concern loops)."""
     import jax
 
-    from jaxgrpo import sampler
+    import jaxgrpo.engine.engine as engine_module
+    from jaxgrpo.engine import programs
 
-    saved = sampler.decode_program
-    if name == "graphs":
-        sampler.decode_program = jax.jit(sampler.decode_loop, static_argnames=("graphdef", "layout"),
-                                         donate_argnames=("carry",), compiler_options=GRAPH_OPTIONS)
+    saved = engine_module.decode_program
+    engine_module.decode_program = jax.jit(
+        programs.engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width",
+                                                 "in_place"),
+        donate_argnames=("cache",), compiler_options=GRAPH_OPTIONS)
     try:
         yield
     finally:
-        sampler.decode_program = saved
+        engine_module.decode_program = saved
 
 
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,
-                   variants=DECODE_VARIANTS + tuple(ENGINE_VARIANTS)) -> dict:
-    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS` and `ENGINE_VARIANTS`), and a
-    jax.profiler trace of one short plain `generate`: the device's busy share of its wall time, and its
-    kernels per decode step."""
+                   variants=tuple(DECODE_VARIANTS)) -> dict:
+    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS`), and a jax.profiler trace of one short run
+    of the engine as jaxgrpo runs it: the device's busy share of its wall time."""
     import jax
 
     from jaxgrpo import profiling
 
     result = {}
     for name in variants:
-        with decode_variant("plain" if name in ENGINE_VARIANTS else name):
+        variant = DECODE_VARIANTS[name]
+        with decode_compiled_with_graphs() if variant.graphs else contextlib.nullcontext():
             try:
-                generate = through_engine(model, shapes, ENGINE_VARIANTS[name]) if name in ENGINE_VARIANTS else None
-                result[name] = sampler_section(model, shapes, bandwidth, generate)
+                result[name] = sampler_section(model, shapes, bandwidth, through_engine(model, shapes, variant.in_place))
             except Exception as error:  # noqa: BLE001 — recorded; the other variants still run
                 traceback.print_exc()
                 result[name] = {"error": _one_line(error)}
         print(f"  decode loop {name}: {result[name]}", flush=True)
     if trace_dir:
-        generate = through_sampler(model, shapes)
+        generate = through_engine(model, shapes)
         short = max(shapes.new_tokens // 8, 2)
         generate(short, 0)  # compiled (or compiles) outside the trace
         with jax.profiler.trace(trace_dir):
@@ -653,10 +651,10 @@ def main(argv=None) -> dict:
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
                              "layers' activations instead of recomputing them (more memory, less compute) and/or "
                              "_one_step_off for max_staleness=1 (in that order)")
-    parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS + tuple(ENGINE_VARIANTS)),
-                        help=f"comma-separated, of {', '.join(DECODE_VARIANTS + tuple(ENGINE_VARIANTS))}")
+    parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
+                        help=f"comma-separated, of {', '.join(DECODE_VARIANTS)}")
     parser.add_argument("--trace-dir", default=None,
-                        help="the decode_loop section writes a jax.profiler trace of one short generate here")
+                        help="the decode_loop section writes a jax.profiler trace of one short run of the engine here")
     for field in dataclasses.fields(Shapes):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--anchor", default=None, help=argparse.SUPPRESS)  # the torch anchor's child process
@@ -678,10 +676,9 @@ def main(argv=None) -> dict:
                          "and/or _one_step_off (in that order)")
         train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
-    unknown = sorted(set(variants) - set(DECODE_VARIANTS + tuple(ENGINE_VARIANTS)))
+    unknown = sorted(set(variants) - set(DECODE_VARIANTS))
     if unknown:
-        parser.error(f"unknown decode variant(s) {', '.join(unknown)}; choose from "
-                     f"{', '.join(DECODE_VARIANTS + tuple(ENGINE_VARIANTS))}")
+        parser.error(f"unknown decode variant(s) {', '.join(unknown)}; choose from {', '.join(DECODE_VARIANTS)}")
 
     from jaxgrpo.models import architectures
 

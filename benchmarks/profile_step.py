@@ -2,13 +2,15 @@
 
     python benchmarks/profile_step.py [--decode-steps 32] [--train 8x64+128] [--calls 2]
 
-Both programs run under `jax.profiler.trace`, and `jaxgrpo.profiling.time_by_scope` sums the exclusive
-time of every XLA instruction under the named scope of the model part it belongs to (attention
-projections, attention core, MLP, the layers' weights sliced out of the stack, unembedding, log-prob
-head, sampling, ...; backward instructions apart). The settings are the other benchmarks':
+Both programs run under `jax.profiler.trace`, and `jaxgrpo.profiling` sums the exclusive time of every
+XLA instruction under the named scope of the model part it belongs to (attention projections, attention
+core, MLP, the layers' weights sliced out of the stack, unembedding, log-prob head, sampling, ...;
+backward instructions apart). The settings are the other benchmarks':
 
-1. decode: the sampler benchmark's batch (8 prompts x G=4 = 32 rows, 64-token prompts, cache
-   capacity 64 + 128), `--decode-steps` tokens per call of the decode loop;
+1. decode: the rollout engine's decode chunk at the sampler benchmark's batch (8 prompts x G=4 = 32
+   slots, 64-token prompts, a context of 64 + 128), `--decode-steps` steps per chunk: each call prefills
+   the 32 requests (untraced), then runs and traces one chunk as the engine does (`Engine.decode`: each
+   prompt's samples reading its blocks once, as a shared prefix);
 2. training: one micro-batch of the GRPO step benchmark (8 rows of a 64-token prompt and 128
    completion tokens), the gradient of the trainer's `completion_outputs` log-probs (the decoder,
    then the chunked log-prob head on the completion positions), with the layers rematerialized as
@@ -21,9 +23,13 @@ wall time per call, for scale). Prints markdown tables; `--out` also writes them
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import os
 import sys
+import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -33,26 +39,51 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def decode_breakdown(model, tokenizer, steps: int, calls: int):
-    from sampler import PROMPTS, SAMPLES, benchmark_prompts
-
+def decode_breakdown(model, prompts, samples: int, steps: int, calls: int, context: int):
+    """The rollout engine's decode chunk of `steps` steps over `samples` samples of each of `prompts`, as it
+    runs after their prefill, in an engine of `context` positions per slot: `calls` chunks, each prefilled
+    untraced and then traced alone (`profiling.summarize_steps`), their part times averaged."""
     from jaxgrpo import profiling, sampler
+    from jaxgrpo.engine import Engine, Request
 
-    graphdef, state = nnx.split(model)
-    prompts = benchmark_prompts(tokenizer)
-    mask = np.ones_like(prompts, bool)
-    keys = sampler.row_keys(jax.random.key(0), np.arange(PROMPTS), SAMPLES)
-    new_bucket = sampler.bucket_length(128)
-    layout = sampler.layout_for(model, None, SAMPLES, prompts.shape[1], new_bucket, sampler.SamplingParams(temperature=1.0))
-    stop, pad = sampler.stop_array([]), jnp.int32(0)
-    carry = sampler.prefill_program(graphdef, state, prompts, mask, keys, stop, jnp.int32(steps + 1), pad, layout=layout)
-    # The sampler's decode loop, jitted without donation so that the same carry can be replayed.
-    decode = jax.jit(lambda s, c, n: sampler.decode_loop(graphdef, s, c, stop, n, pad, layout=layout))
-    args = (state, carry, jnp.int32(steps + 1))
-    breakdown = profiling.time_by_scope(decode.lower(*args).compile(), args, calls=calls)
-    title = (f"Decode: {PROMPTS * SAMPLES} rows, prompt {prompts.shape[1]}, cache capacity {layout.capacity}, "
-             f"{steps} tokens per call")
-    return title, breakdown, {"steps": steps, "rows": PROMPTS * SAMPLES}
+    rows = len(prompts) * samples
+    engine = Engine(model, num_slots=rows, max_context=context, decode_chunk=steps, key=jax.random.key(0))
+    params = sampler.SamplingParams(temperature=1.0)
+    # The first token comes from the prefill: `steps` more fill exactly one chunk.
+    requests = [Request(id=b * samples + g, prompt=list(p), max_new_tokens=steps + 1, sampling=params,
+                        draw_origin=len(p)) for b, p in enumerate(prompts) for g in range(samples)]
+
+    def chunk(trace_dir: str | None = None) -> float:
+        """Seconds of one decode chunk after a prefill of the requests (traced into `trace_dir` if given)."""
+        engine.prefill(requests)
+        with jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext():
+            start = time.perf_counter()
+            engine.decode()
+            wall = time.perf_counter() - start
+        for r in requests:
+            engine.release(r.id)
+        return wall
+
+    chunk()  # compiles
+    walls = sorted(chunk() for _ in range(calls))
+    traced = []
+    for _ in range(calls):
+        with tempfile.TemporaryDirectory() as directory:
+            traced.append(profiling.summarize_steps(directory, (1, 1), chunk(directory)))
+
+    def mean(field: str) -> dict[str, float]:
+        totals = collections.Counter()
+        for profile in traced:
+            totals.update(getattr(profile, field))
+        return {name: seconds / calls for name, seconds in totals.most_common()}
+
+    breakdown = profiling.Breakdown(
+        seconds=mean("parts"), wall_seconds=walls[len(walls) // 2],
+        traced_wall_seconds=sum(p.wall_seconds for p in traced) / calls, calls=calls,
+        instructions=dict(list(mean("instructions").items())[:12]))
+    title = (f"Decode: {rows} rows ({len(prompts)} prompts x G={samples}), prompt {len(prompts[0])}, the engine's "
+             f"decode chunk (context {context}), {steps} tokens per call")
+    return title, breakdown, {"steps": steps, "rows": rows}
 
 
 def train_breakdown(model, batch: int, prompt: int, completion: int, calls: int):
@@ -98,10 +129,12 @@ def main() -> None:
 
     import jaxgrpo.models
     from jaxgrpo import profiling
+    from sampler import NEW_TOKENS, PROMPT_LENGTH, SAMPLES, benchmark_prompts
 
     model, tokenizer = jaxgrpo.models.load(args.model, remat=args.remat)
     results = []
-    for title, breakdown, settings in (decode_breakdown(model, tokenizer, args.decode_steps, args.calls),
+    for title, breakdown, settings in (decode_breakdown(model, benchmark_prompts(tokenizer).tolist(), SAMPLES,
+                                                        args.decode_steps, args.calls, PROMPT_LENGTH + NEW_TOKENS),
                                        train_breakdown(model, rows, prompt, completion, args.calls)):
         print(f"\n### {title}\n")
         print(profiling.markdown(breakdown))

@@ -313,7 +313,8 @@ def sampler_notes(d: dict, profile: dict | None = None, dtype: str = "float32") 
             text += (f", of which the profile attributes {attention_ms / step:.0%} ({attention_ms:.1f} ms) to attention over "
                      "the prompt and completion caches alone")
         text += "."
-    ours_tps, theirs_tps = number(table_value(d, "jaxgrpo.sampler", 1)), number(table_value(d, "transformers ", 1))
+    # Our row: "jaxgrpo.engine, 32 slots (jax ...)", or in results before 2026-12-06 "jaxgrpo.sampler (jax ...)".
+    ours_tps, theirs_tps = number(table_value(d, "jaxgrpo", 1)), number(table_value(d, "transformers ", 1))
     theirs_ms = number(table_value(d, "transformers: generation time per token", 5))
     if step is not None and step <= budget and ours_tps and theirs_tps and theirs_ms:
         per_token = theirs_ms * theirs_tps / ours_tps

@@ -1,13 +1,15 @@
 """Sampler benchmarks on SmolLM2-135M-Instruct (float32 by default, this machine's CPU or accelerator).
 
 1. Throughput: 8 prompts x G=4 samples (batch 32), 64-token prompts, 128 new tokens, plain
-   sampling at temperature 1 with no stop token (every row generates all 128 tokens), through
-   `sampler.generate` (one fixed batch) and the rollout engine (`jaxgrpo.engine`: one engine of 32
-   slots kept across calls, as the trainer keeps its own; the same draws), against transformers'
-   `generate` with torch on the same GGUF weights. Runs alternate in this process; the table reports
-   medians of generated tokens/s (prefill included on every side) and the medians of the per-run ratios.
-2. Capacity: the per-step decode time with a cache of capacity 1024 versus 256 for the same live
-   length (64-token prompts, batch 32): (time for 36 tokens - time for 4 tokens) / 32.
+   sampling at temperature 1 with no stop token (every row generates all 128 tokens), through the
+   rollout engine (`jaxgrpo.engine.generate_groups` on one engine of 32 slots kept across calls, as the
+   trainer keeps its own), against transformers' `generate` with torch on the same GGUF weights. Runs
+   alternate in this process; the table reports medians of generated tokens/s (prefill included on both
+   sides) and the median of the per-run ratios.
+2. Capacity: the engine's per-step decode time at a capacity (`max_context`, which sizes its block
+   tables and its pool of blocks for every slot) of 1024 versus 256 for the same live length (64-token
+   prompts, batch 32), through its session API (`prefill`, then a timed `decode`): (time for 36 tokens -
+   time for 4 tokens) / 32, the same compiled decode chunk both times.
 3. Floor: what one decode step's weight products cost with the kernels a decode uses (the packed
    weights of `jaxgrpo.models.cpu_matmul` in bfloat16 where it is built, else XLA's): each distinct
    [32, in] x [in, out] product of a layer and the unembedding timed alone with warm caches, summed over
@@ -17,8 +19,11 @@
     python benchmarks/sampler.py [--repeats 3] [--skip-torch] [--only throughput|capacity|floor] [--new-tokens 128]
                                  [--dtype float32|bfloat16] [--torch-dtype float32|bfloat16]
 
-`--dtype bfloat16` runs both samplers, and the floor's products, in bfloat16 (weights and compute);
+`--dtype bfloat16` runs both sides, and the floor's products, in bfloat16 (weights and compute);
 `--torch-dtype` gives transformers another dtype than ours (float32 is its faster one on some CPUs).
+
+Until 2026-12-06 the sampler was `sampler.generate`'s fixed batch: section 1 timed it (beside the engine) and
+section 2 its cache's capacity. It is gone; the committed results in benchmarks/results/sampler*.md are its.
 """
 
 from __future__ import annotations
@@ -31,11 +36,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 import jaxgrpo.models
 from jaxgrpo import sampler
-from jaxgrpo.engine import Engine, generate_groups
+from jaxgrpo.engine import Engine, Request, generate_groups
 from jaxgrpo.models import cpu_forms, cpu_matmul, registry
 
 PROMPTS, SAMPLES, PROMPT_LENGTH, NEW_TOKENS = 8, 4, 64, 128
@@ -56,16 +60,6 @@ def benchmark_prompts(tokenizer) -> np.ndarray:
     """PROMPTS distinct prompts of exactly PROMPT_LENGTH tokens: int [PROMPTS, PROMPT_LENGTH]."""
     ids = tokenizer(TEXT * 8, add_special_tokens=False)["input_ids"]
     return np.stack([ids[7 * i: 7 * i + PROMPT_LENGTH] for i in range(PROMPTS)]).astype(np.int32)
-
-
-def time_ours(model, prompts: np.ndarray, seed: int) -> float:
-    start = time.perf_counter()
-    rollout = sampler.generate(model, prompts.tolist(), num_samples=SAMPLES, max_new_tokens=NEW_TOKENS,
-                               key=jax.random.key(seed), temperature=1.0)
-    jax.block_until_ready(rollout.completion_tokens)
-    elapsed = time.perf_counter() - start
-    assert int(rollout.completion_mask.sum()) == PROMPTS * SAMPLES * NEW_TOKENS
-    return elapsed
 
 
 def time_engine(engine, prompts: np.ndarray, seed: int) -> float:
@@ -111,15 +105,13 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
         time_torch(hf_model, prompts, 0)  # warm-up
     engine = Engine(model, num_slots=PROMPTS * SAMPLES, max_context=PROMPT_LENGTH + NEW_TOKENS,
                     decode_chunk=NEW_TOKENS)
-    time_ours(model, prompts, 0)  # compiles
-    time_engine(engine, prompts, 0)
-    ours, engines, theirs = [], [], []
+    time_engine(engine, prompts, 0)  # compiles
+    ours, theirs = [], []
     for repeat in range(repeats):
-        ours.append(tokens / time_ours(model, prompts, repeat + 1))
-        engines.append(tokens / time_engine(engine, prompts, repeat + 1))
+        ours.append(tokens / time_engine(engine, prompts, repeat + 1))
         if hf_model is not None:
             theirs.append(tokens / time_torch(hf_model, prompts, repeat + 1))
-        print(f"  run {repeat}: jaxgrpo.sampler {ours[-1]:.0f} tok/s, jaxgrpo.engine {engines[-1]:.0f} tok/s"
+        print(f"  run {repeat}: jaxgrpo.engine {ours[-1]:.0f} tok/s"
               + (f", transformers {theirs[-1]:.0f} tok/s" if theirs else ""), flush=True)
     print(f"\n### Throughput: SmolLM2-135M-Instruct, {PROMPTS} prompts x G={SAMPLES}, {PROMPT_LENGTH}-token prompts, "
           f"{NEW_TOKENS} new tokens, {DTYPE}"
@@ -127,44 +119,44 @@ def throughput(model, tokenizer, repeats: int, skip_torch: bool) -> float | None
           + f", {jax.devices()[0].platform}\n")
     print("| sampler | generated tokens/s (median) |")
     print("|---|---|")
-    print(f"| jaxgrpo.sampler (jax {jax.__version__}) | {statistics.median(ours):.0f} |")
-    print(f"| jaxgrpo.engine, 32 slots | {statistics.median(engines):.0f} |")
-    print(f"| ratio engine / sampler (median of {repeats} runs) | {statistics.median(e / o for e, o in zip(engines, ours)):.2f}x |")
+    print(f"| jaxgrpo.engine, {PROMPTS * SAMPLES} slots (jax {jax.__version__}) | {statistics.median(ours):.0f} |")
     if theirs:
         import torch
         import transformers
 
         ratio = statistics.median(o / t for o, t in zip(ours, theirs))
         print(f"| transformers {transformers.__version__} generate (torch {torch.__version__}) | {statistics.median(theirs):.0f} |")
-        print(f"| **ratio jaxgrpo.sampler / transformers (median of {repeats} alternating runs)** | **{ratio:.2f}x** |")
-        ratio = statistics.median(e / t for e, t in zip(engines, theirs))
-        print(f"| **ratio jaxgrpo.engine / transformers (median of {repeats} alternating runs)** | **{ratio:.2f}x** |")
+        print(f"| **ratio jaxgrpo / transformers (median of {repeats} alternating pairs)** | **{ratio:.2f}x** |")
         return PROMPTS * SAMPLES / statistics.median(theirs)
     return None
 
 
 def capacity(model, tokenizer, repeats: int) -> float:
     """Prints the capacity table; returns the seconds of a decode step at capacity 256."""
-    graphdef, state = nnx.split(model)
-    prompts = benchmark_prompts(tokenizer)
-    mask = np.ones_like(prompts, bool)
-    keys = sampler.row_keys(jax.random.key(0), np.arange(PROMPTS), SAMPLES)
+    prompts = benchmark_prompts(tokenizer).tolist()
+    params = sampler.SamplingParams(temperature=1.0)
     per_step = {}
     for cap in (256, 1024):
-        layout = sampler.layout_for(model, None, SAMPLES, PROMPT_LENGTH, cap - PROMPT_LENGTH, sampler.SamplingParams())
+        # A chunk longer than the longest decode: every call runs one chunk of the same compiled program.
+        engine = Engine(model, num_slots=PROMPTS * SAMPLES, max_context=cap, decode_chunk=64,
+                        key=jax.random.key(0))
 
         def decode_time(new_tokens):
-            stop, limit, pad = sampler.stop_array([]), jnp.int32(new_tokens), jnp.int32(0)
-            carry = sampler.prefill_program(graphdef, state, prompts, mask, keys, stop, limit, pad, layout=layout)
-            jax.block_until_ready(carry)
+            requests = [Request(id=b * SAMPLES + g, prompt=p, max_new_tokens=new_tokens, sampling=params,
+                                draw_origin=len(p)) for b, p in enumerate(prompts) for g in range(SAMPLES)]
+            engine.prefill(requests)  # samples each row's first token
             start = time.perf_counter()
-            jax.block_until_ready(sampler.decode_program(graphdef, state, carry, stop, limit, pad, layout=layout))
-            return time.perf_counter() - start
+            engine.decode()  # the other new_tokens - 1, one step each
+            elapsed = time.perf_counter() - start
+            for r in requests:
+                engine.release(r.id)
+            return elapsed
 
-        decode_time(4)  # compiles
-        per_step[cap] = statistics.median((decode_time(36) - decode_time(4)) / 32 for _ in range(repeats))
-    print(f"\n### Decode step versus cache capacity (batch {PROMPTS * SAMPLES}, live length {PROMPT_LENGTH}-{PROMPT_LENGTH + 36})\n")
-    print("| cache capacity | ms per decode step (median) |")
+        decode_time(5)  # compiles
+        per_step[cap] = statistics.median((decode_time(37) - decode_time(5)) / 32 for _ in range(repeats))
+    print(f"\n### Decode step versus the engine's capacity (batch {PROMPTS * SAMPLES}, live length {PROMPT_LENGTH}-"
+          f"{PROMPT_LENGTH + 36})\n")
+    print("| engine max_context | ms per decode step (median) |")
     print("|---|---|")
     for cap, seconds in per_step.items():
         print(f"| {cap} | {seconds * 1e3:.1f} |")

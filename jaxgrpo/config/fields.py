@@ -44,8 +44,8 @@ REPLACED = {
 #: that has them reads without them (`migrate`).
 REMOVED = {
     ("SamplingConfig", "engine"): "sampling.engine was removed on 2026-12-06: the trainer samples through the rollout "
-                                  "engine only (docs/engine.md; `jaxgrpo.sampler.generate`'s fixed batch is no "
-                                  "longer one of its samplers); drop the setting",
+                                  "engine only (docs/engine.md; `jaxgrpo.sampler.generate`'s fixed batch is gone); "
+                                  "drop the setting",
 }
 
 

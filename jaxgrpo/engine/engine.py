@@ -30,8 +30,8 @@ was drawn. `update_weights(model)` swaps the weights in place (no copy) and bump
 **Randomness.** The token at position p of request `id` is drawn with `fold_in(fold_in(key, id), p - o)`, `o`
 its request's `draw_origin`: it does not depend on the slot, the admission order, the slot count or the
 other rows, so the same requests give the same tokens however they are scheduled, wherever the logits agree.
-With `o` the prompt's length (as `generate_groups` sets it), draw t of sample g of prompt b is
-`sampler.row_keys`'s and `sampler.step_keys`'s: the fixed-batch sampler's, token for token.
+With `o` the prompt's length (as `generate_groups` sets it), draw t of sample g of prompt b is keyed by
+`sampler.row_keys` and `sampler.step_keys`: by the prompt's id, g and t alone.
 
 Everything runs through the decoder's cached call (`Decoder.decode_step`) on dense views of the
 blocks (`jaxgrpo.engine.paged`: each shared prefix once, each row's own positions), the XLA reference math
@@ -388,8 +388,9 @@ class Engine:
     def _copy_blocks(self, copies: list[list[tuple[int, int]]]) -> None:
         """Copies blocks within each shard's part of the cache: `copies[shard]` its (source, destination) pairs (a
         prompt's partial last block, copied for each request after the first: copy-on-write)."""
-        # Each shard's copies in its part of two id arrays; padding copies the null block onto itself.
-        size = bucket_length(max(map(len, copies)), 1)
+        # Each shard's copies in its part of two id arrays, at least 16 (one compiled copy for every few groups);
+        # padding copies the null block onto itself.
+        size = bucket_length(max(map(len, copies)))
         sources, destinations = np.zeros((2, self.num_shards, size), np.int32)
         for shard, pairs in enumerate(copies):
             if pairs:

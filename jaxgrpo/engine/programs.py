@@ -254,7 +254,7 @@ def engine_copy(cache, sources, destinations, *, mesh):
     return per_shard(paged.copy_blocks, mesh, ("pool", "rows", "rows"), "pool")(cache, sources, destinations)
 
 
-# Named engine_* so a profile's program table tells them from the trainer's and the fixed batch's programs.
+# Named engine_* so a profile's program table tells them from the trainer's programs.
 forward_program = jax.jit(engine_forward, static_argnames=("graphdef", "width", "samplings", "mesh"),
                           donate_argnames=("cache",))
 decode_program = jax.jit(engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh",

@@ -26,7 +26,7 @@ class Request:
       draw_origin: the position whose token is draw 0 of the request's random stream (see the module
         docstring): 0 counts draws from the sequence's start, so a sequence continued by `extend` draws what a
         request with its whole history as the prompt (and the same id and origin) would; the prompt's length
-        counts them from the completion's start, as `sampler.generate` draws.
+        counts them from the completion's start (`generate_groups`).
     """
 
     id: int

@@ -1,50 +1,42 @@
-"""Batched generation with a KV cache: G completions per prompt from the policy being trained.
+"""What sampling is, shared by everything that samples: the distribution and its log-probs, the per-row keys, the
+requests' checks and buckets, and the `Generation` a sampling call returns.
 
-The sampler runs the same `flax.nnx` policy the trainer differentiates (split into graph and
-state, merged inside `jax.jit`), so there is no weight copy and the log-probs it reports are the
-ones the trainer recomputes (kvfrans/lmpo does the same).
+Sampling: temperature, then top-k, then top-p (nucleus, on the renormalized top-k distribution), then min-p, in
+the order of transformers' `generate`; `greedy` takes the argmax. The log-prob reported for each token is under
+exactly the distribution it was drawn from (truncated and renormalized: the behaviour policy);
+`policy_logprobs` is the untruncated `log_softmax(logits / temperature)`, the quantity a trainer recomputes.
+Randomness is per row: sample g of prompt b (`r = prompt_id * G + g`) draws its t-th token with
+`fold_in(fold_in(key, r), t)` (`row_keys`, `step_keys`), so a row's sample does not depend on its companions.
 
-How a batch of B prompts becomes B*G completions (`G = num_samples`, `P` the prompt bucket,
-`N` the completion bucket, `C = P + N` the context capacity):
+Generation itself runs through the rollout engine (`jaxgrpo.engine`: `generate`, `generate_text`, `Engine`),
+which runs the same `flax.nnx` policy the trainer differentiates (no weight copy), so the log-probs it reports
+are the ones the trainer recomputes.
 
-1. prompts are left-padded to `P`, the smallest power of two >= 16 holding the longest one;
-   positions count real tokens, so padding changes nothing but the shapes;
-2. **prefill** (one jitted call): the B prompts run once into a [layers, B, P, ...] prompt cache,
-   stored once and shared by the prompt's G rows (row `b * G + g` is sample g of prompt b); the
-   first completion token is sampled from the last prompt position's logits;
-3. **decode** (one jitted call, the carry donated): a `lax.while_loop` feeds each row's last
-   token at slot `t` of the rows' [layers, B*G, N, ...] completion cache, writing its keys and
-   values with `dynamic_update_slice` in place, until every row has produced a stop token or
-   `max_new_tokens` tokens exist. Attention reads each prompt's keys once per step for its G rows
-   (the decoder's `prefix=`): the prompt's cache is stored and read once instead of G times.
-
-Sampling: temperature, then top-k, then top-p (nucleus, on the renormalized top-k distribution),
-then min-p, in the order of transformers' `generate`; `greedy` takes the argmax. The log-prob
-reported for each token is under exactly the distribution it was drawn from (truncated and
-renormalized); `policy_logprobs` is the untruncated `log_softmax(logits / temperature)`, the
-quantity a trainer recomputes. Randomness is per row: row `r = prompt_id * G + g` draws step t
-with `fold_in(fold_in(key, r), t)`, so a row's sample does not depend on its batch companions.
-
-Shapes are bucketed (prompt length and completion length to powers of two >= 16), so a run
-compiles a bounded number of times; `compilation_counts()` reports how many.
-
-The trainer samples through the rollout engine (`jaxgrpo.engine`), which shares this package's distribution,
-requests and `Generation`; in a multi-process run each process's engine samples its own prompts on its own
-devices. `generate` is the fixed batch, one program over one process's devices.
-
-The package: `distribution` (the sampling distribution, behaviour log-probs, per-row keys), `requests` (prompts
-checked and bucketed, stop sets, `Generation`: shared with the rollout engine) and `fixed_batch` (the programs and
-`generate`).
+The package: `distribution` (the sampling distribution, behaviour log-probs, per-row keys) and `requests` (prompts
+checked and bucketed, stop sets, the model's context window, `Generation`).
 """
 
 from jaxgrpo.sampler.distribution import SamplingParams, row_keys, sample_tokens, sampling_log_probs, step_keys
-from jaxgrpo.sampler.fixed_batch import (Layout, compilation_counts, decode_loop, decode_program, generate,
-                                         generate_text, layout_for, prefill, prefill_program)
 from jaxgrpo.sampler.requests import (FINISH_LENGTH, FINISH_STOP, MIN_BUCKET, Generation, bucket_length,
                                       default_stop_tokens, encode_prompts, is_int_in, left_pad, model_context_window,
                                       stop_array)
 
-__all__ = ["FINISH_LENGTH", "FINISH_STOP", "MIN_BUCKET", "Generation", "Layout", "SamplingParams", "bucket_length",
-           "compilation_counts", "decode_loop", "decode_program", "default_stop_tokens", "encode_prompts", "generate",
-           "generate_text", "is_int_in", "layout_for", "left_pad", "model_context_window", "prefill", "prefill_program",
-           "row_keys", "sample_tokens", "sampling_log_probs", "step_keys", "stop_array"]
+__all__ = ["FINISH_LENGTH", "FINISH_STOP", "MIN_BUCKET", "Generation", "SamplingParams", "bucket_length",
+           "default_stop_tokens", "encode_prompts", "is_int_in", "left_pad", "model_context_window", "row_keys",
+           "sample_tokens", "sampling_log_probs", "step_keys", "stop_array"]
+
+# The fixed-batch sampler's names, removed on 2026-12-06 when the rollout engine became the only sampler.
+_MOVED = {"generate": "jaxgrpo.engine.generate (the same arguments)",
+          "generate_text": "jaxgrpo.engine.generate_text (the same arguments)",
+          "compilation_counts": "jaxgrpo.engine.compilation_counts"}
+_REMOVED = ("Layout", "layout_for", "prefill", "prefill_program", "decode_loop", "decode_program")
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise AttributeError(f"jaxgrpo.sampler.{name} was removed: the rollout engine is the only sampler; use "
+                             f"{_MOVED[name]}")
+    if name in _REMOVED:
+        raise AttributeError(f"jaxgrpo.sampler.{name} (the fixed-batch sampler's program) was removed: the rollout "
+                             f"engine is the only sampler; its programs are jaxgrpo.engine.programs")
+    raise AttributeError(f"module 'jaxgrpo.sampler' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The sampling distribution: temperature, then top-k, top-p and min-p, or greedy (`SamplingParams`), each token's
 log-prob under exactly the distribution it was drawn from, and per-row keys, so a row's draws depend on its
-request id and position only. The fixed-batch sampler and the rollout engine draw with the same functions."""
+request id and position only: the rollout engine's draws."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What a generation request is and returns, for the fixed-batch sampler and the rollout engine alike: prompts
-checked (one-line errors) and left-padded to power-of-two buckets, stop sets, the model's context window, and the
-`Generation` both return."""
+"""What a generation request is and returns: prompts checked (one-line errors) and left-padded to power-of-two
+buckets, stop sets, the model's context window, and the `Generation` a sampling call returns."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ def check_prompts(prompts, vocab_size: int, context_window: int | None, max_new_
     checked = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
-            raise TypeError(f"prompts[{i}] is a string; tokenize it first or use generate_text")
+            raise TypeError(f"prompts[{i}] is a string; tokenize it first or use jaxgrpo.engine.generate_text")
         ids = [int(t) for t in np.asarray(prompt).reshape(-1)]
         if not ids:
             raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token (e.g. BOS)")
@@ -93,7 +92,7 @@ def model_context_window(model, context_window: int | None = None) -> int | None
 
 
 class Generation(NamedTuple):
-    """What `generate` returns; rows are prompt-major (row `b * G + g` is sample g of prompt b).
+    """What `jaxgrpo.engine.generate` returns; rows are prompt-major (row `b * G + g` is sample g of prompt b).
 
     Attributes:
       prompt_tokens: int32 [B*G, P], the left-padded prompts actually used (P the prompt bucket).

@@ -205,8 +205,7 @@ def compile_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     parser.add_argument("--programs", nargs="*", default=None,
                         help="which programs: engine (the rollout engine's prefill and decode chunk, its KV pool at "
-                             "two fill levels), forward, update (the default: those a run runs), and prefill decode "
-                             "(sampler.generate's fixed batch, which no run samples with)")
+                             "two fill levels), forward, update (the default: all three, those a run runs)")
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     parser.add_argument("--cpu-forms", action="store_true",
                         help="trace the decoder's CPU-specific forms (bit reads behind barriers, 32-slot cache "

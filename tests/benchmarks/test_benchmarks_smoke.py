@@ -92,7 +92,7 @@ def test_the_sampler_floor_table_feeds_the_reports_note(capsys):
     (bfloat16_note,) = report.sampler_notes(data, dtype="bfloat16")
     assert bfloat16_note.startswith("**Sampler vs transformers generate, bfloat16 (1.50x") and "cheaper attention reads" in bfloat16_note
     # A decode step within the budget: the note says what else the throughput run's time per token counts.
-    rates = "| sampler | tokens/s |\n|---|---|\n| jaxgrpo.sampler (jax 0.10.2) | 300 |\n| transformers 5.23.0 generate | 200 |\n"
+    rates = "| sampler | tokens/s |\n|---|---|\n| jaxgrpo.engine, 32 slots (jax 0.10.2) | 300 |\n| transformers 5.23.0 generate | 200 |\n"
     sampler_bench.floor(types.SimpleNamespace(config=TINY), repeats=1, decode_step=0.1, theirs_per_token=0.5)
     fits = {"tables": report.parse_markdown_tables(rates + "\n" + throughput + "\n" + capsys.readouterr().out)}
     (fits_note,) = report.sampler_notes(fits, dtype="bfloat16")
@@ -123,16 +123,33 @@ def test_profile_step_attributes_a_tiny_training_step():
     assert breakdown.attributed_seconds > 0
 
 
-def test_engine_vs_generate_runs_on_the_toy():
-    """benchmarks/engine_vs_generate.py end to end on the toy, tiny shapes: both ways timed, the ratio printed."""
+def test_profile_step_attributes_a_tiny_engine_decode_chunk():
+    """The decode breakdown traces the rollout engine's decode chunk: its program's instructions, under the model's
+    parts (attention reads and sampling among them)."""
+    from flax import nnx
+
+    from jaxgrpo.models import Decoder
+
+    profile = load_script("profile_step")
+    prompts = [list(range(1, 21)), list(range(21, 41))]
+    title, breakdown, settings = profile.decode_breakdown(Decoder(TINY, rngs=nnx.Rngs(0)), prompts, 2, 4, 1, 32)
+    assert settings == {"steps": 4, "rows": 4} and title.startswith("Decode: 4 rows (2 prompts x G=2), prompt 20")
+    assert {"attention scores, softmax and values (cache reads)", "sampling (temperature, truncation, draw)"} <= set(
+        breakdown.seconds)
+    assert all(name.startswith("jit_engine_decode/") for name in breakdown.instructions)
+    assert breakdown.attributed_seconds > 0 and breakdown.wall_seconds > 0
+
+
+def test_engine_batching_runs_on_the_toy():
+    """benchmarks/engine_batching.py end to end on the toy, tiny shapes: both ways through the engine timed, their
+    ratio printed."""
     import re
     import subprocess
     import sys
 
-    script = os.path.join(BENCHMARKS, "engine_vs_generate.py")
-    out = subprocess.run([sys.executable, script, "--model", "toy", "--repeats", "2", "--prompts", "2", "--samples", "2",
-                          "--max-new-tokens", "4", "--prompt-len", "4", "12"], capture_output=True, text=True,
-                         timeout=600, check=True).stdout
-    medians = dict(re.findall(r"^\s+(generate|engine)\s+median ([0-9.]+) s", out, re.M))
-    assert set(medians) == {"generate", "engine"} and all(float(v) > 0 for v in medians.values())
-    assert re.search(r"engine / generate: median ratio [0-9.]+ \(pairs [0-9.]+, [0-9.]+\)", out)
+    script = os.path.join(BENCHMARKS, "engine_batching.py")
+    out = subprocess.run([sys.executable, script, "--model", "toy", "--requests", "8", "--slots", "4", "--budget", "8",
+                          "--repeats", "1"], capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = dict(re.findall(r"^\| (continuous|fixed \(engine\)) \| ([0-9.]+) \|", out, re.M))
+    assert set(rows) == {"continuous", "fixed (engine)"}
+    assert re.search(r"^continuous / fixed \(engine\): median [0-9.]+ \(pairs: [0-9.]+\)$", out, re.M)

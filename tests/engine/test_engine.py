@@ -1,4 +1,4 @@
-"""The rollout engine (`jaxgrpo.engine`) on tiny random decoders: exactly today's `generate` when greedy,
+"""The rollout engine (`jaxgrpo.engine`) on tiny random decoders: greedy tokens the argmax of full forwards,
 scheduling-independent sampling, behaviour log-probs the trainer recomputes, `extend` equal to a prefill of
 the whole history, block accounting and prefix sharing, and one-line errors that leave other sequences be."""
 
@@ -11,13 +11,13 @@ import pytest
 from flax import nnx
 
 from jaxgrpo import sampler
-from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request, generate_groups
+from jaxgrpo.engine import BlockAllocator, Engine, OutOfBlocks, Request, generate, generate_groups
 from jaxgrpo.engine import programs as engine_programs
 from jaxgrpo.engine.sequences import plan_prefix_rows
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.models import Decoder
 from jaxgrpo.sampler import SamplingParams
-from tests.sampler.test_sampler_generate import NEW_TOKENS, PROMPTS, random_model
+from tests.engine.test_generate import NEW_TOKENS, PROMPTS, greedy_reference, random_model
 
 GREEDY = SamplingParams(greedy=True)
 SAMPLED = SamplingParams(temperature=0.7)
@@ -46,41 +46,39 @@ def _padded(completions, length=NEW_TOKENS):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # the families differ to the engine only in sliding windows
-def test_greedy_outputs_equal_generate_token_for_token(family):
+def test_greedy_outputs_equal_the_argmax_of_full_forwards(family):
     # 6 requests through 4 slots with 4-position blocks: admission as others finish, prompts spanning
     # partial blocks, Gemma's sliding window over a right-aligned paged view.
-    expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    expected = np.repeat(greedy_reference(family, PROMPTS, NEW_TOKENS), 2, axis=0)
     completions = _engine(family).generate(_requests(PROMPTS))
-    np.testing.assert_array_equal(_padded(completions), np.asarray(expected.completion_tokens))
+    np.testing.assert_array_equal(_padded(completions), expected)
     assert all(c.finish_reason == "length" and c.sampled.all() for c in completions)
 
 
-def test_stop_tokens_end_completions_as_generate_does():
-    expected = sampler.generate(random_model("llama"), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS,
-                                greedy=True)
-    first = np.asarray(expected.completion_tokens)[0]
-    stop = int(next(t for i, t in enumerate(first) if i >= 4 and t not in first[:i]))
-    reference = sampler.generate(random_model("llama"), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS,
-                                 greedy=True, stop_tokens=[stop])
+def test_stop_tokens_end_completions_at_the_first_stop():
+    expected = greedy_reference("llama", PROMPTS, NEW_TOKENS)
+    stop = int(next(t for i, t in enumerate(expected[0]) if i >= 4 and t not in expected[0][:i]))
     completions = _engine(num_slots=2).generate(_requests(PROMPTS, stop=[stop]))
-    mask = np.asarray(reference.completion_mask)
     for row, c in enumerate(completions):
-        np.testing.assert_array_equal(c.tokens, np.asarray(reference.completion_tokens)[row][mask[row]])
-        assert c.finish_reason == ("stop" if c.tokens[-1] == stop else "length")
+        reference = expected[row // 2]
+        hits = np.flatnonzero(reference == stop)
+        np.testing.assert_array_equal(c.tokens, reference[:hits[0] + 1 if hits.size else NEW_TOKENS])
+        assert c.finish_reason == ("stop" if hits.size else "length")
     assert completions[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("family, sampling", [("llama", SAMPLED), ("llama", TRUNCATED),
                                               ("gemma3", SamplingParams(temperature=0.9, min_p=0.05))],
                          ids=["llama-plain", "llama-top_k_top_p", "gemma3-min_p"])
-def test_sampled_groups_equal_generate_token_for_token(family, sampling):
+def test_sampled_groups_do_not_depend_on_the_slots_or_the_blocks(family, sampling):
     # generate_groups counts each request's draws from its completion's start (draw_origin = the prompt's
-    # length), so sample g of prompt b draws with the fixed-batch sampler's keys: the same tokens, through 4
-    # slots (admission as others finish) and with dataset prompt ids.
+    # length), so sample g of prompt b draws with the keys of (its prompt id, g) and its index in the completion:
+    # the same tokens through 4 slots of 4-position blocks (admission as others finish) as through `generate`'s
+    # one slot per row of 16-position blocks, with dataset prompt ids.
     ids = [11, 4, 7]
-    expected = sampler.generate(random_model(family), PROMPTS, num_samples=3, max_new_tokens=NEW_TOKENS,
-                                key=jax.random.key(5), temperature=sampling.temperature, top_k=sampling.top_k,
-                                top_p=sampling.top_p, min_p=sampling.min_p, stop_tokens=(1, 2, 3), prompt_ids=ids)
+    expected = generate(random_model(family), PROMPTS, num_samples=3, max_new_tokens=NEW_TOKENS,
+                        key=jax.random.key(5), temperature=sampling.temperature, top_k=sampling.top_k,
+                        top_p=sampling.top_p, min_p=sampling.min_p, stop_tokens=(1, 2, 3), prompt_ids=ids)
     out = generate_groups(_engine(family), PROMPTS, num_samples=3, max_new_tokens=NEW_TOKENS, sampling=sampling,
                           key=jax.random.key(5), stop_tokens=(1, 2, 3), prompt_ids=ids)
     for name in ("completion_tokens", "completion_mask", "finish_reason", "prompt_tokens", "prompt_index"):
@@ -378,8 +376,8 @@ def test_a_backend_with_a_paged_kernel_decodes_reading_the_blocks_in_place(famil
                         lambda self, *a, **k: traced.append(1) or paged_step(self, *a, **k))
     engine = _paged_kernel_engine(family, attention)
     assert engine.reads_pages_in_place and not _engine(family).reads_pages_in_place
-    expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
-    np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), np.asarray(expected.completion_tokens))
+    expected = np.repeat(greedy_reference(family, PROMPTS, NEW_TOKENS), 2, axis=0)
+    np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), expected)
     assert traced
 
 
@@ -406,7 +404,7 @@ def test_the_paged_decode_reads_through_xla_where_the_attention_has_no_paged_ker
     """`Decoder.paged_decode_step` on a backend without a paged reader (the XLA attention here, asked to read in
     place: `Engine(in_place=True)`) reads each row's blocks with `xla_paged_attention_state`: the same greedy
     tokens."""
-    expected = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    expected = np.repeat(greedy_reference(family, PROMPTS, NEW_TOKENS), 2, axis=0)
     engine = _engine(family, in_place=True)
     assert engine.reads_pages_in_place and not engine_programs.backends.for_program("xla", None).reads_pages_in_place
-    np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), np.asarray(expected.completion_tokens))
+    np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), expected)

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 import jaxgrpo.models
-from jaxgrpo import sampler
+from jaxgrpo import engine, sampler
 from jaxgrpo.models import Decoder, cpu_matmul
 from tests.support.tiny_models import llama_and_gemma3
 
@@ -118,13 +118,13 @@ def test_float32_models_pack_nothing():
 
 
 def _generate_both_ways(model, prompts, monkeypatch, **kwargs):
-    """(with the kernel, with XLA's products): the same sampler call, each compiled afresh."""
+    """(with the kernel, with XLA's products): the same `engine.generate` call, each compiled afresh."""
     results = []
     for use in (cpu_matmul.use_for, lambda *args: False):
         with monkeypatch.context() as patch:
             patch.setattr(cpu_matmul, "use_for", use)
             jax.clear_caches()
-            results.append(sampler.generate(model, prompts, **kwargs))
+            results.append(engine.generate(model, prompts, **kwargs))
     jax.clear_caches()
     return results
 

@@ -232,7 +232,7 @@ def test_a_non_finite_lora_update_is_skipped_keeping_the_adapters_bit_for_bit(tm
 
 @pytest.mark.parametrize("quantize_base", [None, "nf4"])
 def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as_input(quantize_base):
-    """`jaxgrpo-compile` of a LoRA run (the sampler's decode loop and the update): the trained parameters are the
+    """`jaxgrpo-compile` of a LoRA run (the rollout engine's programs and the update): the trained parameters are the
     adapters, the report names the settings, and the update's inputs hold the read-only base (its weights are
     program arguments, not constants folded in)."""
     from jaxgrpo import train
@@ -240,7 +240,7 @@ def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as
 
     cfg = load_experiment(TOY)
     apply_overrides(cfg, ["lora.rank=4", "lora.alpha=8.0", f"lora.quantize_base={quantize_base or 'none'}"])
-    report = aot.compile_experiment(cfg, "v5e:2x4", programs=("decode", "update"))
+    report = aot.compile_experiment(cfg, "v5e:2x4", programs=("engine", "update"))
     model, _ = train.build_model(cfg)
     adapted = train.adapt(model, cfg)
     assert report.num_trained == lora.num_adapter_params(adapted)
@@ -249,8 +249,8 @@ def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as
     assert report.num_params == full.num_params + report.num_trained
     assert report.lora == {"rank": 4, "alpha": 8.0, "targets": LORA_TARGETS, "quantize_base": quantize_base}
     assert "LoRA rank 4" in report.table()
-    decode, update = report.programs
-    assert decode.error is None and update.error is None and decode.fits and update.fits
+    *engine, update = report.programs
+    assert len(engine) == 3 and all(p.error is None and p.fits for p in report.programs)
     abstract = aot.abstract_train_state(cfg, mesh)
     assert update.argument_bytes >= aot.per_chip_bytes(abstract.rest) + aot.per_chip_bytes(abstract.state)
 

@@ -145,3 +145,15 @@ def test_stop_set_is_padded_to_a_fixed_size_with_an_impossible_token():
     stop = sampler.stop_array([2, 0, 2])
     assert stop.tolist() == [0, 2, -1, -1, -1, -1, -1, -1]
     assert sampler.stop_array([]).shape == (8,)
+
+
+@pytest.mark.parametrize("name, replacement", [("generate", "jaxgrpo.engine.generate"),
+                                               ("generate_text", "jaxgrpo.engine.generate_text"),
+                                               ("decode_program", "jaxgrpo.engine.programs")])
+def test_the_fixed_batch_samplers_names_say_where_sampling_went(name, replacement):
+    with pytest.raises(AttributeError) as error:
+        getattr(sampler, name)
+    message = str(error.value)
+    assert "the rollout engine is the only sampler" in message and replacement in message and "\n" not in message
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        sampler.no_such_name  # noqa: B018

@@ -5,8 +5,7 @@
 PLAN.json: {"argv": [...common jaxgrpo-train arguments...], "runs": [{"run_dir", "resume", "kill"}, ...]},
 `kill` None (run to the end) or {"site", "call", "point"}:
 
-* site "sample" (`Trainer.generate_tokens`: the trainer's sampling, through the rollout engine or
-  `sampler.generate`), "update" (`Trainer.update`), "save" (`Checkpointer.save`), "track"
+* site "sample" (`Trainer.generate_tokens`: the trainer's sampling, through the rollout engine), "update" (`Trainer.update`), "save" (`Checkpointer.save`), "track"
   (`Trainer.track`, a stateful kernel's update of its state): the
   process SIGKILLs itself `point` x `SPAN_S[site]` seconds into the `call`-th call of that function
   (from a timer thread, wherever the main thread is then), or at the call's return if it ends sooner;

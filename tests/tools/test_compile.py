@@ -12,7 +12,7 @@ import jax
 import pytest
 from flax import nnx
 
-from jaxgrpo import sampler, train
+from jaxgrpo import train
 from jaxgrpo.config import apply_overrides, load_experiment
 from jaxgrpo.distributed import round_up
 from jaxgrpo.tools import cli
@@ -53,13 +53,14 @@ def _mesh(cfg, topology):
 @pytest.fixture(scope="module")
 def reports():
     """Compiled reports shared by the tests of this module, each compiled once when first asked for: the
-    quickstart on the one-host slice with every program, the others with the decode loop and the update."""
+    quickstart on the one-host slice with every program, Qwen3-0.6B with the update on it and with the rollout
+    engine's programs and the update on the pod."""
     cache = {}
 
     def get(path, topology):
         if (path, topology) not in cache:
-            programs = ((*aot.FIXED_BATCH_PROGRAMS, "forward", "update") if (path, topology) == (QUICKSTART, ONE_HOST)
-                        else ("decode", "update"))
+            programs = {(QUICKSTART, ONE_HOST): aot.RUN_PROGRAMS, (QWEN, ONE_HOST): ("update",)}.get(
+                (path, topology), ("engine", "update"))
             cfg = _config(path, *CASES[path, topology])
             cache[path, topology] = (cfg, aot.compile_experiment(cfg, topology, programs=programs))
         return cache[path, topology]
@@ -106,27 +107,28 @@ def test_experiment_fits_shards_its_state_and_decodes_without_the_host(reports, 
     update = next(p for p in report.programs if p.program == "update")
     assert per_chip <= update.argument_bytes <= per_chip * 1.25
     assert update.alias_bytes >= per_chip * 0.99  # the state is donated: updated in place
-    decode = next(p for p in report.programs if p.program == "decode")
-    assert decode.step_floor_seconds > 0 and decode.loops_counted_once >= 1 and decode.mfu is None
+    for decode in (p for p in report.programs if p.program.startswith("engine decode")):
+        assert decode.step_floor_seconds > 0 and decode.loops_counted_once >= 1 and decode.mfu is None
 
 
 def test_quickstart_programs_and_their_collectives_on_one_host(reports):
     cfg, report = reports(QUICKSTART, ONE_HOST)
-    assert report.chip == "TPU v5e" and [p.program for p in report.programs] == ["prefill", "decode", "forward",
-                                                                                 "update"]
-    prefill, decode, forward, update = report.programs
+    assert report.chip == "TPU v5e" and [p.program for p in report.programs] == [
+        "engine prefill", "engine decode 50% full", "engine decode 100% full", "forward", "update"]
+    prefill, *_, update = report.programs
     for program in report.programs:
         assert program.flops > 0 and program.bytes_accessed > 0
         assert program.compiler_seconds is None or program.compiler_seconds > 0
         assert program.model_flops_seconds == pytest.approx(program.model_flops / aot.CHIPS["v5e"].peak_flops)
     assert prefill.step_floor_seconds is None
-    # A prefill computes logits only at each prompt's last position (what it draws from): 2·N per prompt token
-    # less the unembedding's 2·V·E elsewhere, so its estimated MFU stays a bound below 100%.
+    # A prefill computes logits only at the rows it draws from (a slot per sample): 2·N per prompt token less the
+    # unembedding's 2·V·E elsewhere, so its estimated MFU stays a bound below 100%.
     c = aot.decoder_config(cfg)
     unembedding = c.vocab_size * c.hidden_size
-    prompt_tokens = cfg.prompts_per_step * sampler.bucket_length(cfg.sampling.max_prompt_len)
+    prompt_tokens = round_up(cfg.prompts_per_step, 8) * cfg.sampling.max_prompt_len
+    draws = round_up(cfg.prompts_per_step * cfg.group_size, 8)
     assert prefill.model_flops == pytest.approx(
-        (2 * (report.num_params - unembedding) * prompt_tokens + 2 * unembedding * cfg.prompts_per_step) / 8)
+        (2 * (report.num_params - unembedding) * prompt_tokens + 2 * unembedding * draws) / 8)
     assert 0 < prefill.mfu <= 1 and prefill.model_flops <= prefill.program_flops
     # FSDP: the update gathers parameters for the forward and reduces gradients.
     assert update.collectives["all-gather"]["count"] > 0
@@ -337,7 +339,8 @@ def test_cli_writes_the_report_and_exits_by_whether_it_fits(tmp_path, capsys):
     (["--topology", "v5e:3x7"], "libtpu cannot lay out the topology 'v5e:3x7'"),
     (["--topology", "v5e:2x4", "--set", "mesh.data=1", "mesh.fsdp=3"], "does not divide the 8 devices"),
     (["--topology", "v5e:2x4", "--set", "model=no-such-model"], "'no-such-model' is neither a model directory"),
-    (["--topology", "v5e:2x4", "--programs", "sampler"], "unknown program(s) sampler; valid: engine, forward, update, prefill, decode"),
+    (["--topology", "v5e:2x4", "--programs", "sampler"], "unknown program(s) sampler; valid: engine, forward, update"),
+    (["--topology", "v5e:2x4", "--programs", "decode"], "sampler.generate's fixed batch, removed when the rollout engine"),
 ])
 def test_bad_input_gets_one_line_errors(args, message, capsys):
     assert cli.compile_main([TOY, *args]) == 2
@@ -439,14 +442,15 @@ def test_a_split_mesh_compiles_the_sampler_on_its_chips_and_reports_the_weights_
     loop is compiled for the sampler's data-parallel mesh, the update for the learner's, each reporting its HBM
     per chip, and the report gives the bytes of weights moved to the sampler after each update."""
     cfg = _toy("max_staleness=1", "mesh.rollout_devices=8", "mesh.data=2", "mesh.fsdp=4")
-    report = aot.compile_experiment(cfg, POD, programs=("decode", "update"))
+    report = aot.compile_experiment(cfg, POD, programs=("engine", "update"))
     assert report.mesh == {"data": 2, "fsdp": 4, "model": 1} and report.chips == 16
     assert report.rollout["chips"] == 8 and report.rollout["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
-    assert report.rollout["programs"] == ["decode"]
+    assert report.rollout["programs"] == ["engine"]
     params = aot.abstract_train_state(cfg, train.make_mesh(cfg, jax.devices()[:8])).state.params
     assert report.rollout["weight_transfer_bytes"] == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    decode, update = report.programs
-    assert decode.fits and update.fits and decode.hbm_bytes > 0 and update.hbm_bytes > 0
-    assert "the sampler on 8 (mesh {'data': 8, 'fsdp': 1, 'model': 1}: decode)" in report.table()
+    *engine, update = report.programs
+    assert [p.program for p in engine] == ["engine prefill", "engine decode 50% full", "engine decode 100% full"]
+    assert all(p.fits and p.hbm_bytes > 0 for p in report.programs)
+    assert "the sampler on 8 (mesh {'data': 8, 'fsdp': 1, 'model': 1}: engine)" in report.table()
     with pytest.raises(ValueError, match="mesh.rollout_devices=16 leaves the learner none of v5p:2x2x4's 16 chips"):
         aot.compile_experiment(_toy("max_staleness=1", "mesh.rollout_devices=16"), POD, programs=("update",))

@@ -38,7 +38,8 @@ interpreted (`interpret=True`): for tests, slowly. The block sizes, warps and st
 (`Tiling`, defaults `BLOCK_Q`, `BLOCK_K`, `NUM_WARPS`, `NUM_STAGES`), to be tuned on a GPU.
 
 The rollout engine's paged decode reads its blocks in place through `pallas_gpu_decode`'s kernel (`paged_state`);
-the fixed batch's cached decode steps keep the decoder's XLA math on a GPU (no `cache_state`).
+decode steps over dense cache views (`Engine(in_place=False)`) keep the decoder's XLA math on a GPU (no
+`cache_state`).
 """
 
 from __future__ import annotations

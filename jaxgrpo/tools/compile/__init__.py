@@ -14,10 +14,6 @@ shows the collectives. Programs compiled here, each at the experiment's shapes (
 * `forward`: the reference / old-policy log-prob forward (`jaxgrpo.train.step.make_forward_fn`) over a batch;
 * `update`: one optimizer step of `jaxgrpo.train.step.make_update_fn` over a minibatch of micro-batches (packed
   groups at their worst case, one group per row, when `packing` is on);
-* `prefill` and `decode` (asked for by name, `FIXED_BATCH_PROGRAMS`): `sampler.generate`'s fixed batch for one
-  step's prompts, at the prompt and completion buckets of `sampling.max_prompt_len` and
-  `sampling.max_new_tokens`: the prompts run once into a shared cache, then a `while` loop samples one token
-  per row per iteration (the trainer's sampler until 2026-12-06).
 
 The compiler's cost analysis counts a loop body once, whatever its trip count (the update's micro-batch
 scan, the decoder's layer scan, the decode loop): its FLOPs and time are lower bounds. So the report also
@@ -53,16 +49,16 @@ from jaxgrpo.tools.compile.analysis import (COLLECTIVES, HOST_TRANSFERS, MEMORY_
 from jaxgrpo.tools.compile.chips import CHIPS, EXAMPLE_TOPOLOGIES, GiB, Chip, topology_devices
 from jaxgrpo.tools.compile.lowering import (ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK, Abstract, EnginePrograms,
                                             OutOfMemory, abstract_train_state, compile_lowered, decoder_config,
-                                            lower_engine, lower_forward, lower_sampler, lower_update)
-from jaxgrpo.tools.compile.report import (ENGINE_FILLS, FIXED_BATCH_PROGRAMS, PROGRAMS, RUN_PROGRAMS, SAMPLER_PROGRAMS,
+                                            lower_engine, lower_forward, lower_update)
+from jaxgrpo.tools.compile.report import (ENGINE_FILLS, PROGRAMS, RUN_PROGRAMS, SAMPLER_PROGRAMS,
                                           ProgramReport, Report, compile_experiment, fits_everywhere,
                                           prefill_model_flops, program_report, programs_of, update_model_flops)
 
 __all__ = ["CHIPS", "COLLECTIVES", "ENGINE_BLOCK_SIZE", "ENGINE_DECODE_CHUNK", "ENGINE_FILLS", "EXAMPLE_TOPOLOGIES",
-           "FIXED_BATCH_PROGRAMS", "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "RUN_PROGRAMS",
+           "HOST_TRANSFERS", "MEMORY_BOUND_MIN_BYTES", "PROGRAMS", "RUN_PROGRAMS",
            "SAMPLER_PROGRAMS", "Abstract",
            "Chip", "EnginePrograms", "GiB", "OutOfMemory", "ProductCount", "ProgramReport", "Report",
            "abstract_train_state", "collectives", "compile_experiment", "compile_lowered", "count_products",
            "decoder_config", "fits_everywhere", "host_transfers", "largest_values", "lower_engine", "lower_forward",
-           "lower_sampler", "lower_update", "memory_bound_bytes_of", "per_chip_bytes", "prefill_model_flops",
+           "lower_update", "memory_bound_bytes_of", "per_chip_bytes", "prefill_model_flops",
            "program_report", "programs_of", "topology_devices", "update_model_flops"]

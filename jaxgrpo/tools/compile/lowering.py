@@ -1,6 +1,6 @@
 """A run's programs traced and lowered at its shapes from shapes alone (no weights read), laid out on a mesh as
-the trainer lays them out: the policy's abstract train state, the update, the log-prob forward, the sampler's
-prefill and decode, the rollout engine's programs; and a lowered program compiled, or refused for its size."""
+the trainer lays them out: the policy's abstract train state, the update, the log-prob forward, the rollout
+engine's programs; and a lowered program compiled, or refused for its size."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxgrpo.config import Config, resolve_packing
 from jaxgrpo.distributed import BATCH_AXES, batch_shards, round_up
-from jaxgrpo.tools.compile.analysis import itemsize, per_chip_bytes
+from jaxgrpo.tools.compile.analysis import itemsize
 
 
 ENGINE_BLOCK_SIZE, ENGINE_DECODE_CHUNK = 16, 8
@@ -201,38 +201,6 @@ def _abstract_decoder(abstract: Abstract) -> tuple:
     decoder = nnx.merge(abstract.graphdef, abstract.state.params, abstract.rest).decoder
     state = nnx.merge_state(*(part["decoder"] for part in (abstract.state.params, abstract.rest) if "decoder" in part))
     return decoder, abstract.decoder_graphdef, state
-
-
-def lower_sampler(cfg: Config, mesh, abstract: Abstract) -> tuple:
-    """The compiled prefill and decode programs of one step's sampling (each with its compile seconds and
-    jaxpr), and what the report needs of them: (prefill, prompt tokens per call, decode, generated tokens
-    per call, per-chip bytes of the decode loop's state)."""
-    from jaxgrpo import sampler
-
-    decoder, graphdef, state = _abstract_decoder(abstract)
-    s, prompts, g = cfg.sampling, cfg.prompts_per_step, cfg.group_size
-    prompt_bucket, new_bucket = sampler.bucket_length(s.max_prompt_len), sampler.bucket_length(s.max_new_tokens)
-    params = sampler.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
-    layout = sampler.layout_for(decoder, mesh, g, prompt_bucket, new_bucket, params)
-    replicated = NamedSharding(mesh, P())
-    scalar = _sharded((), jnp.int32, replicated)
-    stop = _sharded((8,), jnp.int32, replicated)
-    key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
-    with jax.set_mesh(mesh):
-        prefill = sampler.prefill_program.trace(
-            graphdef, state, _sharded((prompts, prompt_bucket), jnp.int32, replicated),
-            _sharded((prompts, prompt_bucket), jnp.bool_, replicated),
-            _sharded((prompts * g,), key_dtype, replicated), stop, scalar, scalar, layout=layout)
-        # The decode loop starts from what the prefill returns, laid out as the prefill leaves it.
-        prefill = (*compile_lowered(prefill.lower()), prefill.jaxpr)
-        if isinstance(prefill[0], OutOfMemory):
-            raise RuntimeError(f"the prefill of {prompts} prompts of {prompt_bucket} tokens does not fit "
-                               f"({prefill[0].message}); compile --programs forward update, or fewer prompts")
-        carry = jax.tree.map(lambda info, sharding: _sharded(info.shape, info.dtype, sharding),
-                             prefill[0].out_info, prefill[0].output_shardings)
-        decode = sampler.decode_program.trace(graphdef, state, carry, stop, scalar, scalar, layout=layout)
-        decode = (*compile_lowered(decode.lower()), decode.jaxpr)
-    return prefill, prompts * prompt_bucket, decode, prompts * g * s.max_new_tokens, per_chip_bytes(carry)
 
 
 class EnginePrograms(NamedTuple):

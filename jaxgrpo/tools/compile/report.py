@@ -16,17 +16,14 @@ from jaxgrpo.tools.compile.analysis import (collectives, count_products, host_tr
                                             per_chip_bytes)
 from jaxgrpo.tools.compile.chips import GiB, Chip, topology_devices
 from jaxgrpo.tools.compile.lowering import (OutOfMemory, abstract_train_state, compile_lowered, lower_engine,
-                                            lower_forward, lower_sampler, lower_update)
+                                            lower_forward, lower_update)
 
 
 RUN_PROGRAMS = ("engine", "forward", "update")
 """The programs a run runs (`programs_of`): the rollout engine's prefill and decode chunk, the scoring forward and the
 update."""
-FIXED_BATCH_PROGRAMS = ("prefill", "decode")
-"""`sampler.generate`'s fixed batch, its prefill and decode loop: asked for by name (`--programs prefill decode`); no
-run samples with it since 2026-12-06."""
-PROGRAMS = (*RUN_PROGRAMS, *FIXED_BATCH_PROGRAMS)
-SAMPLER_PROGRAMS = ("prefill", "decode", "engine")  # on the sampler's chips under a split mesh
+PROGRAMS = RUN_PROGRAMS
+SAMPLER_PROGRAMS = ("engine",)  # on the sampler's chips under a split mesh
 ENGINE_FILLS = (0.5, 1.0)
 """The rollout engine's fill levels (`--programs engine`): its pool holds this share of every slot's whole context."""
 
@@ -265,6 +262,9 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
     from jaxgrpo.train import preflight
 
     unknown = [p for p in programs if p not in PROGRAMS]
+    if {"prefill", "decode"} & set(unknown):
+        raise ValueError("programs prefill and decode were sampler.generate's fixed batch, removed when the rollout "
+                         "engine became the only sampler; ask for engine (its prefill and decode chunk)")
     if unknown:
         raise ValueError(f"unknown program(s) {', '.join(unknown)}; valid: {', '.join(PROGRAMS)}")
     chip, devices = topology_devices(topology)
@@ -288,16 +288,6 @@ def _compile_experiment(cfg: Config, topology: str, programs, calibrations=None)
         moved = sum(math.prod(leaf.shape) * itemsize(leaf.dtype) for leaf in jax.tree.leaves(abstract.state.params))
         rollout = {"chips": split, "mesh": dict(sampler_mesh.shape), "weight_transfer_bytes": moved,
                    "programs": [p for p in programs if p in SAMPLER_PROGRAMS]}
-    if "prefill" in programs or "decode" in programs:
-        prefill, prompt_tokens, decode, new_tokens, carry_bytes = lower_sampler(cfg, sampler_mesh, sampler_abstract)
-        if "prefill" in programs:
-            flops = prefill_model_flops(n, unembedding, prompt_tokens, cfg.prompts_per_step)  # a row per prompt
-            reports.append(program_report("prefill", *prefill, chip, sampler_chips, flops, calibrations=calibrations))
-        if "decode" in programs:
-            # One step reads every parameter (a LoRA run's base and adapters) and the whole cache once.
-            floor = per_chip_bytes((sampler_abstract.state.params, sampler_abstract.rest)) + carry_bytes
-            reports.append(program_report("decode", *decode, chip, sampler_chips, 2 * n * new_tokens, floor,
-                                           calibrations=calibrations))
     if "engine" in programs:
         # A multi-process run's engines are one per process, on its own chips with its share of the rows and its copy
         # of the weights split over them (`Trainer.engine`, `train.process_sampler_mesh`): one process's is compiled.

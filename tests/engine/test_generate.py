@@ -1,5 +1,7 @@
-"""`sampler.generate` on tiny random decoders of every family: cached greedy decoding equals argmax of
-full forwards, log-probs equal the trainer's recomputation, determinism, stop tokens, sharding."""
+"""`engine.generate` (an `Engine` made for the call) on tiny random decoders of every family: cached greedy
+decoding equals argmax of full forwards, log-probs equal the trainer's recomputation, determinism, stop tokens,
+sharding; and the engine's compiled programs: the pool donated, no whole-cache copy in the decode loop, bfloat16
+weights read in place."""
 
 import dataclasses
 import functools
@@ -12,9 +14,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgrpo import sampler
-from jaxgrpo.models import Decoder, DecoderConfig, cpu_forms, cpu_matmul
+from jaxgrpo import engine, sampler
+from jaxgrpo.engine import groups, programs
+from jaxgrpo.models import Decoder, DecoderConfig, cpu_matmul
 from jaxgrpo.models.partitioning import shard_model
+from tests.support.references import greedy_without_cache
 
 _SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, head_dim=16)
 CONFIGS = {
@@ -47,32 +51,14 @@ def random_model(family: str) -> Decoder:
     return model
 
 
-@functools.lru_cache(maxsize=None)
-def _full_forward(family: str):
-    graphdef, state = nnx.split(random_model(family))
-    forward = jax.jit(lambda state, tokens, mask: nnx.merge(graphdef, state)(tokens, attention_mask=mask))
-    return functools.partial(forward, state)
-
-
 def greedy_reference(family: str, prompts, new_tokens: int) -> np.ndarray:
-    """Step-by-step argmax of full forwards without a cache: int [B, new_tokens]."""
-    length = 32  # right-padded; causal attention keeps the padding out of every real position
-    tokens = np.zeros((len(prompts), length), np.int32)
-    ends = np.array([len(p) for p in prompts])
-    for row, prompt in enumerate(prompts):
-        tokens[row, : len(prompt)] = prompt
-    forward = _full_forward(family)
-    for _ in range(new_tokens):
-        mask = np.arange(length)[None] < ends[:, None]
-        logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(mask)))
-        tokens[np.arange(len(prompts)), ends] = logits[np.arange(len(prompts)), ends - 1].argmax(-1)
-        ends += 1
-    return np.stack([tokens[row, len(p): len(p) + new_tokens] for row, p in enumerate(prompts)])
+    """Step-by-step argmax of full forwards of `random_model(family)` without a cache: int [B, new_tokens]."""
+    return greedy_without_cache(random_model(family), prompts, new_tokens)
 
 
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_greedy_generation_equals_argmax_of_full_forwards(family):
-    rollout = sampler.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    rollout = engine.generate(random_model(family), PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
     expected = greedy_reference(family, PROMPTS, NEW_TOKENS)
     np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), np.repeat(expected, 2, axis=0))
     assert rollout.completion_tokens.shape == (6, NEW_TOKENS)
@@ -102,7 +88,7 @@ def _recomputed_logprobs(model, rollout, temperature):
 def test_sampler_logprobs_equal_the_trainers_recomputation(family, truncation):
     model = random_model(family)
     temperature = 0.7
-    rollout = sampler.generate(model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, key=jax.random.key(0),
+    rollout = engine.generate(model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, key=jax.random.key(0),
                                temperature=temperature, stop_tokens=[1, 2, 3], **truncation)
     recomputed, logits = jax.jit(_recomputed_logprobs, static_argnums=2)(model, rollout, temperature)
     mask = np.asarray(rollout.completion_mask)
@@ -120,7 +106,7 @@ def test_sampler_logprobs_equal_the_trainers_recomputation(family, truncation):
 
 def _sampled(prompts, key=0, **kwargs):
     kwargs.setdefault("num_samples", 2)
-    return sampler.generate(random_model("llama"), prompts, max_new_tokens=NEW_TOKENS, key=jax.random.key(key),
+    return engine.generate(random_model("llama"), prompts, max_new_tokens=NEW_TOKENS, key=jax.random.key(key),
                             temperature=0.7, top_k=20, top_p=0.95, stop_tokens=[1, 2, 3], **kwargs)
 
 
@@ -138,17 +124,17 @@ def test_a_prompts_output_does_not_depend_on_its_companions_or_padding():
     reordered = [PROMPTS[2], PROMPTS[0], PROMPTS[1]]
     # Greedy: companions and their order do not matter, nor does a longer companion that moves the
     # batch to the 32-token bucket (more left padding).
-    greedy = sampler.generate(model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
-    shuffled = sampler.generate(model, reordered, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    greedy = engine.generate(model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
+    shuffled = engine.generate(model, reordered, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True)
     np.testing.assert_array_equal(np.asarray(greedy.completion_tokens[0]), np.asarray(shuffled.completion_tokens[2]))
-    before = sampler.compilation_counts()
-    padded = sampler.generate(model, [list(range(4, 24)), PROMPTS[0], [5]], num_samples=2, max_new_tokens=NEW_TOKENS,
+    before = engine.compilation_counts()
+    padded = engine.generate(model, [list(range(4, 24)), PROMPTS[0], [5]], num_samples=2, max_new_tokens=NEW_TOKENS,
                               greedy=True)
-    after = sampler.compilation_counts()
+    after = engine.compilation_counts()
     assert padded.prompt_tokens.shape[1] == 32 and greedy.prompt_tokens.shape[1] == 16
     np.testing.assert_array_equal(np.asarray(greedy.completion_tokens[0]), np.asarray(padded.completion_tokens[2]))
-    # The new bucket compiled prefill and decode exactly once each.
-    assert after["prefill"] - before["prefill"] == 1 and after["decode"] - before["decode"] == 1
+    # The new bucket (a larger pool) compiled each program once.
+    assert {name: after[name] - before.get(name, 0) for name in after} == {"forward": 1, "decode": 1, "copy": 1}
     # Sampling: with the same prompt ids, each prompt's samples are the same in any batch order.
     sampled = _sampled(PROMPTS, prompt_ids=[10, 11, 12])
     resampled = _sampled(reordered, prompt_ids=[12, 10, 11])
@@ -159,11 +145,11 @@ def test_a_prompts_output_does_not_depend_on_its_companions_or_padding():
 
 def test_lengths_in_the_same_bucket_do_not_recompile():
     _sampled(PROMPTS)
-    before = sampler.compilation_counts()
+    before = engine.compilation_counts()
     _sampled([[9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], [1], [4, 4]], key=5)  # 16 tokens: same bucket
-    sampler.generate(random_model("llama"), PROMPTS, num_samples=2, max_new_tokens=9, key=jax.random.key(0),
+    engine.generate(random_model("llama"), PROMPTS, num_samples=2, max_new_tokens=9, key=jax.random.key(0),
                      temperature=0.7, top_k=20, top_p=0.95, stop_tokens=[4])  # 9 new tokens, other stops
-    assert sampler.compilation_counts() == before
+    assert engine.compilation_counts() == before
 
 
 def test_stop_tokens_end_rows_with_reason_mask_and_padding():
@@ -171,7 +157,7 @@ def test_stop_tokens_end_rows_with_reason_mask_and_padding():
     expected = greedy_reference("llama", PROMPTS, NEW_TOKENS)
     # Stop on the 5th greedy token of prompt 0 (a token it has not produced before).
     stop = int(next(t for i, t in enumerate(expected[0]) if i >= 4 and t not in expected[0][:i]))
-    rollout = sampler.generate(model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True,
+    rollout = engine.generate(model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, greedy=True,
                                stop_tokens=[stop], pad_id=0)
     tokens, mask = np.asarray(rollout.completion_tokens), np.asarray(rollout.completion_mask)
     reasons = np.asarray(rollout.finish_reason)
@@ -187,25 +173,6 @@ def test_stop_tokens_end_rows_with_reason_mask_and_padding():
     assert reasons[0] == sampler.FINISH_STOP
 
 
-def _prefill_inputs(dtype=jnp.float32, family="llama", **config_changes):
-    model = random_model(family)
-    if dtype != jnp.float32 or config_changes:
-        model = Decoder(dataclasses.replace(CONFIGS[family], **config_changes), dtype=dtype, param_dtype=dtype,
-                        rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
-    layout = sampler.layout_for(model, None, 2, 16, 16, sampler.SamplingParams(greedy=True))
-    tokens, mask = sampler.left_pad(PROMPTS, 16)
-    keys = sampler.row_keys(jax.random.key(0), np.arange(3), 2)
-    stop, limit, pad = sampler.stop_array([]), jnp.int32(NEW_TOKENS), jnp.int32(0)
-    return graphdef, state, (tokens, mask, keys, stop, limit, pad), layout
-
-
-def _decode_inputs(dtype=jnp.float32, family="llama", **config_changes):
-    graphdef, state, prefill_args, layout = _prefill_inputs(dtype, family, **config_changes)
-    carry = sampler.prefill_program(graphdef, state, *prefill_args, layout=layout)
-    return graphdef, state, carry, prefill_args[3:], layout
-
-
 def _hlo_arrays(hlo: str):
     """(name, element type, element count, opcode) of every instruction of a compiled program's text."""
     for match in re.finditer(r"%(\S+) = (\w+)\[([\d,]*)\]\{[^}]*\} ([\w-]+)\(", hlo):
@@ -213,82 +180,115 @@ def _hlo_arrays(hlo: str):
         yield name, element_type, math.prod(int(d) for d in dims.split(",") if d), opcode
 
 
-def _unfused_arrays(hlo: str):
-    """`_hlo_arrays` of the instructions that make buffers: those of the computations that no fusion calls."""
-    fused = set(re.findall(r"fusion\([^\n]*?calls=%([\w.\-]+)", hlo))
+def _computations(hlo: str) -> dict[str, str]:
+    """A compiled program's computations by name (the entry's as "ENTRY")."""
+    out = {}
     for computation in re.split(r"\n(?=(?:ENTRY )?%\S+ \()", hlo):
-        name = re.match(r"(?:ENTRY )?%(\S+) \(", computation)
-        if name and name.group(1) not in fused:
+        name = re.match(r"(ENTRY )?%(\S+) \(", computation)
+        if name:
+            out["ENTRY" if name.group(1) else name.group(2)] = computation
+    return out
+
+
+def _unfused_arrays(hlo: str, skip=()):
+    """`_hlo_arrays` of the instructions that make buffers: those of the computations that no fusion calls (less
+    the computations named in `skip`)."""
+    fused = set(re.findall(r"fusion\([^\n]*?calls=%([\w.\-]+)", hlo))
+    for name, computation in _computations(hlo).items():
+        if name not in fused and name not in skip:
             yield from _hlo_arrays(computation)
 
 
-def test_decode_donates_the_cache_and_writes_only_live_slots():
-    graphdef, state, carry, args, layout = _decode_inputs()
-    final = sampler.decode_program(graphdef, state, carry, *args, layout=layout)
-    assert carry.cache.k.is_deleted() and carry.cache.v.is_deleted()  # donated: its buffers were reused
-    # The 3 prompts' keys are stored once, shared by their 2 rows; the 6 rows hold only their completions.
-    assert final.prompt_cache.k.shape == (2, 3, 2, 16, 16)
-    assert final.cache.k.shape == (2, 6, 2, 16, 16)
-    # Only completion slots [0, steps - 1) were ever written; the rest of the capacity is still zero.
-    written = NEW_TOKENS - 1
-    assert np.asarray(final.cache.k[:, :, :, :written]).any()
-    assert not np.asarray(final.cache.k[:, :, :, written:]).any()
-
-
-# Three layers, two kv heads and an MLP width of 80 give the caches, one layer's slice of them and the
-# weights element counts that no other array of the prefill or decode programs shares.
+# Six slots over 4-position blocks of a 17-block pool. Three layers, two kv heads and an MLP width of 80 give the
+# pool, a decode chunk's dense view and the weights element counts that no other array of the programs shares.
 _DISTINCT_SIZES = dict(num_layers=3, layer_types=("full_attention",) * 3, num_kv_heads=2, intermediate_size=80)
+_SLOTS, _BLOCKS, _BLOCK, _WIDTH = 6, 17, 4, 16
+
+
+def _model(dtype=jnp.float32, family="llama", **config_changes):
+    if dtype == jnp.float32 and not config_changes:
+        return random_model(family)
+    return Decoder(dataclasses.replace(CONFIGS[family], **config_changes), dtype=dtype, param_dtype=dtype,
+                   rngs=nnx.Rngs(0))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(dtype, family, program):
+    """The parameters and compiled HLO text of the engine's "engine prefill" or "engine decode" program (its dense
+    views: the form every backend without a paged kernel runs), traced as `jaxgrpo-compile` traces them."""
+    graphdef, state = nnx.split(_model(dtype, family, **_DISTINCT_SIZES))
+    traced = programs.trace_programs(graphdef, state, num_slots=_SLOTS, num_blocks=_BLOCKS, block_size=_BLOCK,
+                                     max_context=32, prefill_rows=3, prompt_len=16, draws=_SLOTS, width=_WIDTH,
+                                     steps=NEW_TOKENS, sampling=sampler.SamplingParams(greedy=True))
+    return state, traced[program].lower().compile().as_text()
+
+
+def test_the_engines_programs_take_the_pool_donated_and_write_only_the_blocks_in_use():
+    model = _model()
+    pool = engine.Engine(model, num_slots=_SLOTS, max_context=32, block_size=_BLOCK, num_blocks=_BLOCKS)
+    requests = [engine.Request(id=i, prompt=p, max_new_tokens=NEW_TOKENS, sampling=sampler.SamplingParams(greedy=True))
+                for i, p in enumerate(PROMPTS)]
+    before = pool.cache
+    pool.prefill(requests)
+    assert before.k.is_deleted() and before.v.is_deleted()  # donated: its buffers were reused
+    before = pool.cache
+    pool.decode()
+    assert before.k.is_deleted() and before.v.is_deleted()
+    held = sorted({b for s in pool._sequences.values() for b in s.blocks})
+    free = [b for b in range(1, _BLOCKS) if b not in held]
+    k = np.asarray(pool.cache.k)
+    assert all(k[:, b].any() for b in held)
+    assert not k[:, free].any()  # the blocks no sequence holds were never written
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
-def test_compiled_decode_loop_never_copies_the_cache(dtype):
-    # The cost of a decode step must not grow with the cache capacity beyond attention reading it: no
-    # instruction makes a whole cache (a prompt or completion cache, in any layout, of any element type)
-    # except in place: the loop carries it (a bfloat16 cache as its bits, the CPU memory forms' to_carry) and updates
-    # it with dynamic-update-slice. XLA's CPU backend slices bfloat16 arrays in float32, and copies a
-    # bfloat16 cache whole to reinterpret its bits unless the loop carries the bits.
-    graphdef, state, carry, args, layout = _decode_inputs(dtype, **_DISTINCT_SIZES)
-    assert cpu_forms.FORMS.from_carry(carry.cache, dtype).k.dtype == dtype
-    assert carry.cache.k.dtype == (jnp.uint16 if dtype == jnp.bfloat16 else dtype)
-    hlo = sampler.decode_program.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
-    whole = {carry.cache.k.size, carry.prompt_cache.k.size}
+def test_the_engines_decode_loop_never_copies_the_pool_or_the_view(dtype):
+    # The cost of a decode step must not grow with the pool or the chunk's dense view beyond attention reading it:
+    # inside the decode loop no instruction makes a whole pool or view (in any layout, of any element type) except
+    # in place: the loop carries the view (a bfloat16 view as its bits, the CPU memory forms' to_carry) and updates
+    # it with dynamic-update-slice. The view is gathered from the blocks once before the loop and written back once
+    # after it (the program's entry computation).
+    config = dataclasses.replace(CONFIGS["llama"], **_DISTINCT_SIZES)
+    per_layer = config.num_layers * config.num_kv_heads * config.head_dim
+    whole = {per_layer * _BLOCKS * _BLOCK, per_layer * _SLOTS * (_WIDTH + NEW_TOKENS)}
+    _, hlo = _compiled(dtype, "llama", "engine decode")
     in_place = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "dynamic-update-slice")
-    copies = [(name, opcode) for name, _, size, opcode in _hlo_arrays(hlo)
-              if size in whole and opcode not in in_place and "dynamic-update-slice" not in name]
-    assert not copies, f"the decode program makes a whole cache other than in place: {copies[:3]}"
+    inside = [(name, opcode) for name, _, size, opcode in _unfused_arrays(hlo, skip=("ENTRY",)) if size in whole]
+    copies = [(name, opcode) for name, opcode in inside if opcode not in in_place and "dynamic-update-slice" not in name]
+    assert inside, "the decode loop carries no whole view: the sizes above no longer describe the program"
+    assert not copies, f"the decode loop makes a whole pool or view other than in place: {copies[:3]}"
 
 
 # The decode's weight products: packed for the C++ kernel on this CPU (cpu_matmul, where it is built), or
 # XLA's products, as on accelerators and on CPUs without AVX512-BF16.
-PROGRAMS = ["prefill", "decode", "decode-xla-products"]
+PROGRAMS = ["engine prefill", "engine decode", "engine decode-xla-products"]
 
 
 @pytest.fixture
 def products_of(monkeypatch):
-    """products_of(program): patches the decoder to XLA's products for "decode-xla-products"."""
+    """products_of(program): patches the decoder to XLA's products for "engine decode-xla-products"; returns the
+    engine program to compile."""
     patched = []
 
     def choose(program):
-        if program == "decode" and not cpu_matmul.available():
+        if program == "engine decode" and not cpu_matmul.available():
             pytest.skip("cpu_matmul needs a C++ compiler and an AVX512-BF16 CPU")
-        if program == "decode-xla-products":
+        if program == "engine decode-xla-products":
             monkeypatch.setattr(cpu_matmul, "use_for", lambda *args: False)
             jax.clear_caches()  # the programs traced with the kernel must not be reused
             patched.append(program)
+            return "engine decode"
+        return program
     yield choose
     if patched:
         jax.clear_caches()  # nor these, after the patch is undone
 
 
-@functools.lru_cache(maxsize=None)
 def _bfloat16_program(family, program):
-    """The parameters and compiled HLO text of a bfloat16 sampler's prefill or decode program (`PROGRAMS`;
-    compiled once per family and program, with the products `products_of` chose)."""
-    if program == "prefill":
-        graphdef, state, args, layout = _prefill_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-        return state, sampler.prefill_program.lower(graphdef, state, *args, layout=layout).compile().as_text()
-    graphdef, state, carry, args, layout = _decode_inputs(jnp.bfloat16, family, **_DISTINCT_SIZES)
-    return state, sampler.decode_program.lower(graphdef, state, carry, *args, layout=layout).compile().as_text()
+    """`_compiled` in bfloat16, compiled afresh for the XLA products (the patch changes what is traced)."""
+    if program == "engine decode-xla-products":
+        return _compiled.__wrapped__(jnp.bfloat16, family, "engine decode")
+    return _compiled(jnp.bfloat16, family, program)
 
 
 def _weight_sizes(state, family):
@@ -300,7 +300,7 @@ def _weight_sizes(state, family):
 
 @pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # separate and tied (embedding) output weights
-def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program, products_of):
+def test_the_engines_bfloat16_programs_never_convert_the_weights(family, program, products_of):
     # XLA:CPU slices, gathers and transposes bfloat16 arrays in float32: without reading the layers' weights
     # and the embedding through their bits, it converts every weight stack to float32 once per call and
     # runs every product in float32. The weights' products take bfloat16 operands, accumulate in float32.
@@ -310,7 +310,7 @@ def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program, p
     converted = [(name, opcode) for name, element_type, size, opcode in _hlo_arrays(hlo)
                  if element_type == "f32" and size in sizes]
     assert not converted, f"the {program} program holds a weight in float32: {converted[:3]}"
-    if program == "decode":
+    if program == "engine decode":
         # q, k, v, o, gate, up, down in the layer loop and the unembedding: the kernel, on bfloat16 bits.
         calls = re.findall(r"custom-call\([^\n]*custom_call_target=\"jaxgrpo_cpu_matmul\", "
                            r"operand_layout_constraints=\{(u16)\[[^\n]*u16\[", hlo)
@@ -324,33 +324,33 @@ def test_compiled_bfloat16_sampler_never_converts_the_weights(family, program, p
 
 @pytest.mark.parametrize("program", PROGRAMS)
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_compiled_bfloat16_sampler_reads_the_weights_in_place(family, program, products_of):
+def test_the_engines_bfloat16_programs_read_the_weights_in_place(family, program, products_of):
     # A bitcast hoisted out of the layer or decode loop makes XLA:CPU write every weight's bits to a new
     # buffer once per call (and a transposed copy of a tied embedding): for SmolLM2, 270 MB of freshly
-    # faulted pages per sampler call. No instruction may make a whole weight, in any element type or layout,
+    # faulted pages per engine call. No instruction may make a whole weight, in any element type or layout,
     # except the kernel's packing: once per decode call, before the loop (the program's entry computation).
     products_of(program)
     state, hlo = _bfloat16_program(family, program)
     vocab = CONFIGS[family].vocab_size
     sizes = {x.size for x in jax.tree.leaves(state) if x.ndim >= 3 or vocab in x.shape}
     passed_through = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "opt-barrier")
-    entry = _hlo_arrays(re.search(r"\nENTRY [^\n]*\{\n(?:  .*\n)*\}", hlo).group(0))
-    copies = set(_unfused_arrays(hlo)) - (set(entry) if program == "decode" else set())
+    copies = _unfused_arrays(hlo, skip=("ENTRY",) if program == "engine decode" else ())
     copies = [(name, opcode) for name, _, size, opcode in copies if size in sizes and opcode not in passed_through]
     assert not copies, f"the {program} program copies a whole weight: {copies[:3]}"
 
 
-def test_sharded_generation_equals_unsharded(mesh_2x4):
+def test_sharded_generation_equals_unsharded(mesh_2x4, monkeypatch):
     model = random_model("llama")
     expected = _sampled(PROMPTS)
     sharded_model = shard_model(nnx.clone(model), mesh_2x4)
-    rollout = sampler.generate(sharded_model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, key=jax.random.key(0),
+    made = []
+    monkeypatch.setattr(groups, "Engine", lambda *args, **kwargs: made.append(engine.Engine(*args, **kwargs)) or made[-1])
+    rollout = engine.generate(sharded_model, PROMPTS, num_samples=2, max_new_tokens=NEW_TOKENS, key=jax.random.key(0),
                                temperature=0.7, top_k=20, top_p=0.95, stop_tokens=[1, 2, 3])
     np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), np.asarray(expected.completion_tokens))
     np.testing.assert_allclose(rollout.logprobs, expected.logprobs, atol=1e-5)
-    # Rows are split over the data axis.
-    sharding = rollout.completion_tokens.sharding
-    assert sharding.shard_shape(rollout.completion_tokens.shape)[0] == 3
+    # The engine made for the call sits on the parameters' mesh: its slots split over the data axis.
+    assert made[0].mesh == mesh_2x4 and made[0].num_shards == 2 and made[0].num_slots == 6
 
 
 @pytest.mark.parametrize(
@@ -367,27 +367,27 @@ def test_sharded_generation_equals_unsharded(mesh_2x4):
 )
 def test_bad_input_raises_errors_naming_the_argument(prompts, kwargs, argument):
     with pytest.raises(ValueError, match=argument):
-        sampler.generate(random_model("llama"), prompts, key=jax.random.key(0), **kwargs)
+        engine.generate(random_model("llama"), prompts, key=jax.random.key(0), **kwargs)
 
 
 def test_the_models_context_window_is_checked_by_default():
     model = Decoder(dataclasses.replace(CONFIGS["llama"], max_position_embeddings=32), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="context_window"):
-        sampler.generate(model, [list(range(1, 40))], key=jax.random.key(0))
+        engine.generate(model, [list(range(1, 40))], key=jax.random.key(0))
 
 
 def test_sampling_without_a_key_is_an_error():
     with pytest.raises(ValueError, match="key"):
-        sampler.generate(random_model("llama"), PROMPTS, temperature=1.0)
+        engine.generate(random_model("llama"), PROMPTS, temperature=1.0)
 
 
 def test_a_prompt_whose_completions_would_run_past_the_context_window_is_refused():
     """A row needs len(prompt) + max_new_tokens positions; past the model's window they mean nothing to it."""
     model = Decoder(dataclasses.replace(CONFIGS["llama"], max_position_embeddings=32), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError) as error:
-        sampler.generate(model, [list(range(1, 21))], key=jax.random.key(0), max_new_tokens=16)
+        engine.generate(model, [list(range(1, 21))], key=jax.random.key(0), max_new_tokens=16)
     message = str(error.value)
     assert "prompts[0] has 20 tokens, and with max_new_tokens=16 its row needs 36 positions, more than the model's " \
            "context window of 32" in message and "(to at most 12)" in message, message
-    out = sampler.generate(model, [list(range(1, 21))], key=jax.random.key(0), max_new_tokens=12)
+    out = engine.generate(model, [list(range(1, 21))], key=jax.random.key(0), max_new_tokens=12)
     assert out.completion_tokens.shape[-1] == 12
