@@ -13,6 +13,10 @@ row's query then sits at the same column distance from each of its keys as their
 sliding windows (Gemma) mean the same as in an unpaged cache, while rows of any lengths share one write
 column. This is the reference form of paged attention (XLA gathers, the math of the decoder's cached call);
 kernels that read the blocks in place are its fast forms.
+
+Both move the pool's entries through the program's memory forms (`backend.memory_for_program`): on XLA:CPU a
+bfloat16 pool is gathered and scattered as its bits, since XLA:CPU gathers and scatters bfloat16 through float32
+(a whole-pool conversion each way per call); elsewhere they are the plain operations.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxgrpo.models import backend as backends
 from jaxgrpo.models.decoder import KVCache
 from jaxgrpo.models.paged_cache import PagedKVCache, locate, write_rows
 
@@ -51,9 +56,12 @@ def dense_view(cache: PagedKVCache, tables: jax.Array, lengths: jax.Array, width
     cached = positions >= (0 if starts is None else starts[:, None])
     blocks, offsets = locate(tables, positions, cached, cache.block_size)
 
+    forms = backends.memory_for_program()
+
     def gather(pool):  # [L, N, kv, S, D] -> [L, R, kv, width + new, D]
-        rows = jnp.transpose(pool[:, blocks, :, offsets, :], (2, 0, 3, 1, 4))
-        return jnp.pad(rows, ((0, 0), (0, 0), (0, 0), (0, new), (0, 0)))
+        bits = forms.to_carry(pool)
+        rows = jnp.transpose(bits[:, blocks, :, offsets, :], (2, 0, 3, 1, 4))
+        return forms.from_carry(jnp.pad(rows, ((0, 0), (0, 0), (0, 0), (0, new), (0, 0))), pool.dtype)
 
     return KVCache(gather(cache.k), gather(cache.v)), cached
 
@@ -65,11 +73,15 @@ def write(cache: PagedKVCache, tables: jax.Array, start: jax.Array, keys: jax.Ar
     keys, values [L, R, kv, T, D]; start, counts int32 [R]. The rest (padding) goes to the null block.
     """
     steps = jnp.arange(keys.shape[3])[None]
-    return PagedKVCache(*write_rows(cache.k, cache.v, tables, start[:, None] + steps, steps < counts[:, None], keys,
-                                    values))
+    forms, dtype = backends.memory_for_program(), cache.k.dtype
+    k, v, keys, values = forms.to_carry((cache.k, cache.v, keys.astype(dtype), values.astype(dtype)))
+    k, v = write_rows(k, v, tables, start[:, None] + steps, steps < counts[:, None], keys, values)
+    return PagedKVCache(*forms.from_carry((k, v), dtype))
 
 
 def copy_blocks(cache: PagedKVCache, sources: jax.Array, destinations: jax.Array) -> PagedKVCache:
     """The pool with block `destinations[i]` a copy of block `sources[i]` (copy-on-write of a shared block)."""
-    return PagedKVCache(cache.k.at[:, destinations].set(cache.k[:, sources]),
-                        cache.v.at[:, destinations].set(cache.v[:, sources]))
+    forms, dtype = backends.memory_for_program(), cache.k.dtype
+    k, v = forms.to_carry((cache.k, cache.v))
+    return PagedKVCache(*forms.from_carry((k.at[:, destinations].set(k[:, sources]),
+                                           v.at[:, destinations].set(v[:, sources])), dtype))

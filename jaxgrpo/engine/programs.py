@@ -67,8 +67,10 @@ def _read(cache, tables, lengths, starts=None, *, width, new, mesh):
 
 
 def _write(cache, tables, start, view, width, counts, *, mesh):
-    """`paged.write` of a dense view's columns from `width` on, on each row shard."""
-    keys, values = view.k[:, :, :, width:], view.v[:, :, :, width:]
+    """`paged.write` of a dense view's columns from `width` on, on each row shard (sliced as the program's memory
+    forms carry the view: XLA:CPU slices a bfloat16 view through a float32 copy of it whole)."""
+    forms = backends.memory_for_program()
+    keys, values = (forms.from_carry(forms.to_carry(x)[:, :, :, width:], x.dtype) for x in (view.k, view.v))
     return per_shard(paged.write, mesh, ("pool", "rows", "rows", "pool", "pool", "rows"), "pool")(
         cache, tables, start, keys, values, counts)
 
