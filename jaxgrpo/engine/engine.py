@@ -13,8 +13,8 @@ finished while requests wait.
 **Prefix sharing.** Requests admitted together with the same prompt (the G samples of a GRPO group) run the
 prompt once: they hold its full blocks together and each gets its own copy of the last, partial block
 (copy-on-write), where its own tokens go. A prompt admitted later shares the blocks live sequences hold for
-its leading tokens and runs only the rest; a decode chunk reads a prompt's shared blocks once for all its
-running samples (the decoder's shared prefix, `plan_prefix_rows`).
+its leading tokens and runs only the rest; a decode chunk reads a prompt once for all its samples admitted
+together that still run (the decoder's shared prefix, `plan_prefix_rows`).
 
 **The session API** (multi-turn): `prefill(requests)` admits requests now and samples each one's first token;
 `decode()` runs steps until every live sequence has stopped; `extend(id, tokens)` appends tokens a policy did
@@ -140,6 +140,7 @@ class Engine:
         self._slots: list[LiveSequence | None] = [None] * self.num_slots
         self._sequences: dict[int, LiveSequence] = {}
         self._share = 1  # rows a decode chunk's shared prefix serves (`_chunk_rows`)
+        self._groups = 0  # prompts prefilled so far: each one's samples are a prefix group (`LiveSequence.group`)
         # The full blocks of live prompts: (shard, the tokens of a prompt's first k blocks) -> its k-th block,
         # and back, so a prompt admitted later shares them (`_cached_blocks`) until they are freed.
         self._prompt_blocks: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -350,6 +351,7 @@ class Engine:
             prefilled = rows[row_of[shard, prompt]]
             full = len(prompt) // self.block_size
             self._remember_blocks(shard, prompt, prefilled.blocks[:full])
+            self._groups += 1  # its members hold the same keys for the whole prompt (the partial block copied)
             for n, i in enumerate(members):
                 blocks = prefilled.blocks if n == 0 else self.allocators[shard].share(prefilled.blocks[:full])
                 if n > 0 and full < len(prefilled.blocks):
@@ -358,7 +360,7 @@ class Engine:
                     blocks = blocks + [copy]
                 slot = free[shard].pop(0)
                 sequence = LiveSequence(requests[i], slot, list(blocks), len(prompt), -1, requests[i].max_new_tokens, shard,
-                                     shared=self._shareable(prompt) * self.block_size)
+                                        shared=len(prompt), group=self._groups)
                 sequence.record(new_tokens[i], logprobs[i], policy_logprobs[i], self.version,
                                 set(requests[i].stop_tokens))
                 self._slots[slot] = sequence
@@ -478,10 +480,10 @@ class Engine:
         """The decode chunk's rows, its shared prefixes and their width (`engine_decode`'s `prefixes`, `prefix_width`).
 
         Where the samples of a prompt still run together, the rows are reordered (within each row shard) so
-        that they sit in consecutive groups of `share` rows reading the prompt's blocks once (`plan_prefix_rows`);
+        that they sit in consecutive groups of `share` rows reading the prompt once (`plan_prefix_rows`);
         otherwise (or when the model slides a window, whose distances need all of a row's positions in one
         view) the rows stay in slot order with no prefixes."""
-        groups = collections.Counter(prefix_key(s, self.block_size) for s in running if s is not None)
+        groups = collections.Counter(prefix_key(s) for s in running if s is not None)
         largest = max((n for key, n in groups.items() if key is not None), default=1)
         if largest < 2 or self.config.sliding_window:
             return running, None, 0
@@ -494,7 +496,7 @@ class Engine:
         order, prefix_rows = [], []
         for shard in range(self.num_shards):
             rows = running[shard * self.slots_per_shard:(shard + 1) * self.slots_per_shard]
-            for members, shared in plan_prefix_rows(rows, share, self.block_size):
+            for members, shared in plan_prefix_rows(rows, share):
                 order += members + [None] * (share - len(members))
                 prefix_rows.append(members[0] if shared else None)
         lengths = np.array([0 if s is None else s.shared for s in prefix_rows], np.int32)
@@ -511,7 +513,10 @@ class Engine:
                 self._grow(s, s.length + min(steps, s.remaining))
         running, prefixes, prefix_width = self._chunk_rows(running)
         starts = np.zeros(len(running), np.int32) if prefixes is None else prefixes.starts
-        width = bucket_length(max(s.length - start for s, start in zip(running, starts) if s is not None))
+        # Columns for the positions each row holds past its shared prefix: none in the chunk after a prompt's
+        # samples were prefilled together (their prefix holds the whole prompt).
+        own = max(s.length - start for s, start in zip(running, starts) if s is not None)
+        width = bucket_length(own) if own else 0
         if self.reads_pages_in_place:  # no dense view: one program whatever the lengths
             width = prefix_width = 0
         rows = self.num_slots

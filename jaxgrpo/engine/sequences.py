@@ -78,7 +78,11 @@ class LiveSequence:
     pending: int
     remaining: int  # tokens it may still sample
     shard: int = 0  # the row shard holding its slot and blocks (`blocks` are ids in that shard's part of the pool)
-    shared: int = 0  # its first positions that others may share: its prompt's full blocks but the last token's
+    # Its first `shared` positions hold the same keys and values as those of the other sequences of its `group`
+    # (the samples of a prompt prefilled together: its full blocks shared, its partial last block copied), so a
+    # decode chunk may read them once for the group through any member's blocks.
+    shared: int = 0
+    group: int = -1
     finish_reason: str | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     sampled: list[bool] = dataclasses.field(default_factory=list)
@@ -116,14 +120,15 @@ def token_list(tokens) -> list[int]:
     return [int(t) for t in np.asarray(tokens).reshape(-1)]
 
 
-def prefix_key(sequence: LiveSequence, block_size: int) -> tuple[int, tuple[int, ...]] | None:
-    """The blocks a sequence may share with others of its prompt (its `shared` positions), or None."""
-    return (sequence.shard, tuple(sequence.blocks[:sequence.shared // block_size])) if sequence.shared else None
+def prefix_key(sequence: LiveSequence) -> tuple[int, int] | None:
+    """The sequences whose first `shared` positions a decode chunk may read once for them all have one key (their
+    shard and prefix group); None for a sequence that shares none."""
+    return (sequence.shard, sequence.group) if sequence.shared else None
 
 
-def plan_prefix_rows(rows: Sequence[LiveSequence | None], share: int, block_size: int) -> list[tuple[list[LiveSequence], bool]]:
+def plan_prefix_rows(rows: Sequence[LiveSequence | None], share: int) -> list[tuple[list[LiveSequence], bool]]:
     """`len(rows) // share` groups of at most `share` of the running `rows` (None: an empty slot), each with
-    whether its members share a prompt's blocks (read once for them) or each read their own.
+    whether its members share a prompt's positions (read once for them) or each read their own.
 
     Every running row is in one group. The prompts with the most running samples are given groups first
     (one group per `share` samples), as long as the rows left over still fit the groups that remain, `share`
@@ -133,7 +138,7 @@ def plan_prefix_rows(rows: Sequence[LiveSequence | None], share: int, block_size
     groups: dict[Any, list[LiveSequence]] = {}
     for sequence in rows:
         if sequence is not None:
-            groups.setdefault(prefix_key(sequence, block_size), []).append(sequence)
+            groups.setdefault(prefix_key(sequence), []).append(sequence)
     singles = groups.pop(None, [])
     candidates = sorted(groups.values(), key=len, reverse=True)
     unshared = len(singles) + sum(map(len, candidates))  # rows without a shared group, before any is given one

@@ -265,8 +265,8 @@ def test_decode_reads_a_prompts_shared_blocks_once_and_samples_what_a_view_per_r
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
-def _running(shard, first_block, shared):
-    return SimpleNamespace(shard=shard, blocks=[first_block, 99], shared=shared)
+def _running(shard, group, shared):
+    return SimpleNamespace(shard=shard, group=group, shared=shared)
 
 
 def test_a_chunk_gives_the_prompts_with_most_samples_their_own_prefix_rows_while_the_rest_fit():
@@ -275,13 +275,13 @@ def test_a_chunk_gives_the_prompts_with_most_samples_their_own_prefix_rows_while
     c = [_running(0, 3, 4)]  # the last running sample of its prompt: it reads its prompt in its own view
     alone = [_running(0, 4, 0), _running(0, 5, 0)]
     # 8 rows in 2 groups of 4: the 4 samples of `a` take one; `b` would leave its 4 others no room.
-    assert [(len(m), shared) for m, shared in plan_prefix_rows(a + b + c, 4, block_size=4)] == [(4, True), (4, False)]
+    assert [(len(m), shared) for m, shared in plan_prefix_rows(a + b + c, 4)] == [(4, True), (4, False)]
     # 16 rows: `a` and `b` each get one; `c` and the rows without a shared prompt fill the next; one is empty.
-    plan = plan_prefix_rows(a + [None] + b + c + alone + [None] * 5, 4, block_size=4)
+    plan = plan_prefix_rows(a + [None] + b + c + alone + [None] * 5, 4)
     assert [(m, shared) for m, shared in plan] == [(a, True), (b, True), (alone + c, False), ([], False)]
     # A prompt with more running samples than a group spans groups; every running row is planned once.
     many = [_running(0, 6, 4) for _ in range(6)]
-    plan = plan_prefix_rows(many + [None, None], 4, block_size=4)
+    plan = plan_prefix_rows(many + [None, None], 4)
     assert [(len(m), shared) for m, shared in plan] == [(4, True), (2, True)]
 
 
