@@ -150,12 +150,16 @@ class Engine:
 
     def update_weights(self, model_or_state: Any) -> int:
         """Sample from new weights from now on (a model, or its `nnx.split` state; same structure, no copy).
-        Returns the new policy version."""
+        Returns the new policy version. Live sequences keep the keys and values the old weights cached (an
+        asynchronous trainer's off-policy tokens); a prompt admitted later runs in full under the new ones."""
         state = nnx.split(model_or_state)[1] if isinstance(model_or_state, nnx.Module) else model_or_state
         if jax.tree.structure(state) != jax.tree.structure(self._state):
             raise ValueError("update_weights needs the weights of the engine's model (same structure); got another tree")
         self._state = state
         self.version += 1
+        # The blocks live sequences hold keep the old weights' keys: prompts admitted from now on do not share them.
+        self._prompt_blocks.clear()
+        self._prompt_of_block.clear()
         return self.version
 
     # -- bookkeeping -----------------------------------------------------------------------------

@@ -302,10 +302,19 @@ def test_weights_swap_in_place_and_tokens_carry_the_policy_version():
     _, state = nnx.split(random_model("llama"))
     noise = jax.random.key(3)
     changed = jax.tree.map(lambda x: x + 0.5 * jax.random.normal(noise, x.shape, x.dtype), state)
+    engine.prefill([Request(id=7, prompt=PROMPTS[1], max_new_tokens=4)])  # lives across the update
     assert engine.update_weights(changed) == 1
     (after,) = engine.generate(_requests([PROMPTS[0]], samples=1))
     assert (before.versions == 0).all() and (after.versions == 1).all()
     assert not np.allclose(before.policy_logprobs, after.policy_logprobs, atol=1e-3)
+    # The same prompt after the update shares none of the blocks its old-weights sequence holds, and samples
+    # what an engine made with the new weights samples.
+    engine.prefill([Request(id=8, prompt=PROMPTS[1], max_new_tokens=4)])
+    assert not set(engine._sequences[7].blocks) & set(engine._sequences[8].blocks)
+    fresh = _engine(num_slots=2)
+    fresh.update_weights(changed)
+    expected = fresh.generate([Request(id=8, prompt=PROMPTS[1], max_new_tokens=4)])[0]
+    np.testing.assert_array_equal(engine.decode()[8].tokens, expected.tokens)
     with pytest.raises(ValueError, match="same structure"):
         engine.update_weights({"not": jnp.zeros(3)})
 
