@@ -42,17 +42,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from jaxgrpo.distributed import batch_axes, batch_shards
-from jaxgrpo.engine import paged
 from jaxgrpo.engine.blocks import NULL_BLOCK, BlockAllocator, blocks_for
 from jaxgrpo.engine.programs import (
     STOP_SLOTS,
@@ -60,7 +57,7 @@ from jaxgrpo.engine.programs import (
     copy_program,
     decode_program,
     forward_program,
-    pool_spec,
+    init_pool,
     reads_pages_in_place,
 )
 from jaxgrpo.engine.sequences import Completion, LiveSequence, Request, plan_prefix_rows, prefix_key, token_list
@@ -132,8 +129,7 @@ class Engine:
         # Decode chunks read the blocks in place where the backend can (`programs.reads_pages_in_place`), else
         # through dense views of each chunk's width.
         self.reads_pages_in_place = reads_pages_in_place(model, mesh) if in_place is None else bool(in_place)
-        init = functools.partial(paged.init_paged_cache, model.config, int(num_blocks), self.block_size, model.dtype)
-        self.cache = init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, pool_spec(mesh)))()
+        self.cache = init_pool(model.config, int(num_blocks), self.block_size, model.dtype, mesh)
         self.key = jax.random.key(0) if key is None else key
         self._keyed = key is not None
         self.version = 0

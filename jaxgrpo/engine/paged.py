@@ -16,7 +16,8 @@ kernels that read the blocks in place are its fast forms.
 
 Both move the pool's entries through the program's memory forms (`backend.memory_for_program`): on XLA:CPU a
 bfloat16 pool is gathered and scattered as its bits, since XLA:CPU gathers and scatters bfloat16 through float32
-(a whole-pool conversion each way per call); elsewhere they are the plain operations.
+(a whole-pool conversion each way per call); elsewhere they are the plain operations. The engine keeps its pool
+in that form between programs (`programs.init_pool`), so no program converts it whole on the way in or out.
 """
 
 from __future__ import annotations

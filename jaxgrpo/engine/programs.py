@@ -52,6 +52,27 @@ def _draw(base_keys, indices, logits, samplings: tuple[SamplingParams, ...], cho
     return tuple(jnp.stack(parts)[choice, jnp.arange(logits.shape[0])] for parts in zip(*draws))
 
 
+def init_pool(config, num_blocks: int, block_size: int, dtype, mesh: jax.sharding.Mesh | None = None) -> PagedKVCache:
+    """An empty pool as the engine keeps it between programs: in the program's memory forms' carried form (on
+    XLA:CPU a bfloat16 pool as its bits, which XLA:CPU gathers and scatters in place, where a bfloat16 one it
+    converts whole on the way in and out of every program); laid out over `mesh`'s row shards."""
+    def init():
+        return backends.memory_for_program().to_carry(paged.init_paged_cache(config, num_blocks, block_size, dtype))
+
+    return init() if mesh is None else jax.jit(init, out_shardings=NamedSharding(mesh, pool_spec(mesh)))()
+
+
+def _as_model_reads(cache, dtype):
+    """The pool as `init_pool` keeps it, read as `dtype`: a bitcast, which XLA cancels against the paged reads' and
+    writes' own (`paged`), so the pool's bits are read and written in place."""
+    return backends.memory_for_program().from_carry(cache, dtype)
+
+
+def _as_stored(cache, stored):
+    """The pool back in the form the engine keeps it in (`stored`: the program's input)."""
+    return cache if cache.k.dtype == stored.k.dtype else backends.memory_for_program().to_carry(cache)
+
+
 def pool_spec(mesh: jax.sharding.Mesh) -> P:
     """The pool's layout, [layers, blocks, ...], and a dense view's, [layers, rows, ...]: each row shard its own."""
     return P(None, batch_axes(mesh))
@@ -100,11 +121,11 @@ def engine_forward(graphdef, state, cache, tables, lengths, tokens, counts, samp
     logger.info("compiling engine forward: %d rows x %d tokens after %d cached, %d draws",
                 tokens.shape[0], tokens.shape[1], width, sample_rows.shape[0])
     model = nnx.merge(graphdef, state)
-    last, cache = _hidden_after(model, cache, tables, lengths, tokens, counts, width, mesh)
+    last, pool = _hidden_after(model, _as_model_reads(cache, model.dtype), tables, lengths, tokens, counts, width, mesh)
     logits = model.logits_from_hidden(last[sample_rows])
     positions = (lengths + counts)[sample_rows]
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
-    return (cache, *_draw(base_keys, positions - origins, logits, samplings, choice))
+    return (_as_stored(pool, cache), *_draw(base_keys, positions - origins, logits, samplings, choice))
 
 
 class _DecodeCarry(NamedTuple):
@@ -178,15 +199,17 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
     """
     _COMPILATIONS["decode"] += 1
     model = nnx.merge(graphdef, state)
+    stored, cache = cache, _as_model_reads(cache, model.dtype)
     base_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     packed_weights = model.pack_weights()  # on a CPU, bfloat16 weights packed for one-token products
     if in_place:
         logger.info("compiling engine decode: %d slots reading their blocks in place, %d steps a chunk%s",
                     lengths.shape[0], steps,
                     "" if prefixes is None else f", {prefixes.lengths.shape[0]} shared prefixes")
-        return _paged_decode(model, packed_weights, cache, tables, lengths, pending, running, remaining, stop_tokens,
-                             base_keys, origins, choice, exit_after, prefixes, steps=steps, samplings=samplings,
-                             mesh=mesh)
+        cache, final = _paged_decode(model, packed_weights, cache, tables, lengths, pending, running, remaining,
+                                     stop_tokens, base_keys, origins, choice, exit_after, prefixes, steps=steps,
+                                     samplings=samplings, mesh=mesh)
+        return _as_stored(cache, stored), final
     logger.info("compiling engine decode: %d slots, %d cached columns, %d steps a chunk%s", lengths.shape[0], width,
                 steps, "" if prefixes is None else f", {prefixes.lengths.shape[0]} shared prefixes of {prefix_width}")
     slots = lengths.shape[0]
@@ -215,7 +238,7 @@ def engine_decode(graphdef, state, cache, tables, lengths, pending, running, rem
     final = jax.lax.while_loop(functools.partial(_keep_going, steps=steps, exit_after=exit_after), one_step, carry)
     cache = _write(cache, tables, lengths, forms.from_carry(final.memory, model.dtype), width, final.lengths - lengths,
                    mesh=mesh)
-    return cache, final._replace(memory=None, kv_mask=None)  # the view is written back: not an output
+    return _as_stored(cache, stored), final._replace(memory=None, kv_mask=None)  # the view is written back
 
 
 def reads_pages_in_place(model, mesh) -> bool:
@@ -283,7 +306,9 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
         return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else NamedSharding(mesh, spec))
 
     axes = () if mesh is None else batch_axes(mesh)
-    pool = PagedKVCache(abstract(shape, dtype, P(None, axes)), abstract(shape, dtype, P(None, axes)))
+    with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):  # the forms the programs are traced in
+        stored = jax.eval_shape(lambda: backends.memory_for_program().to_carry(jnp.zeros((), dtype))).dtype
+    pool = PagedKVCache(abstract(shape, stored, P(None, axes)), abstract(shape, stored, P(None, axes)))
     max_blocks = blocks_for(max_context, block_size)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = abstract(key.shape, key.dtype)

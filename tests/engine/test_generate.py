@@ -264,20 +264,27 @@ def test_the_engines_bfloat16_programs_move_the_pool_as_its_bits(program):
     # XLA:CPU gathers and scatters bfloat16 through float32: gathering a chunk's dense view from a bfloat16 pool, or
     # writing new positions into it, converted the whole pool to float32 and back once per call (SmolLM2's pool for
     # 32 slots of 192 positions is 141 MB), and slicing the decode chunk's new columns out of its view converted
-    # the whole view. No instruction may hold a whole pool, or a decode chunk's whole view, in float32.
+    # the whole view. No instruction may hold a whole pool, or a decode chunk's whole view, in float32. And the
+    # engine keeps the pool as its bits between programs (`programs.init_pool`): a bfloat16 pool going in and out
+    # of each program was converted to its bits and back whole (four copies of it a call, 1% of the sampler
+    # benchmark's), so no instruction may hold a whole pool in bfloat16 either.
     config = dataclasses.replace(CONFIGS["llama"], **_DISTINCT_SIZES)
     per_layer = config.num_layers * config.num_kv_heads * config.head_dim
-    whole = {per_layer * _BLOCKS * _BLOCK, per_layer * _SLOTS * (_WIDTH + NEW_TOKENS)}
+    pool_size = per_layer * _BLOCKS * _BLOCK
+    whole = {pool_size, per_layer * _SLOTS * (_WIDTH + NEW_TOKENS)}
     if program == "engine copy":  # copy-on-write of the blocks that hold a prompt's partial last block
-        pool = jax.ShapeDtypeStruct((config.num_layers, _BLOCKS, config.num_kv_heads, _BLOCK, config.head_dim),
-                                    jnp.bfloat16)
+        pool = jax.eval_shape(lambda: programs.init_pool(config, _BLOCKS, _BLOCK, jnp.bfloat16))
+        assert pool.k.dtype == jnp.uint16 and pool.v.dtype == jnp.uint16
         ids = jax.ShapeDtypeStruct((16,), jnp.int32)
-        hlo = programs.copy_program.lower(engine.PagedKVCache(pool, pool), ids, ids, mesh=None).compile().as_text()
+        hlo = programs.copy_program.lower(pool, ids, ids, mesh=None).compile().as_text()
     else:
         _, hlo = _compiled(jnp.bfloat16, "llama", program)
     converted = [(name, opcode) for name, element_type, size, opcode in _hlo_arrays(hlo)
                  if element_type == "f32" and size in whole]
     assert not converted, f"the {program} program holds a whole pool or view in float32: {converted[:3]}"
+    recast = [(name, opcode) for name, element_type, size, opcode in _hlo_arrays(hlo)
+              if element_type == "bf16" and size == pool_size]
+    assert not recast, f"the {program} program converts the whole pool out of its bits: {recast[:3]}"
 
 
 # The decode's weight products: packed for the C++ kernel on this CPU (cpu_matmul, where it is built), or
