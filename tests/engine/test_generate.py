@@ -205,6 +205,13 @@ _DISTINCT_SIZES = dict(num_layers=3, layer_types=("full_attention",) * 3, num_kv
 _SLOTS, _BLOCKS, _BLOCK, _WIDTH = 6, 17, 4, 16
 
 
+def _whole_sizes() -> tuple[int, int]:
+    """Element counts of the programs' pool (k or v) and of a decode chunk's dense view, at the sizes above."""
+    config = dataclasses.replace(CONFIGS["llama"], **_DISTINCT_SIZES)
+    per_layer = config.num_layers * config.num_kv_heads * config.head_dim
+    return per_layer * _BLOCKS * _BLOCK, per_layer * _SLOTS * (_WIDTH + NEW_TOKENS)
+
+
 def _model(dtype=jnp.float32, family="llama", **config_changes):
     if dtype == jnp.float32 and not config_changes:
         return random_model(family)
@@ -248,9 +255,7 @@ def test_the_engines_decode_loop_never_copies_the_pool_or_the_view(dtype):
     # in place: the loop carries the view (a bfloat16 view as its bits, the CPU memory forms' to_carry) and updates
     # it with dynamic-update-slice. The view is gathered from the blocks once before the loop and written back once
     # after it (the program's entry computation).
-    config = dataclasses.replace(CONFIGS["llama"], **_DISTINCT_SIZES)
-    per_layer = config.num_layers * config.num_kv_heads * config.head_dim
-    whole = {per_layer * _BLOCKS * _BLOCK, per_layer * _SLOTS * (_WIDTH + NEW_TOKENS)}
+    whole = set(_whole_sizes())
     _, hlo = _compiled(dtype, "llama", "engine decode")
     in_place = ("parameter", "get-tuple-element", "bitcast", "tuple", "while", "dynamic-update-slice")
     inside = [(name, opcode) for name, _, size, opcode in _unfused_arrays(hlo, skip=("ENTRY",)) if size in whole]
@@ -268,11 +273,10 @@ def test_the_engines_bfloat16_programs_move_the_pool_as_its_bits(program):
     # engine keeps the pool as its bits between programs (`programs.init_pool`): a bfloat16 pool going in and out
     # of each program was converted to its bits and back whole (four copies of it a call, 1% of the sampler
     # benchmark's), so no instruction may hold a whole pool in bfloat16 either.
-    config = dataclasses.replace(CONFIGS["llama"], **_DISTINCT_SIZES)
-    per_layer = config.num_layers * config.num_kv_heads * config.head_dim
-    pool_size = per_layer * _BLOCKS * _BLOCK
-    whole = {pool_size, per_layer * _SLOTS * (_WIDTH + NEW_TOKENS)}
+    pool_size, view_size = _whole_sizes()
+    whole = {pool_size, view_size}
     if program == "engine copy":  # copy-on-write of the blocks that hold a prompt's partial last block
+        config = dataclasses.replace(CONFIGS["llama"], **_DISTINCT_SIZES)
         pool = jax.eval_shape(lambda: programs.init_pool(config, _BLOCKS, _BLOCK, jnp.bfloat16))
         assert pool.k.dtype == jnp.uint16 and pool.v.dtype == jnp.uint16
         ids = jax.ShapeDtypeStruct((16,), jnp.int32)
