@@ -307,7 +307,7 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
 
     axes = () if mesh is None else batch_axes(mesh)
     with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):  # the forms the programs are traced in
-        stored = jax.eval_shape(lambda: backends.memory_for_program().to_carry(jnp.zeros((), dtype))).dtype
+        stored = jax.eval_shape(lambda: init_pool(config, num_blocks, block_size, dtype)).k.dtype  # as Engine keeps it
     pool = PagedKVCache(abstract(shape, stored, P(None, axes)), abstract(shape, stored, P(None, axes)))
     max_blocks = blocks_for(max_context, block_size)
     key = jax.eval_shape(lambda: jax.random.key(0))
