@@ -11,8 +11,8 @@ episode per held-out secret (`greedy_accuracy`, `greedy_turns`) and pass@4.
 Measured (one seed, 2026-11-27, 2-core AMD EPYC, two runs sharing it): `jaxgrpo-train experiments/guess_number.py
 --set steps=15 prompts_per_step=4 group_size=4 micro_batch_size=16 task.num_eval_examples=32 eval_every=15 seed=0`
 raised the greedy success on 32 held-out secrets from 0.00 to 0.34, pass@1 from 0.17 to 0.42 and pass@4 from 0.41
-to 0.75 (the training reward from 0.06 to 0.25-0.50 over the last five steps; ~150 s a step). Three seeds and
-GiGPO beside it (experiments/guess_number_gigpo.py) are not measured yet.
+to 0.75 (the training reward from 0.06 to 0.25-0.50 over the last five steps; ~150 s a step). Seeds and GiGPO
+beside it: `jaxgrpo-study studies/guess_number_credit.py` (docs/studies.md).
 """
 
 import os
