@@ -10,8 +10,8 @@ each seed's run: report.md's "Change over the run" table) has a 95% t-interval a
 reported too (the paper's comparison, on ALFWorld and WebShop), but is not expected to be resolved.
 
 A cell is 20 steps of 4 prompts x 4 episodes (~70-80 s a step on a 2-core CPU) and three evaluations (steps 0,
-10 and 20), about 30 minutes. Ten steps resolved neither rise, and twenty steps over three seeds resolved GRPO's
-and not GiGPO's (one seed fell back; docs/studies.md), hence five seeds.
+10 and 20), about 30 minutes. Ten steps resolved neither rise; twenty steps over three seeds resolved GRPO's and
+not GiGPO's (one seed fell back), hence five seeds; GiGPO's five resolve it (docs/studies.md).
 """
 
 from jaxgrpo.evaluation.study import Study
