@@ -382,6 +382,15 @@ import jax._src.compiler as compiler
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
 
 marker, argv = sys.argv[1], sys.argv[2:]
+# A child inherits its parent's signal mask and ignored signals, so a test process with SIGINT blocked or ignored
+# would hand this run a Ctrl-C it never sees (a shell's never does that). Once, under a full suite's load, a run slept
+# through its SIGINT with the cause unseen: note what was inherited, for the failure message, then take SIGINT as
+# a shell gives it.
+with open(marker, "a") as f:
+    f.write(f"inherited:blocked={signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])},"
+            f"handler={signal.getsignal(signal.SIGINT)!r}\\n".replace(" ", "_"))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+signal.signal(signal.SIGINT, signal.default_int_handler)
 compile_and_load = compiler.backend_compile_and_load
 
 
@@ -429,7 +438,8 @@ def test_ctrl_c_during_compilation_is_one_line_and_exit_130_without_a_crash(tmp_
             time.sleep(2)
             proc.kill()
             out, err = proc.communicate()
-            raise AssertionError(f"no exit 120 s after SIGINT; the run's threads:\n{err[-6000:]}") from None
+            raise AssertionError(f"no exit 120 s after SIGINT; what the run noted ({marker.read_text().split()}) "
+                                 f"and its threads:\n{err[-6000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
