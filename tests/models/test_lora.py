@@ -259,6 +259,9 @@ _RESUME_OVERRIDES = ["steps=4", "checkpoint_every=1", "warmup_sft_steps=2", "eva
                      "task.num_eval_examples=0", "lora.rank=4", "lora.alpha=8.0", "lora.quantize_base=int8"]
 
 
+# Slow tier (`-m slow`); in CI instead: SIGKILL and resume: test_trainer.py; a LoRA checkpoint's contents:
+# test_a_lora_checkpoint_holds_only_the_adapters
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact_under_lora(tmp_path):
     """QLoRA (int8 base) with a warm-up and a KL term: 4 steps straight == 2 steps, SIGKILL, --resume to 4 (same
     adapters, same metrics for steps 3-4). The checkpoints hold the adapters, their Adam moments and the warmed-up

@@ -188,6 +188,10 @@ def test_partial_rollouts_continue_rows_across_a_weight_swap_with_each_tokens_ve
     assert (rollout.policy_version[: waiting * g] == state.step - 2).all()  # a row's version: its oldest token's
 
 
+# Slow tier (`-m slow`); in CI instead: partial rollouts:
+# test_partial_rollouts_continue_rows_across_a_weight_swap_with_each_tokens_version; resume:
+# test_a_resumed_one_step_off_run_is_the_uninterrupted_run
+@pytest.mark.slow
 def test_a_run_with_partial_rollouts_resumes_with_its_carried_groups(tmp_path):
     uninterrupted = Trainer(partial_toy(tmp_path / "a", "steps=5", "checkpoint_every=3")).run(progress=False)
     first = Trainer(partial_toy(tmp_path / "b", "steps=3", "checkpoint_every=3"))

@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from tests.support import kill_resume
 from tests.support.kill_resume import comparable
@@ -84,6 +85,9 @@ def test_kills_at_every_site_then_resume_give_the_uninterrupted_run(tmp_path):
     assert sorted(os.listdir(os.path.join(killed, "checkpoints"))) == ["4", "6", "8"]
 
 
+# Slow tier (`-m slow`); in CI instead: test_kills_at_every_site_then_resume_give_the_uninterrupted_run (kills at
+# every site, no stateful kernel).
+@pytest.mark.slow
 def test_a_stateful_kernels_state_survives_kills_bit_for_bit(tmp_path):
     """SPO's value tracker keeps a Beta posterior per prompt in the train state: killed anywhere (while it
     updates its state too) and resumed, the run ends with the uninterrupted run's state and metrics."""
@@ -102,6 +106,9 @@ def test_a_stateful_kernels_state_survives_kills_bit_for_bit(tmp_path):
     assert comparable(killed) == comparable(straight)
 
 
+# Slow tier (`-m slow`); in CI instead: a resumed one-step-off run:
+# test_async.py::test_a_resumed_one_step_off_run_is_the_uninterrupted_run
+@pytest.mark.slow
 def test_one_step_off_survives_kills_anywhere_bit_for_bit(tmp_path):
     """max_staleness=1: killed while the next step's rollout is sampled in its thread, while the learner updates,
     and while a checkpoint (the behaviour policy's weights beside the learner's) is written, then resumed: the run

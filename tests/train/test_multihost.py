@@ -14,6 +14,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 from jaxgrpo.run.metrics import read_jsonl
 from tests.support.paths import REPO_ROOT
@@ -198,6 +199,9 @@ def test_two_processes_train_save_and_restore_like_one(tmp_path):
     assert [r["step"] for r in read_jsonl(multi / "metrics.jsonl")] == [1, 2]
 
 
+# Slow tier (`-m slow`); in CI instead: one-step-off on one host: test_async.py; two processes:
+# test_two_processes_train_save_and_restore_like_one
+@pytest.mark.slow
 def test_two_processes_one_step_off_each_sampling_on_its_own_devices_train_like_one(tmp_path):
     """One-step-off (`max_staleness=1`) on 2 hosts x 4 devices, each giving 2 to a sampler of its own
     (`mesh.rollout_devices=4`): each host samples its own prompts there in a thread, with no collective between
@@ -279,6 +283,9 @@ _EPISODES_WORKER = textwrap.dedent(
 )
 
 
+# Slow tier (`-m slow`); in CI instead: episodes on one host: test_train_episodes.py; two processes:
+# test_two_processes_train_save_and_restore_like_one
+@pytest.mark.slow
 def test_two_processes_run_their_own_environment_episodes_on_their_own_engines_like_one(tmp_path):
     """GiGPO on two-turn episodes through the rollout engine, 2 hosts x 4 devices: each host runs its own half of
     the step's groups on an engine of its own (its four devices, its copy of the weights), the steps' anchors and
@@ -297,6 +304,9 @@ def test_two_processes_run_their_own_environment_episodes_on_their_own_engines_l
     assert [r["step"] for r in records] == [1, 2] and all(np.isfinite(r["loss"]) for r in records)
 
 
+# Slow tier (`-m slow`); in CI instead: dynamic sampling on one host: test_trainer.py; two processes:
+# test_two_processes_train_save_and_restore_like_one
+@pytest.mark.slow
 def test_two_processes_agree_on_the_rounds_of_dynamic_sampling_through_engines_of_their_own(tmp_path):
     """DAPO's dynamic sampling through each host's own engine (the default sampler), 2 hosts x 4 devices: each
     round samples the most groups either host still lacks, so both hosts run the same rounds with the same number

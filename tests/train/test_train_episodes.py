@@ -270,6 +270,9 @@ Trainer(cfg).run(resume=resume, progress=False, on_step=lambda s, r: armed.__set
 """
 
 
+# Slow tier (`-m slow`); in CI instead: SIGKILL and resume: test_trainer.py and test_fault_injection.py; episode runs: this file's
+# other tests
+@pytest.mark.slow
 def test_a_sigkill_in_the_middle_of_a_multi_turn_step_then_resume_gives_the_uninterrupted_run(tmp_path):
     """GiGPO on three-turn episodes: 2 steps straight == killed inside step 2 (an environment answering a turn while
     the step's episodes are in flight), then --resume: the same records and parameters (the engine's draws depend on
