@@ -52,23 +52,48 @@ def pytest_configure(config):
         config.option.maxworkerrestart = 0
 
 
-#: Seconds each test file took (setup, call and teardown of its tests), summed where the reports arrive: in the
-#: controller of an xdist session, whose workers forward every report.
+#: Seconds each test file took (setup, call and teardown of its tests), and of them the seconds XLA compiled in
+#: the test's process, summed where the reports arrive: in the controller of an xdist session, whose workers
+#: forward every report.
 _FILE_SECONDS: collections.Counter = collections.Counter()
+_FILE_COMPILING: collections.Counter = collections.Counter()
+#: XLA's compile seconds in this process since the last test phase's report (jax's monitoring events).
+_compiling = [0.0]
+
+
+def _count_compiling(event: str, seconds: float, **_) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiling[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compiling)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    report.user_properties.append(("xla_compile_seconds", _compiling[0]))  # travels with the report to the controller
+    _compiling[0] = 0.0
+    return report
 
 
 def pytest_runtest_logreport(report):
-    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] += report.duration
+    _FILE_COMPILING[path] += dict(report.user_properties).get("xla_compile_seconds", 0.0)
 
 
 def pytest_terminal_summary(terminalreporter):
     """The 15 slowest test files after `--durations`' slowest tests: where the suite's time goes, file by file
-    (`--dist loadfile` schedules whole files, so a file is the unit to trim or split)."""
+    (`--dist loadfile` schedules whole files, so a file is the unit to trim or split), and how much of it XLA
+    spent compiling (in the test's own process; not in the processes a test starts)."""
     if not _FILE_SECONDS:
         return
-    terminalreporter.write_sep("=", f"slowest 15 of {len(_FILE_SECONDS)} test files (seconds, all their tests)")
+    total, compiling = sum(_FILE_SECONDS.values()), sum(_FILE_COMPILING.values())
+    terminalreporter.write_sep("=", f"slowest 15 of {len(_FILE_SECONDS)} test files (seconds, all their tests; "
+                                    f"XLA compiling {compiling:.0f} of {total:.0f})")
     for path, seconds in _FILE_SECONDS.most_common(15):
-        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+        terminalreporter.write_line(f"{seconds:8.1f}s {path} (compiling {_FILE_COMPILING[path]:.1f}s)")
 
 
 @pytest.fixture(autouse=True, scope="module")
