@@ -198,9 +198,17 @@ class Checkpointer:
                                                      sharding=a.sharding)
                 if isinstance(a, jax.ShapeDtypeStruct) and array_name(path) in saved else a,
                 abstract)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
-        )
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+            )
+        except Exception as error:  # orbax and tensorstore raise many kinds for unreadable array data
+            if manifest is None or not _saved_as(abstract, manifest["arrays"]):
+                raise
+            # The checkpoint holds every array asked for, as saved: its data files, not the request, are at fault
+            # (a flipped byte inside compressed data fails to decode rather than reading back wrong numbers).
+            raise CheckpointDamaged(f"checkpoint of step {step} in {self.directory} is damaged: its array data "
+                                    f"could not be read ({_first_line(error, 200)})", step, "") from error
         state = restored["state"]
         if manifest is None:
             if not self._said_unverified and jax.process_index() == 0:
@@ -304,6 +312,13 @@ def _on_every_process(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).min())
+
+
+def _saved_as(abstract: Any, saved: dict) -> bool:
+    """Whether the checksum manifest `saved` names every array of `abstract` with its shape."""
+    return all(isinstance(leaf, jax.ShapeDtypeStruct) and array_name(path) in saved
+               and list(saved[array_name(path)].get("shape", leaf.shape)) == list(leaf.shape)
+               for path, leaf in jax.tree_util.tree_leaves_with_path(abstract))
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:

@@ -100,8 +100,9 @@ def test_smollm2_export_matches_and_keeps_the_chat_template(tmp_path):
     mask = np.ones(ids.shape, bool)
     expected = np.asarray(model(jnp.asarray(ids, jnp.int32)))
     logits = torch_logits(str(tmp_path), ids, mask)
-    # 30 layers of float32 in two libraries, logits up to ~30: one of 1.9M logits differs by 1.2e-4 (measured),
-    # the next largest differences are below 1e-4.
+    # 30 layers of float32 in two libraries, logits up to ~30: measured on a 2-core AMD EPYC (AVX2), 1 of 1.9M logits
+    # differs by more than 1e-4 (1.2e-4) with XLA:CPU's code at LLVM -O1, and 123 of them with it at -O0 (the tests'
+    # setting), all within 2e-4.
     assert np.abs(logits - expected).max() <= 2e-4
-    assert (np.abs(logits - expected) > 1e-4).mean() < 1e-5
+    assert (np.abs(logits - expected) > 1e-4).mean() < 2e-4
     assert (logits.argmax(-1) == expected.argmax(-1)).all()
