@@ -21,7 +21,8 @@ def test_ci_runs_the_readmes_test_command_verbatim():
 
 
 def test_the_slow_tier_ci_leaves_out_is_collected_by_its_own_command():
-    """`-m "not slow"` in CI and `-m slow` in the README's paragraph pick disjoint, non-empty sets of tests."""
+    """CI's command deselects the slow tier (`-m "not slow"`), the README names the command that runs it, and that
+    command collects tests (pytest's `-m` makes the two selections complementary)."""
     _, install_and_test = _readme_commands()
     assert '-m "not slow"' in install_and_test
     assert "python -m pytest -q -n 2 --dist loadfile -m slow tests" in open(os.path.join(REPO_ROOT, "README.md")).read()

@@ -44,7 +44,8 @@ class CheckpointError(UserError, RuntimeError):
 
 
 class CheckpointDamaged(CheckpointError):
-    """A checkpoint's array does not match the checksum saved with it: the bytes changed on disk."""
+    """A checkpoint's bytes changed on disk: an array does not match the checksum saved with it (`array` names
+    it), or a checksummed checkpoint's array data no longer decodes (`array` is "")."""
 
     def __init__(self, message: str, step: int, array: str):
         super().__init__(message)

@@ -33,7 +33,8 @@ def trainer(tmp_path_factory):
     cfg = load_experiment(TOY)
     apply_overrides(cfg, [f"run_dir={tmp_path_factory.mktemp('episodes') / 'run'}", "model=random-smollm2-vocab",
                           "environment.name=two_turns", "environment.max_turns=3", "environment.max_context=256",
-                          "prompts_per_step=2", "group_size=4", "sampling.max_new_tokens=8", "sampling.max_prompt_len=64", "steps=2",
+                          "prompts_per_step=2", "group_size=4", "sampling.max_new_tokens=8", "sampling.max_prompt_len=64",
+                          "steps=2",
                           "warmup_sft_steps=0", "checkpoint_every=0", "task.num_eval_examples=3", "eval_every=2",
                           "optimizer.lr=1e-3"])
     return Trainer(cfg)
@@ -270,8 +271,8 @@ Trainer(cfg).run(resume=resume, progress=False, on_step=lambda s, r: armed.__set
 """
 
 
-# Slow tier (`-m slow`); in CI instead: SIGKILL and resume: test_trainer.py and test_fault_injection.py; episode runs: this file's
-# other tests
+# Slow tier (`-m slow`); in CI instead: SIGKILL and resume: test_trainer.py and test_fault_injection.py;
+# episode runs: this file's other tests
 @pytest.mark.slow
 def test_a_sigkill_in_the_middle_of_a_multi_turn_step_then_resume_gives_the_uninterrupted_run(tmp_path):
     """GiGPO on three-turn episodes: 2 steps straight == killed inside step 2 (an environment answering a turn while
