@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import io
 import os
-import re
 import time
 
 import numpy as np
 import pytest
 
 from tests.support.paths import REPO_ROOT
+from tests.support import processes
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -32,15 +32,7 @@ TIME_LIMIT_S = 600  # generous for a loaded CI machine; here each takes well und
 
 def _kernel_env() -> dict:
     """The test session's environment minus conftest's 8 fake devices: a notebook runs on one CPU."""
-    env = dict(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
-    if flags:
-        env["XLA_FLAGS"] = flags
-    else:
-        env.pop("XLA_FLAGS", None)
-    env["JAX_PLATFORMS"] = "cpu"
-    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    return env
+    return processes.child_env(MPLBACKEND="module://matplotlib_inline.backend_inline")
 
 
 def _pngs(notebook) -> list[bytes]:

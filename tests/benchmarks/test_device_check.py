@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.support.paths import REPO_ROOT
+from tests.support import processes
 
 SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "device_check.py")
 
@@ -16,10 +17,9 @@ SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "device_check.py")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check") / "device_check.json"
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
                "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_on_one_step_off"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, "XLA_FLAGS": flags})
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=processes.child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 

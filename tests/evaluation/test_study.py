@@ -17,6 +17,7 @@ from jaxgrpo import intervals
 from jaxgrpo.evaluation import study
 from jaxgrpo.tools import cli
 from tests.support.paths import REPO_ROOT
+from tests.support import processes
 
 ROOT = REPO_ROOT
 
@@ -81,8 +82,7 @@ def _runner_command(path, out, *extra):
 
 def test_two_by_two_study_runs_collates_and_resumes_after_a_kill(tmp_path):
     path, out = write_study(tmp_path), str(tmp_path / "study")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XLA_FLAGS", None)  # the cells run as the command line runs them: one CPU device
+    env = processes.child_env()  # the cells run as the command line runs them: one CPU device
     first = subprocess.Popen(_runner_command(path, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     done = os.path.join(out, "done")
     deadline = time.time() + 300

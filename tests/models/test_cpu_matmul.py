@@ -2,8 +2,6 @@
 references, and the decoder and sampler with packed weights against XLA's products."""
 
 import dataclasses
-import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +16,7 @@ import jaxgrpo.models
 from jaxgrpo import engine, sampler
 from jaxgrpo.models import Decoder, cpu_matmul
 from tests.support.tiny_models import llama_and_gemma3
+from tests.support import processes
 
 pytestmark = pytest.mark.skipif(not cpu_matmul.available(),
                                 reason="the kernel needs a C++ compiler and an AVX512-BF16 CPU")
@@ -178,8 +177,6 @@ def test_concurrent_kernel_calls_finish():
     # now split their work with cpu_parallel.h's ParallelFor, whose caller runs the parts nobody started.
     # One CPU device, as in a real run (the pool's threads are then all the kernels have; with the 8 fake
     # devices of the other tests, the hang did not show).
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    env = {**os.environ, "XLA_FLAGS": flags}
     result = subprocess.run([sys.executable, "-c", _CONCURRENT_CALLS], capture_output=True, text=True, timeout=120,
-                            env=env)
+                            env=processes.child_env())
     assert result.returncode == 0 and "finished" in result.stdout, result.stderr[-2000:]

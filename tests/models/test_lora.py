@@ -231,6 +231,7 @@ def test_a_non_finite_lora_update_is_skipped_keeping_the_adapters_bit_for_bit(tm
 
 
 @pytest.mark.parametrize("quantize_base", [None, "nf4"])
+@pytest.mark.usefixtures("users_matmul_precision")
 def test_compiled_for_a_tpu_the_programs_train_the_adapters_and_take_the_base_as_input(quantize_base):
     """`jaxgrpo-compile` of a LoRA run (the rollout engine's programs and the update): the trained parameters are the
     adapters, the report names the settings, and the update's inputs hold the read-only base (its weights are

@@ -18,19 +18,17 @@ import jax
 import numpy as np
 
 from jaxgrpo.run.metrics import read_jsonl
+from tests.support import processes
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 
 
 def child_env(cache_dir: str | os.PathLike) -> dict:
-    """The environment of a run under test: one CPU device, a compilation cache at `cache_dir` shared by the runs,
-    LLVM at -O1 like the suite (tests/conftest.py)."""
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu",
-                XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=1",
-                JAX_ENABLE_COMPILATION_CACHE="true",
-                JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    """The environment of a run under test: one CPU device, the suite's compile settings (tests/conftest.py), a
+    compilation cache at `cache_dir` shared by the runs."""
+    return processes.child_env(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 _EXPERIMENT_SCRIPT = """

@@ -27,6 +27,7 @@ import pytest
 from jaxgrpo.config import apply_overrides, load_experiment, to_dict
 from jaxgrpo.tools import cli
 from tests.support.paths import REPO_ROOT
+from tests.support import processes
 
 ROOT = REPO_ROOT
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -352,9 +353,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
 
 
 def _child_env():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # as a user runs it: one CPU device
-    return env
+    return processes.child_env()  # as a user runs it: one CPU device
 
 
 def test_an_error_after_the_model_is_built_is_one_line_from_the_program(tmp_path):

@@ -36,6 +36,10 @@ CASES = {
 CHIPS = {ONE_HOST: (8, 2, 16 * aot.GiB), POD: (16, 4, 95 * aot.GiB)}  # chips, hosts, HBM per chip
 
 
+# Every program compiles as `jaxgrpo-compile` compiles it for a user.
+pytestmark = pytest.mark.usefixtures("users_matmul_precision")
+
+
 def _config(path, *overrides):
     cfg = load_experiment(path)
     apply_overrides(cfg, list(overrides))

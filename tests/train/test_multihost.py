@@ -18,6 +18,7 @@ import pytest
 
 from jaxgrpo.run.metrics import read_jsonl
 from tests.support.paths import REPO_ROOT
+from tests.support import processes
 
 ROOT = REPO_ROOT
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")
@@ -97,9 +98,7 @@ def _free_port() -> int:
 
 
 def _start(script, num_processes, process_id, port, run_dir, out, mode, devices, overrides=""):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+    env = processes.child_env(devices)
     args = [sys.executable, str(script), str(num_processes), str(process_id), str(port), str(run_dir), str(out), mode,
             overrides]
     with open(f"{out}.log", "w") as log:  # a file, not a pipe: nobody reads a pipe while the run goes on
