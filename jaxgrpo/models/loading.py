@@ -67,16 +67,18 @@ def load_config(source: str) -> DecoderConfig:
         return architectures.decoder_config(path)
     path = _resolve(path)
     if path.endswith(".gguf"):
-        from gguf import GGUFReader
+        from jaxgrpo.models import gguf_file
 
         if not os.path.exists(path):
             raise WeightFileError(f"GGUF file {path} does not exist")
-        reader = GGUFReader(path)
-        tensors = {t.name: t for t in reader.tensors}
+        try:
+            metadata, gguf_tensors = gguf_file.read(path)
+        except Exception as error:
+            raise WeightFileError(f"cannot read GGUF file {path}: {error}") from error
+        tensors = {t.name: t for t in gguf_tensors}
         if "token_embd.weight" not in tensors:
             raise WeightFileError(f"{path}: tensor 'token_embd.weight' is missing")
-        metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-        # gguf-py gives shapes in ggml's order, fastest axis first: the vocabulary is the last.
+        # Shapes in ggml's order, fastest axis first: the vocabulary is the last.
         return from_gguf_metadata(metadata, vocab_size=int(tensors["token_embd.weight"].shape[-1]),
                                   tie_word_embeddings="output.weight" not in tensors)
     return _read_hf_config(path)[0]

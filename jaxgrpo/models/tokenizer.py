@@ -2,7 +2,7 @@
 
 A Hugging Face model directory is read by transformers' fast (Rust `tokenizers`) classes. A GGUF file
 has no `tokenizer.json`: its vocabulary, merges, token types, special token ids and chat template are
-metadata under llama.cpp's key names, which gguf-py reads. `tokenizer_from_gguf_metadata` builds the
+metadata under llama.cpp's key names, which `jaxgrpo.models.gguf_file` reads. `tokenizer_from_gguf_metadata` builds the
 `tokenizers.Tokenizer` they describe and wraps it in a `PreTrainedTokenizerFast`, so `encode`,
 `batch_decode` and `apply_chat_template` work as for any Hugging Face tokenizer. The token ids equal
 those of transformers' own GGUF conversion (tests/models/test_models_tokenizer.py), which imports torch.
@@ -46,14 +46,10 @@ BYTE_LEVEL_SPLITS = {
 def load_tokenizer(source: str):
     """The tokenizer of a Hugging Face model directory or a `.gguf` file, or None if the directory has none."""
     if source.endswith(".gguf"):
-        from gguf import GGUFReader
+        from jaxgrpo.models import gguf_file
 
-        reader = GGUFReader(source)
-        return tokenizer_from_gguf_metadata(
-            {key: field.contents() for key, field in reader.fields.items()
-             if key.startswith("tokenizer.") or key == "general.architecture"},
-            source,
-        )
+        metadata, _ = gguf_file.read(source)
+        return tokenizer_from_gguf_metadata(metadata, source)
     if not any(os.path.exists(os.path.join(source, name)) for name in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
@@ -62,8 +58,8 @@ def load_tokenizer(source: str):
 
 
 def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any], source: str = "the GGUF file"):
-    """A `PreTrainedTokenizerFast` from a GGUF file's metadata (gguf-py's field contents): its `tokenizer.*`
-    keys and `general.architecture`."""
+    """A `PreTrainedTokenizerFast` from a GGUF file's metadata (`gguf_file.read`'s, or gguf-py's field contents):
+    its `tokenizer.*` keys and `general.architecture`."""
     from transformers import PreTrainedTokenizerFast
 
     kind = metadata.get("tokenizer.ggml.model")

@@ -5,7 +5,7 @@ layout (`model.layers.3.self_attn.q_proj.weight`, weights as [out, in]); `decode
 stacks the layers and transposes to the decoder's [in, out] / per-head layout.
 
 * safetensors: `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
-* GGUF: tensors dequantized to float32 by gguf-py. llama.cpp stores Llama's q/k projection rows
+* GGUF: read by `gguf_file`, tensors dequantized to float32 by gguf-py. llama.cpp stores Llama's q/k projection rows
   permuted for its interleaved RoPE and Gemma's norm weights as `1 + w`; both are undone here.
 """
 
@@ -75,21 +75,22 @@ def _unpermute_llama_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(metadata, tensors) of a GGUF file; tensors dequantized to float32 under Hugging Face names."""
-    from gguf import GGUFReader, dequantize
+    from gguf import dequantize
+
+    from jaxgrpo.models import gguf_file
 
     if not os.path.exists(path):
         raise WeightFileError(f"GGUF file {path} does not exist")
     try:
-        reader = GGUFReader(path)
-    except Exception as error:  # gguf-py raises ValueError/struct errors on a bad header
+        # Every key, the tokenizer's too (`tokenizer.*`): one read of the file serves the model and its tokenizer.
+        metadata, gguf_tensors = gguf_file.read(path)
+    except Exception as error:
         raise WeightFileError(f"cannot read GGUF file {path}: {error}") from error
-    # Every key, the tokenizer's too (`tokenizer.*`): one read of the file serves the model and its tokenizer.
-    metadata = {key: field.contents() for key, field in reader.fields.items()}
     arch = metadata.get("general.architecture")
     ffn_norm = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
 
     tensors: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
+    for tensor in gguf_tensors:
         stem, kind = tensor.name.rsplit(".", 1)
         if stem.startswith("blk."):
             _, layer, short = stem.split(".", 2)
