@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.support.paths import REPO_ROOT
 from tests.support import processes
+from tests.support.paths import REPO_ROOT
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
 from tests.support import processes
+from tests.support.paths import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "device_check.py")
 

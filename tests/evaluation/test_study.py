@@ -16,8 +16,8 @@ import pytest
 from jaxgrpo import intervals
 from jaxgrpo.evaluation import study
 from jaxgrpo.tools import cli
-from tests.support.paths import REPO_ROOT
 from tests.support import processes
+from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 

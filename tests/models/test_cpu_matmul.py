@@ -15,8 +15,8 @@ from flax import nnx
 import jaxgrpo.models
 from jaxgrpo import engine, sampler
 from jaxgrpo.models import Decoder, cpu_matmul
-from tests.support.tiny_models import llama_and_gemma3
 from tests.support import processes
+from tests.support.tiny_models import llama_and_gemma3
 
 pytestmark = pytest.mark.skipif(not cpu_matmul.available(),
                                 reason="the kernel needs a C++ compiler and an AVX512-BF16 CPU")

@@ -52,7 +52,8 @@ def _write(path, endianess):
     writer.add_tensor("plain.weight", weights)
     writer.add_tensor("half.weight", weights.astype(np.float16))
     if endianess == GGUFEndian.LITTLE:  # gguf-py writes quantized blocks little-endian only
-        writer.add_tensor("q8.weight", quantize(weights, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+        q8 = GGMLQuantizationType.Q8_0
+        writer.add_tensor("q8.weight", quantize(weights, q8), raw_dtype=q8)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -28,7 +28,8 @@ def child_env(cache_dir: str | os.PathLike) -> dict:
     """The environment of a run under test: one CPU device, the suite's compile settings (tests/conftest.py), a
     compilation cache at `cache_dir` shared by the runs."""
     return processes.child_env(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-                               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+                               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 _EXPERIMENT_SCRIPT = """

@@ -26,8 +26,8 @@ import pytest
 
 from jaxgrpo.config import apply_overrides, load_experiment, to_dict
 from jaxgrpo.tools import cli
-from tests.support.paths import REPO_ROOT
 from tests.support import processes
+from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from jaxgrpo.run.metrics import read_jsonl
-from tests.support.paths import REPO_ROOT
 from tests.support import processes
+from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 TOY = os.path.join(ROOT, "experiments", "toy_sum.py")

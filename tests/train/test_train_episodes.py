@@ -33,10 +33,9 @@ def trainer(tmp_path_factory):
     cfg = load_experiment(TOY)
     apply_overrides(cfg, [f"run_dir={tmp_path_factory.mktemp('episodes') / 'run'}", "model=random-smollm2-vocab",
                           "environment.name=two_turns", "environment.max_turns=3", "environment.max_context=256",
-                          "prompts_per_step=2", "group_size=4", "sampling.max_new_tokens=8", "sampling.max_prompt_len=64",
-                          "steps=2",
-                          "warmup_sft_steps=0", "checkpoint_every=0", "task.num_eval_examples=3", "eval_every=2",
-                          "optimizer.lr=1e-3"])
+                          "prompts_per_step=2", "group_size=4", "sampling.max_new_tokens=8",
+                          "sampling.max_prompt_len=64", "steps=2", "warmup_sft_steps=0", "checkpoint_every=0",
+                          "task.num_eval_examples=3", "eval_every=2", "optimizer.lr=1e-3"])
     return Trainer(cfg)
 
 
