@@ -56,6 +56,7 @@ def decode_breakdown(model, prompts, samples: int, steps: int, calls: int, conte
     def chunk(trace_dir: str | None = None) -> float:
         """Seconds of one decode chunk after a prefill of the requests (traced into `trace_dir` if given)."""
         engine.prefill(requests)
+        jax.block_until_ready(engine.cache)  # the prefill's block copies finish outside the traced chunk
         with jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext():
             start = time.perf_counter()
             engine.decode()
