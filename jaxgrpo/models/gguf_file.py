@@ -18,7 +18,7 @@ import numpy as np
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _STRING, _ARRAY = 8, 9
-#: GGUF's scalar value types: struct format and numpy dtype (little-endian; the byte order is set per file).
+#: GGUF's scalar value types and their `struct` formats (the byte order is set per file).
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 #: Tensor types stored as plain numbers (the rest are quantized blocks, read as bytes).
 _PLAIN = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}

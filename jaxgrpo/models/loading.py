@@ -14,7 +14,7 @@ from jaxgrpo.models import architectures, registry
 from jaxgrpo.models.config import DecoderConfig, from_gguf_metadata, from_hf_config
 from jaxgrpo.models.decoder import Decoder
 from jaxgrpo.models.tokenizer import load_tokenizer, tokenizer_from_gguf_metadata
-from jaxgrpo.models.weights import (WeightFileError, decoder_params, language_model_tensors, read_gguf,
+from jaxgrpo.models.weights import (WeightFileError, decoder_params, language_model_tensors, open_gguf, read_gguf,
                                     read_safetensors)
 
 
@@ -67,14 +67,7 @@ def load_config(source: str) -> DecoderConfig:
         return architectures.decoder_config(path)
     path = _resolve(path)
     if path.endswith(".gguf"):
-        from jaxgrpo.models import gguf_file
-
-        if not os.path.exists(path):
-            raise WeightFileError(f"GGUF file {path} does not exist")
-        try:
-            metadata, gguf_tensors = gguf_file.read(path)
-        except Exception as error:
-            raise WeightFileError(f"cannot read GGUF file {path}: {error}") from error
+        metadata, gguf_tensors = open_gguf(path)
         tensors = {t.name: t for t in gguf_tensors}
         if "token_embd.weight" not in tensors:
             raise WeightFileError(f"{path}: tensor 'token_embd.weight' is missing")

@@ -2,8 +2,8 @@
 
 A Hugging Face model directory is read by transformers' fast (Rust `tokenizers`) classes. A GGUF file
 has no `tokenizer.json`: its vocabulary, merges, token types, special token ids and chat template are
-metadata under llama.cpp's key names, which `jaxgrpo.models.gguf_file` reads. `tokenizer_from_gguf_metadata` builds the
-`tokenizers.Tokenizer` they describe and wraps it in a `PreTrainedTokenizerFast`, so `encode`,
+metadata under llama.cpp's key names, which `jaxgrpo.models.gguf_file` reads. `tokenizer_from_gguf_metadata`
+builds the `tokenizers.Tokenizer` they describe and wraps it in a `PreTrainedTokenizerFast`, so `encode`,
 `batch_decode` and `apply_chat_template` work as for any Hugging Face tokenizer. The token ids equal
 those of transformers' own GGUF conversion (tests/models/test_models_tokenizer.py), which imports torch.
 

@@ -5,8 +5,8 @@ layout (`model.layers.3.self_attn.q_proj.weight`, weights as [out, in]); `decode
 stacks the layers and transposes to the decoder's [in, out] / per-head layout.
 
 * safetensors: `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
-* GGUF: read by `gguf_file`, tensors dequantized to float32 by gguf-py. llama.cpp stores Llama's q/k projection rows
-  permuted for its interleaved RoPE and Gemma's norm weights as `1 + w`; both are undone here.
+* GGUF: read by `gguf_file`, tensors dequantized to float32 by gguf-py. llama.cpp stores Llama's q/k projection
+  rows permuted for its interleaved RoPE and Gemma's norm weights as `1 + w`; both are undone here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxgrpo.errors import UserError
+from jaxgrpo.models import gguf_file
 from jaxgrpo.models.config import DecoderConfig
 
 
@@ -73,19 +74,22 @@ def _unpermute_llama_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(metadata, tensors) of a GGUF file; tensors dequantized to float32 under Hugging Face names."""
-    from gguf import dequantize
-
-    from jaxgrpo.models import gguf_file
-
+def open_gguf(path: str) -> tuple[dict[str, Any], list[gguf_file.Tensor]]:
+    """`gguf_file.read(path)`, a missing or unreadable file a `WeightFileError` naming it."""
     if not os.path.exists(path):
         raise WeightFileError(f"GGUF file {path} does not exist")
     try:
-        # Every key, the tokenizer's too (`tokenizer.*`): one read of the file serves the model and its tokenizer.
-        metadata, gguf_tensors = gguf_file.read(path)
+        return gguf_file.read(path)
     except Exception as error:
         raise WeightFileError(f"cannot read GGUF file {path}: {error}") from error
+
+
+def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(metadata, tensors) of a GGUF file; tensors dequantized to float32 under Hugging Face names. The metadata
+    holds every key, the tokenizer's too (`tokenizer.*`): one read of the file serves the model and its tokenizer."""
+    from gguf import dequantize
+
+    metadata, gguf_tensors = open_gguf(path)
     arch = metadata.get("general.architecture")
     ffn_norm = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
 

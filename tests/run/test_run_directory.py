@@ -26,6 +26,7 @@ from jaxgrpo.run.metrics import MetricsWriter, read_jsonl
 from jaxgrpo.run.rundir import RunDirectory, RunDirectoryError
 from jaxgrpo.tools.cli import plot_main, train_main
 from jaxgrpo.train import NoLearningSignal, NonFiniteUpdates, Trainer
+from tests.support import processes
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -173,8 +174,8 @@ time.sleep(600)
 
 def test_a_second_writer_fails_at_once_naming_the_holder_and_a_killed_holder_frees_the_directory(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, run_dir], stdout=subprocess.PIPE, text=True, env=env)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, run_dir], stdout=subprocess.PIPE, text=True,
+                              env=processes.child_env())
     try:
         assert holder.stdout.readline().strip() == "locked"
         started = time.monotonic()
