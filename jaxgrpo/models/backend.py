@@ -21,6 +21,7 @@ from typing import NamedTuple
 from jaxgrpo.models import attention as attention_implementations
 from jaxgrpo.models import cpu_forms, cpu_kernels, memory_forms
 from jaxgrpo.models.attention import pallas_decode
+from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows, write_new_tokens
 from jaxgrpo.models.partitioning import active_mesh
 
 
@@ -60,6 +61,12 @@ class Backend(NamedTuple):
                                                            query_positions=query_positions, mesh=mesh)
 
         return attention_implementations.with_window(run, sliding, window)
+
+    def write_pages(self, rows: PagedRows, keys, values, valid, mesh) -> PagedKVCache:
+        """The pool of `rows` with a paged step's new keys and values [L, R, kv, T, D] written where `valid` [R, T]
+        (`paged_cache.write_new_tokens`), in the form the attention implementation asks for
+        (`paged_writes_each`: one position at a time where a scatter would relayout the pool its kernel reads)."""
+        return write_new_tokens(rows, keys, values, valid, mesh, each=self.attention.paged_writes_each)
 
 
 _FORCE_CPU_FORMS = [False]

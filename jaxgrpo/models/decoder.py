@@ -94,7 +94,7 @@ from jaxgrpo.models.layers import (
     rope_tables,
 )
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
-from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows, write_new_tokens
+from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
 if TYPE_CHECKING:
@@ -394,7 +394,7 @@ class Decoder(nnx.Module):
 
         def write(new_kv):  # [L, B, T, kv, D] -> the pool's heads-major blocks
             keys, values = (jnp.swapaxes(x, 2, 3) for x in new_kv)
-            return write_new_tokens(cache, keys, values, valid, pool_mesh)
+            return backend.write_pages(cache, keys, values, valid, pool_mesh)
 
         return self._layers(tokens, positions, attention, weights_mesh, backend, packed_weights=packed_weights,
                             write_kv=write)

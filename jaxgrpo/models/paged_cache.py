@@ -10,8 +10,8 @@ rows that are not running) go there, and nothing reads it.
 reads and writes. `PagedRows` is what `Decoder.paged_decode_step` takes: the pool, the rows' tables and the
 positions each row reads. The rollout engine (`jaxgrpo.engine`) owns the pool and the tables; the decoder reads the
 rows' blocks in place through the backend's paged reader (`Backend.paged_state`: a Pallas kernel on TPU and GPU)
-and writes the new tokens' keys and values to their blocks (`write_new_tokens`, one position at a time:
-`write_each`). On a mesh each row shard holds its own blocks and rows (`per_shard`). The engine's chunked prefill
+and writes the new tokens' keys and values to their blocks (`write_new_tokens`, in the form the backend's reader
+keeps the pool's layout with, `Backend.write_pages`: one scatter, or one position at a time on a TPU). On a mesh each row shard holds its own blocks and rows (`per_shard`). The engine's chunked prefill
 writes many positions at once (`write_rows`).
 """
 
@@ -107,9 +107,11 @@ def write_each(pool_k: jax.Array, pool_v: jax.Array, tables: jax.Array, position
 
 
 def write_new_tokens(rows: PagedRows, keys: jax.Array, values: jax.Array, valid: jax.Array,
-                     mesh: jax.sharding.Mesh | None) -> PagedKVCache:
+                     mesh: jax.sharding.Mesh | None, *, each: bool = False) -> PagedKVCache:
     """The pool with each row's T new keys and values [L, R, kv, T, D] written at its positions `lengths[r] + t`
-    where `valid` [R, T], on each of the mesh's row shards (their blocks and tables of local ids)."""
+    where `valid` [R, T], on each of the mesh's row shards (their blocks and tables of local ids): one position at
+    a time (`write_each`) or, without `each`, one scatter (`write_rows`)."""
     positions = rows.lengths[:, None] + jnp.arange(keys.shape[3])[None]
-    write = per_shard(write_each, mesh, ("pool", "pool", "rows", "rows", "rows", "pool", "pool"), ("pool", "pool"))
+    write = per_shard(write_each if each else write_rows, mesh,
+                      ("pool", "pool", "rows", "rows", "rows", "pool", "pool"), ("pool", "pool"))
     return PagedKVCache(*write(*rows.pool, rows.tables, positions, valid, keys, values))

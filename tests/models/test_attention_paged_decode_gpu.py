@@ -1,6 +1,6 @@
 """The Pallas GPU (Triton) paged decode kernel (`pallas_gpu_decode.paged_attention_state`), interpreted on this CPU,
 against the XLA reference `xla_paged_attention_state`; its lowering for an H100 through Triton; its place behind
-`pallas_gpu.paged_state`."""
+`pallas_gpu.paged_state`; how a paged step writes its new positions on a GPU (one scatter) and on a TPU."""
 
 import functools
 import re
@@ -9,11 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxgrpo.models import Decoder
 from jaxgrpo.models.attention import pallas_gpu, pallas_gpu_decode
 from jaxgrpo.models.attention.pallas_decode import xla_paged_attention_state
-from tests.models.test_attention_paged_decode import HEAD_DIM, _assert_states_close, _pool, assert_every_fill_level
+from jaxgrpo.models.paged_cache import NULL_BLOCK, PagedKVCache, PagedRows, write_new_tokens
+from tests.models.test_attention_paged_decode import (HEAD_DIM, KV_HEADS, LAYERS, _assert_states_close, _pool,
+                                                       assert_every_fill_level)
+from tests.support.tiny_models import llama_and_gemma3
 
 SCALE = HEAD_DIM ** -0.5
 
@@ -123,3 +128,68 @@ def test_lowers_for_an_h100_through_triton():
             text = jax.jit(step).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
         assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {"__gpu$xla.gpu.triton"}
         assert re.findall(r'name = "(paged\w+)"', text) == ["paged_attention_state_gpu"]
+
+
+def test_the_pools_new_positions_are_written_the_same_by_a_scatter_and_one_at_a_time():
+    """`write_new_tokens` as one scatter (every backend but `pallas_tpu`) and one position at a time (`pallas_tpu`):
+    the same pool, each row's valid new positions at `lengths + t` through its table, the rest left alone (what is
+    not valid goes to the null block, which nothing reads)."""
+    rows, max_blocks, block_size, length = 5, 3, 4, 2
+    num_blocks = rows * max_blocks + 2
+    rng = np.random.default_rng(3)
+    tables = (1 + rng.permutation(num_blocks - 1)[:rows * max_blocks]).reshape(rows, max_blocks).astype(np.int32)
+    lengths = np.array([0, 3, 7, 10, 5], np.int32)
+    valid = np.array([[1, 1], [1, 0], [1, 1], [1, 1], [0, 0]], bool)
+    shape = (LAYERS, num_blocks, KV_HEADS, block_size, HEAD_DIM)
+    keys = jax.random.split(jax.random.key(0), 4)
+    pool = PagedKVCache(*(jax.random.normal(k, shape, jnp.float32) for k in keys[:2]))
+    new_k, new_v = (jax.random.normal(k, (LAYERS, rows, KV_HEADS, length, HEAD_DIM), jnp.float32) for k in keys[2:])
+    paged = PagedRows(pool, tables, np.zeros(rows, np.int32), lengths)
+    scattered, each = (jax.jit(functools.partial(write_new_tokens, mesh=None, each=each))(paged, new_k, new_v, valid)
+                       for each in (False, True))
+    expected = [np.array(x) for x in pool]
+    for r, t in zip(*np.nonzero(valid)):
+        position = lengths[r] + t
+        for want, new in zip(expected, (new_k, new_v)):
+            want[:, tables[r, position // block_size], :, position % block_size] = new[:, r, :, t]
+    for got in (scattered, each):
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(np.asarray(a)[:, NULL_BLOCK + 1:], b[:, NULL_BLOCK + 1:])
+
+
+def _lowered_paged_step(attention: str, device, platform: str) -> str:
+    """StableHLO of a Llama-shaped toy's `Decoder.paged_decode_step` (bfloat16, 4 rows of 8 blocks of 16) lowered
+    for `platform` under an abstract one-device mesh of `device`."""
+    config = llama_and_gemma3(sliding_window=8)["llama"]
+    model = Decoder(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    model.attention = attention
+    graphdef, state = nnx.split(model)
+    rows, max_blocks, block_size = 4, 8, 16
+    pool = jax.ShapeDtypeStruct((config.num_layers, rows * max_blocks + 1, config.num_kv_heads, block_size,
+                                 config.head_dim), jnp.bfloat16)
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    mesh = jax.sharding.AbstractMesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device)
+
+    def step(state, tokens, pool_k, pool_v, tables, starts, lengths):
+        rows = PagedRows(PagedKVCache(pool_k, pool_v), tables, starts, lengths)
+        return nnx.merge(graphdef, state).paged_decode_step(tokens, cache=rows)
+
+    with jax.sharding.use_abstract_mesh(mesh):
+        traced = jax.jit(step).trace(jax.eval_shape(lambda: state), ints(rows, 1), pool, pool, ints(rows, max_blocks),
+                                     ints(rows), ints(rows))
+        return traced.lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_a_gpu_decode_step_writes_its_new_positions_with_one_scatter_and_a_tpus_one_at_a_time():
+    """Lowered for an H100, a paged decode step has one loop (the layer scan) and writes the keys and values with
+    two scatters: one position at a time would be a `while` of rows x new tokens iterations a step, on a GPU a
+    kernel launch and a host round trip each (128 a step at the engine's batch; compiled for an H100 that loop was
+    384 of a decode step's 1,620 kernels). Lowered for a TPU (`pallas_tpu`) it keeps the loop, so the pool keeps the
+    layout its kernel reads."""
+    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
+    tpu = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+    count = lambda op, text: len(re.findall(rf'"?stablehlo\.{op}"?\(', text))  # noqa: E731
+    gpu = _lowered_paged_step("pallas_gpu", h100, "cuda")
+    assert (count("while", gpu), count("scatter", gpu)) == (1, 2)
+    tpu = _lowered_paged_step("pallas_tpu", tpu, "tpu")
+    assert (count("while", tpu), count("scatter", tpu)) == (2, 0)

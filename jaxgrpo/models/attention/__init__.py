@@ -99,6 +99,11 @@ class AttentionImplementation(NamedTuple):
     `pallas_decode.paged_attention_state` defines it (`pallas_tpu`: that kernel; `pallas_gpu`: `pallas_gpu_decode`'s). Where it is None the decoder
     reads a paged pool with `pallas_decode.xla_paged_attention_state` (a gather of every row's blocks: the
     reference, which the rollout engine leaves for its dense views).
+    paged_writes_each: how a paged step writes its new keys and values into the pool
+    (`paged_cache.write_new_tokens`): one position at a time (True: `pallas_tpu`, since a scatter lets the TPU
+    compiler give the pool the layout it prefers for a scatter, and its kernel then reads a relayout copy of
+    the whole pool every step) or one scatter (False: elsewhere; on a GPU the loop would be R x T iterations of a
+    `while` a step, each a kernel launch and a host round trip, where the scatter is one kernel in place).
     """
 
     name: str
@@ -107,6 +112,7 @@ class AttentionImplementation(NamedTuple):
     attend: Callable[..., jax.Array]
     cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array] | None] | None = None
     paged_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
+    paged_writes_each: bool = False
 
 
 def get(name: str) -> AttentionImplementation:

@@ -295,4 +295,4 @@ def paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, w
 
 IMPLEMENTATION = AttentionImplementation(
     name="pallas_tpu", platforms=("tpu", "cpu"), prepare=prepare, attend=attend,
-    cache_state=cache_state, paged_state=paged_state)
+    cache_state=cache_state, paged_state=paged_state, paged_writes_each=True)
