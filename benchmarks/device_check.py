@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants engine,engine-views,engine-graphs] [--trace-dir DIR]
+        [--decode-variants engine,engine-views,engine-graphs,engine-gemms-in-place] [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
@@ -24,7 +24,9 @@ it measured):
 * `decode_loop`: the same through the engine's decode variants side by side (`--decode-variants`): "engine", as
   jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-views",
   through dense views of its blocks (the form the paged kernel replaces); "engine-graphs", its decode chunk
-  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); with `--trace-dir`, a
+  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-gemms-in-place", its
+  GEMMs through cuBLAS reading each layer's weights in place (no copy of the stacked weights a step); with
+  `--trace-dir`, a
   jax.profiler trace of one short run of the engine and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
@@ -359,28 +361,33 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
 
 @dataclasses.dataclass(frozen=True)
 class DecodeVariant:
-    """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `graphs` compiles its
-    decode chunks with `GRAPH_OPTIONS` (`decode_compiled_with_graphs`)."""
+    """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `options`, XLA compiler
+    options its decode chunks are compiled with (`decode_compiled_with`; only XLA:GPU reads these)."""
 
     in_place: bool | None = None
-    graphs: bool = False
+    options: tuple[tuple[str, object], ...] = ()
 
+
+#: XLA command buffers with WHILE and CONDITIONAL nodes: a decode chunk's whole `lax.while_loop` as CUDA graphs.
+GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
+#: Every GEMM through cuBLAS, none merged with its neighbours: each projection then reads its layer's slice of the
+#: stacked weights in place (XLA's dynamic-slice fusion), where Triton GEMMs read a copy of it made every step
+#: (compiled for an H100 without a GPU, `benchmarks/gpu_programs.py`: 888 MB of copies a decode step -> 7.5 MB).
+GEMMS_IN_PLACE_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_dot_merger_threshold_mb": 0}
 
 #: The engine's decode variants the `decode_loop` section times side by side: "engine" as jaxgrpo runs it (the
 #: backend chooses: its paged kernel reads the pool in place on a GPU), "engine-views" through dense views gathered
-#: once a chunk (the form the paged kernel replaces), "engine-graphs" its decode chunks compiled with XLA command
-#: buffers with WHILE and CONDITIONAL nodes (a chunk's whole `lax.while_loop` as CUDA graphs; only XLA:GPU reads
-#: the options).
+#: once a chunk (the form the paged kernel replaces), "engine-graphs" its decode chunks compiled with
+#: `GRAPH_OPTIONS`, "engine-gemms-in-place" with `GEMMS_IN_PLACE_OPTIONS`.
 DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_place=False),
-                   "engine-graphs": DecodeVariant(graphs=True)}
-GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
+                   "engine-graphs": DecodeVariant(options=tuple(GRAPH_OPTIONS.items())),
+                   "engine-gemms-in-place": DecodeVariant(options=tuple(GEMMS_IN_PLACE_OPTIONS.items()))}
 
 
 @contextlib.contextmanager
-def decode_compiled_with_graphs():
+def decode_compiled_with(options: dict):
     """Within it, the engine's decode chunks are the library's decode program (`programs.engine_decode`, the same
-    static and donated arguments) jitted with `GRAPH_OPTIONS`; its prefill and block copies are the library's (the
-    options concern loops)."""
+    static and donated arguments) jitted with compiler `options`; its prefill and block copies are the library's."""
     import jax
 
     import jaxgrpo.engine.engine as engine_module
@@ -390,7 +397,7 @@ def decode_compiled_with_graphs():
     engine_module.decode_program = jax.jit(
         programs.engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width",
                                                  "in_place"),
-        donate_argnames=("cache",), compiler_options=GRAPH_OPTIONS)
+        donate_argnames=("cache",), compiler_options=options)
     try:
         yield
     finally:
@@ -408,7 +415,7 @@ def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | Non
     result = {}
     for name in variants:
         variant = DECODE_VARIANTS[name]
-        with decode_compiled_with_graphs() if variant.graphs else contextlib.nullcontext():
+        with decode_compiled_with(dict(variant.options)) if variant.options else contextlib.nullcontext():
             try:
                 result[name] = sampler_section(model, shapes, bandwidth, through_engine(model, shapes, variant.in_place))
             except Exception as error:  # noqa: BLE001 — recorded; the other variants still run

@@ -6,13 +6,13 @@ block_size, head_dim] (heads-major inside a block, like the decoder's dense `KVC
 `p % block_size`. Block `NULL_BLOCK` of each row shard is never a row's: writes that must go nowhere (padding,
 rows that are not running) go there, and nothing reads it.
 
-`PagedKVCache` is the pool, the one paged cache type: the rollout engine's, and what the decoder's paged step
-reads and writes. `PagedRows` is what `Decoder.paged_decode_step` takes: the pool, the rows' tables and the
-positions each row reads. The rollout engine (`jaxgrpo.engine`) owns the pool and the tables; the decoder reads the
-rows' blocks in place through the backend's paged reader (`Backend.paged_state`: a Pallas kernel on TPU and GPU)
-and writes the new tokens' keys and values to their blocks (`write_new_tokens`, in the form the backend's reader
-keeps the pool's layout with, `Backend.write_pages`: one scatter, or one position at a time on a TPU). On a mesh each row shard holds its own blocks and rows (`per_shard`). The engine's chunked prefill
-writes many positions at once (`write_rows`).
+`PagedKVCache` is the pool, the one paged cache type: the rollout engine's, and what the decoder's paged step reads
+and writes. `PagedRows` is what `Decoder.paged_decode_step` takes: the pool, the rows' tables and the positions each
+row reads. The rollout engine (`jaxgrpo.engine`) owns the pool and the tables; the decoder reads the rows' blocks in
+place through the backend's paged reader (`Backend.paged_state`: a Pallas kernel on TPU and GPU) and writes the new
+tokens' keys and values to their blocks (`write_new_tokens`, in the form the backend's reader keeps the pool's
+layout with, `Backend.write_pages`: one scatter, or one position at a time on a TPU). On a mesh each row shard holds
+its own blocks and rows (`per_shard`). The engine's chunked prefill writes many positions at once (`write_rows`).
 """
 
 from __future__ import annotations

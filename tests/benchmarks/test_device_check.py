@@ -67,10 +67,10 @@ def test_one_step_off_is_timed_beside_the_synchronous_step(result):
 
 def test_the_engines_decode_is_timed_in_each_variant(result):
     decode = result["decode_loop"]
-    # A CPU accepts the GPU's graph options and ignores them; "engine" (the backend's choice: dense views on a CPU)
+    # A CPU accepts the GPU's compiler options and ignores them; "engine" (the backend's choice: dense views on a CPU)
     # and "engine-views" (dense views asked for) are the same program here.
-    assert set(decode) == {"engine", "engine-views", "engine-graphs", "profile"}
-    for name in ("engine", "engine-views", "engine-graphs"):
+    assert set(decode) == {"engine", "engine-views", "engine-graphs", "engine-gemms-in-place", "profile"}
+    for name in ("engine", "engine-views", "engine-graphs", "engine-gemms-in-place"):
         assert "error" not in decode[name], (name, decode[name])
         assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
     profile = decode["profile"]

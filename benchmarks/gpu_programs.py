@@ -1,0 +1,328 @@
+"""The rollout engine's decode chunk compiled for an NVIDIA GPU on a machine without one: what a decode step launches.
+
+    python benchmarks/gpu_programs.py [--chip h100] [--model qwen3-0.6b]
+        [--variants engine,engine-writes-each,engine-gemms-in-place]
+        [--steps 8] [--out benchmarks/results/gpu_programs_<chip>.json] [--dump DIR]
+
+Needs the CUDA build of jax (`pip install -e ".[gpu]"`), not a GPU: XLA:GPU compiles for a description of the chip
+(its compute capability, SMs, memory and caches: `TARGETS`) through `jax.experimental.topologies`, as
+`jaxgrpo-compile` compiles for a TPU on a CPU. Nothing runs and nothing is timed; XLA chooses its GEMM kernels by its
+heuristics, where on a GPU it would autotune them.
+
+A decode step's time on a GPU is more than its arithmetic and memory traffic: every operation XLA launches costs a
+few microseconds of launch and gap, a `while` loop whose trip count is not known at compile time sends its predicate
+to the host once an iteration (a round trip that stalls the stream, unless the loop is in a command buffer), and a
+copy moves bytes the arithmetic never needed. All three are read from the compiled program: per decode step (one
+iteration of the decode chunk's loop, the layer scan's body counted once per layer), the device operations by kind
+(XLA's thunks: fusions, GEMMs, Triton calls such as the paged attention kernel, copies; an asynchronous operation
+once, at its start), the host round trips (the predicate of a loop whose trip count XLA does not know, a
+conditional's branch index), and the bytes the step copies (copies, and slices of the stacked layer weights or
+caches).
+
+The shapes are `benchmarks/device_check.py`'s (16 prompts x 8 samples, 256-token prompts, 512 new tokens, one slot
+per sample, the engine's 16-position blocks, the pool holding every row's whole context), so a device check on the
+same chip times what is counted here. `--variants`: "engine" as jaxgrpo compiles it; "engine-writes-each" with the
+pool's new positions written one at a time (what every backend did until 2026-12-07, and what a TPU does:
+`AttentionImplementation.paged_writes_each`); "engine-gemms-in-place" compiled with every GEMM through cuBLAS and
+none merged (`device_check.GEMMS_IN_PLACE_OPTIONS`: each projection reads its layer's slice of the stacked weights
+in place); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (`device_check.GRAPH_OPTIONS`: what a
+step launches stays; whether it runs from a CUDA graph is decided at run time)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from typing import NamedTuple
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # nothing runs: the CUDA plugin only compiles (no driver needed)
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # its version checks ask a driver
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+#: XLA:GPU's description of each chip (`stream_executor.GpuTargetConfigProto` as text): what the compiler reads
+#: of a device. Figures from NVIDIA's data sheets and from the chips the device checks ran on (132 SMs; L2 50 MB on
+#: the H100, 60 MB on the H200); CUDA 13 and cuDNN 9.10, as the CUDA 13 build of jax uses.
+TARGETS = {
+    "h100": ("NVIDIA H100 80GB HBM3", 84_929_347_584, 3_352_320_000_000, 52_428_800),
+    "h200": ("NVIDIA H200", 150_754_820_096, 4_800_000_000_000, 62_914_560),
+}
+
+
+def target_config(chip: str) -> str:
+    name, memory, bandwidth, l2 = TARGETS[chip]
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: {bandwidth} l2_cache_size: {l2} clock_rate_ghz: 1.98 device_memory_size: {memory}
+  shared_memory_per_block_optin: 232448 cuda_compute_capability {{ major: 9 minor: 0 }}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 10 }}
+runtime_version {{ major: 13 minor: 0 }}
+device_description_str: "{name}"
+"""
+
+
+def gpu_mesh(chip: str):
+    """A one-device mesh ("data") of `chip`, from XLA:GPU's topology for its target description."""
+    import jax
+    from jax.experimental import topologies
+
+    try:
+        devices = topologies.get_topology_desc(platform="cuda", target_config=target_config(chip),
+                                               topology="1x1x1").devices
+    except Exception as error:  # noqa: BLE001 — one line: what is missing and how to get it
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise SystemExit(f"cannot compile for a CUDA GPU here ({first}): install the CUDA build of jax, "
+                         'pip install -e ".[gpu]"') from None
+    return jax.sharding.Mesh(np.array(devices).reshape(1), ("data",))
+
+
+# -- reading XLA:GPU's optimized HLO ---------------------------------------------------------------------------
+
+#: Instructions that launch nothing (views, tuples, constants folded into the program).
+FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id",
+        "opt-barrier", "add-dependency", "fusion-done", "copy-done", "async-done"}
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+             "f64": 8, "s64": 8, "u64": 8}
+
+
+class Program(NamedTuple):
+    """Optimized HLO text read into its computations: {name: [(instruction, opcode, the rest of its line)]}, the
+    entry computation's name, and each computation's root line."""
+
+    computations: dict[str, list[tuple[str, str, str]]]
+    entry: str
+    roots: dict[str, str]
+
+
+def read_hlo(text: str) -> Program:
+    found, roots, current, entry = {}, {}, None, None
+    for line in text.splitlines():
+        header = re.match(r"^(ENTRY )?%(\S+) .*\{\s*$", line)
+        if header:
+            current = header.group(2)
+            found[current] = []
+            entry = current if header.group(1) else entry
+        elif line.startswith("}"):
+            current = None
+        elif current is not None:
+            instruction = re.match(r"\s*(ROOT )?%(\S+) = (.*)$", line)
+            if instruction:
+                root, name, rest = instruction.groups()
+                opcode = re.search(r"(?:^|[\s}\]])([a-z][a-z0-9-]*)\(", rest)
+                found[current].append((name, opcode.group(1) if opcode else "?", rest))
+                if root:
+                    roots[current] = rest
+    return Program(found, entry, roots)
+
+
+def _bytes(rest: str) -> int:
+    """Bytes of an instruction's result (the first array of a tuple)."""
+    shape = re.search(r"(\w+)\[([\d,]*)\]", rest)
+    if not shape:
+        return 0
+    return _ITEMSIZE.get(shape.group(1), 4) * int(np.prod([int(d) for d in shape.group(2).split(",") if d]))
+
+
+def _kind(program: Program, opcode: str, rest: str) -> str:
+    """What an instruction launches: a GEMM (a GEMM fusion or library call; "of a slice in place" where it reads its
+    operand through a dynamic slice), a Triton call, a slice of a stacked array (a fusion that makes the slice: a
+    copy), another fusion, a copy."""
+    if opcode == "custom-call":
+        target = re.search(r'custom_call_target="([^"]+)"', rest)
+        if not target:
+            return "?"
+        return "Triton call (Pallas)" if target.group(1) == "__gpu$xla.gpu.triton" else \
+            "GEMM" if "gemm" in target.group(1) or "matmul" in target.group(1) else "library call"
+    if opcode in ("fusion", "fusion-start"):
+        called = re.search(r"calls=%([\w.\-]+)", rest)
+        inside = program.computations.get(called.group(1), []) if called else []
+        opcodes = {op for _, op, _ in inside}
+        gemm = "dot" in opcodes or any(op == "custom-call" and re.search(r"gemm|matmul", r) for _, op, r in inside)
+        if gemm:
+            return "GEMM of a slice in place" if "dynamic-slice" in opcodes else "GEMM"
+        root = re.match(r"\S+ ([a-z-]+)\(", program.roots.get(called.group(1), "")) if called else None
+        if "dynamic-slice" in opcodes and root and root.group(1) in ("dynamic-slice", "copy", "bitcast"):
+            return "slice of stacked weights or cache"
+        return "fusion"
+    if opcode in ("copy", "copy-start"):
+        return "copy"
+    return opcode
+
+
+def _trips(rest: str) -> int | None:
+    trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
+    return int(trips.group(1)) if trips else None
+
+
+def per_iteration(program: Program, body: str) -> dict:
+    """What one iteration of the loop `body` launches: {"operations": {kind: count}, "host_round_trips": ...,
+    "copied_bytes": ..., "loops": [(body, trips)]}: a nested loop's body counted trips times (a loop whose trip
+    count XLA knows runs without testing its predicate on the host; one it does not know is counted as one
+    iteration, two predicates on the host), a conditional's largest branch once and its branch index's trip to
+    the host."""
+    found = program.computations
+    operations, totals, loops = collections.Counter(), collections.Counter(), []
+
+    def result_bytes(rest):  # a fusion's result is its computation's root's (an async start's result is a tuple)
+        called = re.search(r"calls=%([\w.\-]+)", rest)
+        return _bytes(program.roots[called.group(1)] if called else rest)
+
+    def walk(name, times):
+        for instruction, opcode, rest in found[name]:
+            if opcode in FREE:
+                continue
+            if opcode == "while":
+                inner = re.search(r"body=%([\w.\-]+)", rest).group(1)
+                trips = _trips(rest)
+                loops.append((inner, trips))
+                if trips is None:  # XLA:GPU tests its predicate on the host, once per iteration and a last time
+                    totals["host_round_trips"] += 2 * times
+                walk(inner, times * (trips or 1))
+            elif opcode == "conditional":
+                branches = re.findall(r"%([\w.\-]+)", rest.split("branch_computations={", 1)[1].split("}")[0]) \
+                    if "branch_computations" in rest else re.findall(r"_computation=%([\w.\-]+)", rest)
+                totals["host_round_trips"] += times
+                sizes = {b: sum(1 for _, op, _ in found[b] if op not in FREE) for b in branches}
+                walk(max(sizes, key=sizes.get), times)
+            elif opcode == "call":
+                walk(re.search(r"to_apply=%([\w.\-]+)", rest).group(1), times)
+            else:
+                kind = _kind(program, opcode, rest)
+                operations[kind] += times
+                if kind in ("copy", "slice of stacked weights or cache"):
+                    totals["copied_bytes"] += times * result_bytes(rest)
+
+    walk(body, 1)
+    return {"operations": dict(operations.most_common()), "operations_total": sum(operations.values()),
+            "host_round_trips": totals["host_round_trips"], "copied_bytes": totals["copied_bytes"],
+            "loops": [{"body": b, "trips": t} for b, t in loops]}
+
+
+def decode_step_counts(text: str) -> dict:
+    """`per_iteration` of the decode chunk's loop: the entry's loop with the largest body."""
+    program = read_hlo(text)
+    loops = [(re.search(r"body=%([\w.\-]+)", rest).group(1), _trips(rest))
+             for _, opcode, rest in program.computations[program.entry] if opcode == "while"]
+    if not loops:
+        raise ValueError("the program has no decode loop")
+    body, trips = max(loops, key=lambda loop: len(program.computations[loop[0]]))
+    counts = per_iteration(program, body)
+    if trips is None:  # the decode loop's own predicate (it stops early when every row has): once a step
+        counts["host_round_trips"] += 1
+    return {"decode_loop_trips": trips, **counts}
+
+
+# -- the engine's decode chunk -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def writes_each():
+    """Within it the GPU attention asks for the pool's new positions one at a time (as before 2026-12-07)."""
+    from jaxgrpo.models.attention import pallas_gpu
+
+    saved = pallas_gpu.IMPLEMENTATION
+    pallas_gpu.IMPLEMENTATION = saved._replace(paged_writes_each=True)
+    try:
+        yield
+    finally:
+        pallas_gpu.IMPLEMENTATION = saved
+
+
+VARIANTS = ("engine", "engine-writes-each", "engine-gemms-in-place", "engine-graphs")
+
+
+def compile_decode(model: str, mesh, steps: int, variant: str):
+    """(optimized HLO text, seconds to compile) of the engine's decode chunk of `steps` steps for `model` (random
+    weights, bfloat16) at device_check's shapes, the pool holding every row's whole context and each row half
+    through its completion."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from device_check import GEMMS_IN_PLACE_OPTIONS, GRAPH_OPTIONS
+    from jaxgrpo import engine, sampler
+    from jaxgrpo.models import Decoder, architectures
+    from jaxgrpo.models.config import from_hf_config
+
+    config = from_hf_config(dict(architectures.ARCHITECTURES[model].hf_config))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16,
+                                                               rngs=nnx.Rngs(0))))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
+    prompts, samples, prompt_len, new_tokens, block = 16, 8, 256, 512, 16
+    context = sampler.bucket_length(prompt_len) + new_tokens
+    jax.clear_caches()  # the variants trace the same functions at the same shapes: no traces reused
+    start = time.perf_counter()
+    with writes_each() if variant == "engine-writes-each" else contextlib.nullcontext():
+        traced = engine.trace_programs(
+            graphdef, state, num_slots=prompts * samples, num_blocks=prompts * samples * context // block + 1,
+            block_size=block, max_context=context, prefill_rows=prompts, prompt_len=prompt_len,
+            draws=prompts * samples, width=prompt_len + new_tokens // 2, steps=steps, mesh=mesh,
+            sampling=sampler.SamplingParams(temperature=1.0))
+        with jax.set_mesh(mesh):
+            lowered = traced["engine decode"].lower()
+            compiled = lowered.compile({"engine-graphs": GRAPH_OPTIONS,
+                                        "engine-gemms-in-place": GEMMS_IN_PLACE_OPTIONS}.get(variant))
+    return compiled.as_text(), time.perf_counter() - start
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chip", default="h100", choices=sorted(TARGETS))
+    parser.add_argument("--model", default="qwen3-0.6b", help="an architecture of jaxgrpo.models.architectures")
+    parser.add_argument("--variants", default=",".join(VARIANTS[:3]), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--steps", type=int, default=8, help="decode steps per chunk (the counts are per step)")
+    parser.add_argument("--out", default=None, help="the JSON (default benchmarks/results/gpu_programs_<chip>.json)")
+    parser.add_argument("--dump", default=None, help="write each variant's optimized HLO here")
+    args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    from jaxgrpo.models import architectures
+
+    if args.model not in architectures.ARCHITECTURES:
+        parser.error(f"unknown --model {args.model!r}; choose one of {', '.join(architectures.names())}")
+    import jax
+
+    mesh = gpu_mesh(args.chip)
+    result = {"benchmark": "gpu_programs", "chip": TARGETS[args.chip][0], "model": args.model, "steps": args.steps,
+              "shapes": {"prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512, "block_size": 16},
+              "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
+              "command": "python benchmarks/gpu_programs.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "variants": {}}
+    for variant in variants:
+        text, seconds = compile_decode(args.model, mesh, args.steps, variant)
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            with open(os.path.join(args.dump, f"{variant}.hlo"), "w") as f:
+                f.write(text)
+        counts = decode_step_counts(text)
+        result["variants"][variant] = {"compile_seconds": seconds, **counts}
+        print(f"{variant}: {counts['operations_total']} device operations a decode step "
+              f"({', '.join(f'{n} {k}' for k, n in counts['operations'].items())}), "
+              f"{counts['host_round_trips']} host round trips, {counts['copied_bytes'] / 1e6:.1f} MB copied",
+              flush=True)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   f"gpu_programs_{args.chip}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

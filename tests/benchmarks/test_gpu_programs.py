@@ -1,0 +1,123 @@
+"""benchmarks/gpu_programs.py reads what a decode step launches from XLA:GPU's optimized HLO: checked on a small
+program written in that form (compiling for a GPU needs the CUDA build of jax, which CI does not install; without it
+the script says so in one line)."""
+
+import importlib.metadata
+import os
+import sys
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+import gpu_programs  # noqa: E402
+
+# A decode loop (trip count unknown) around a 4-layer scan (known) whose body slices a stacked weight (an
+# asynchronous slice), multiplies by it (a Triton GEMM fusion), calls a Pallas kernel, multiplies through cuBLAS
+# reading a slice in place, and copies; after the scan, a conditional whose larger branch holds two fusions.
+HLO = """HloModule jit_engine_decode, is_scheduled=true
+
+%fused_slice (param_0: bf16[4,8,16], param_1: s32[]) -> bf16[1,8,16] {
+  %param_0 = bf16[4,8,16]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %constant_0 = s32[] constant(0)
+  ROOT %dynamic-slice.1 = bf16[1,8,16]{2,1,0} dynamic-slice(%param_0, %param_1, %constant_0, %constant_0), dynamic_slice_sizes={1,8,16}
+}
+
+%gemm_computation (p0: bf16[2,8], p1: bf16[8,16]) -> f32[2,16] {
+  %p0 = bf16[2,8]{1,0} parameter(0)
+  %p1 = bf16[8,16]{1,0} parameter(1)
+  %dot.1 = f32[2,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %bitcast.1 = f32[2,16]{1,0} bitcast(%dot.1)
+}
+
+%in_place_gemm (q0: bf16[2,8], q1: bf16[4,8,16], q2: s32[]) -> (f32[2,16], s8[64]) {
+  %q0 = bf16[2,8]{1,0} parameter(0)
+  %q1 = bf16[4,8,16]{2,1,0} parameter(1)
+  %q2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %slice = bf16[1,8,16]{2,1,0} dynamic-slice(%q1, %q2, %z, %z), dynamic_slice_sizes={1,8,16}
+  %b = bf16[8,16]{1,0} bitcast(%slice)
+  ROOT %gemm = (f32[2,16]{1,0}, s8[64]{0}) custom-call(%q0, %b), custom_call_target="__cublas$lt$matmul"
+}
+
+%fused_add (a0: f32[2,16]) -> f32[2,16] {
+  %a0 = f32[2,16]{1,0} parameter(0)
+  ROOT %add.1 = f32[2,16]{1,0} add(%a0, %a0)
+}
+
+%layer_body (carry: (s32[], bf16[4,8,16], bf16[2,8])) -> (s32[], bf16[4,8,16], bf16[2,8]) {
+  %carry = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%carry), index=0
+  %w = bf16[4,8,16]{2,1,0} get-tuple-element(%carry), index=1
+  %x = bf16[2,8]{1,0} get-tuple-element(%carry), index=2
+  %fusion-start = ((bf16[4,8,16]{2,1,0}, s32[]), bf16[1,8,16]{2,1,0}, s32[]) fusion-start(%w, %i), kind=kLoop, calls=%fused_slice
+  %fusion-done = bf16[1,8,16]{2,1,0} fusion-done(%fusion-start)
+  %bw = bf16[8,16]{1,0} bitcast(%fusion-done)
+  %gemm_fusion_dot = f32[2,16]{1,0} fusion(%x, %bw), kind=kCustom, calls=%gemm_computation, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+  %pallas_call = f32[2,16]{1,0} custom-call(%gemm_fusion_dot), custom_call_target="__gpu$xla.gpu.triton"
+  %dynamic_slice_fusion = (f32[2,16]{1,0}, s8[64]{0}) fusion(%x, %w, %i), kind=kCustom, calls=%in_place_gemm, backend_config={"fusion_backend_config":{"kind":"__custom_fusion","custom_fusion_config":{"name":"dynamic_slice_fusion"}}}
+  %copy.1 = bf16[2,8]{1,0} copy(%x)
+  ROOT %out = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}) tuple(%i, %w, %copy.1)
+}
+
+%layer_cond (c: (s32[], bf16[4,8,16], bf16[2,8])) -> pred[] {
+  %c = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}) parameter(0)
+  %ci = s32[] get-tuple-element(%c), index=0
+  %four = s32[] constant(4)
+  ROOT %lt = pred[] compare(%ci, %four), direction=LT
+}
+
+%small_branch (s0: f32[2,16]) -> f32[2,16] {
+  %s0 = f32[2,16]{1,0} parameter(0)
+  ROOT %f1 = f32[2,16]{1,0} fusion(%s0), kind=kLoop, calls=%fused_add
+}
+
+%large_branch (l0: f32[2,16]) -> f32[2,16] {
+  %l0 = f32[2,16]{1,0} parameter(0)
+  %f2 = f32[2,16]{1,0} fusion(%l0), kind=kLoop, calls=%fused_add
+  ROOT %f3 = f32[2,16]{1,0} fusion(%f2), kind=kLoop, calls=%fused_add
+}
+
+%step_body (state: (s32[], bf16[4,8,16], bf16[2,8], f32[2,16], s32[])) -> (s32[], bf16[4,8,16], bf16[2,8], f32[2,16], s32[]) {
+  %state = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}, f32[2,16]{1,0}, s32[]) parameter(0)
+  %layers = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}) while(%state), condition=%layer_cond, body=%layer_body, backend_config={"known_trip_count":{"n":"4"}}
+  %y = f32[2,16]{1,0} get-tuple-element(%state), index=3
+  %branch = s32[] get-tuple-element(%state), index=4
+  %conditional = f32[2,16]{1,0} conditional(%branch, %y, %y), branch_computations={%small_branch, %large_branch}
+  ROOT %next = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}, f32[2,16]{1,0}, s32[]) tuple(%branch, %branch, %branch, %conditional, %branch)
+}
+
+%step_cond (d: (s32[], bf16[4,8,16], bf16[2,8], f32[2,16], s32[])) -> pred[] {
+  %d = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}, f32[2,16]{1,0}, s32[]) parameter(0)
+  ROOT %go = pred[] constant(true)
+}
+
+ENTRY %main (init: (s32[], bf16[4,8,16], bf16[2,8], f32[2,16], s32[])) -> (s32[], bf16[4,8,16], bf16[2,8], f32[2,16], s32[]) {
+  %init = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}, f32[2,16]{1,0}, s32[]) parameter(0)
+  %copy.0 = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}, f32[2,16]{1,0}, s32[]) copy(%init)
+  ROOT %loop = (s32[], bf16[4,8,16]{2,1,0}, bf16[2,8]{1,0}, f32[2,16]{1,0}, s32[]) while(%copy.0), condition=%step_cond, body=%step_body
+}
+"""
+
+
+def test_a_decode_step_is_counted_per_layer_with_its_slices_gemms_calls_copies_and_round_trips():
+    counts = gpu_programs.decode_step_counts(HLO)
+    assert counts["decode_loop_trips"] is None
+    assert counts["operations"] == {"slice of stacked weights or cache": 4, "GEMM": 4, "Triton call (Pallas)": 4,
+                                    "GEMM of a slice in place": 4, "copy": 4, "fusion": 2}
+    assert counts["operations_total"] == 22
+    # Each layer copies its bf16[1,8,16] weight slice (256 B) and a bf16[2,8] activation (32 B).
+    assert counts["copied_bytes"] == 4 * (256 + 32)
+    # The scan's trip count is known (no predicate to the host); the conditional's index goes there once, and so
+    # does the decode loop's predicate once a step.
+    assert counts["host_round_trips"] == 2
+    assert counts["loops"] == [{"body": "layer_body", "trips": 4}]
+
+
+def test_without_the_cuda_build_of_jax_it_says_what_to_install():
+    if any((d.metadata["Name"] or "").startswith("jax-cuda") for d in importlib.metadata.distributions()):
+        pytest.skip("the CUDA build of jax is installed here: the script compiles instead")
+    with pytest.raises(SystemExit, match=r'cannot compile for a CUDA GPU here .*pip install -e "\.\[gpu\]"'):
+        gpu_programs.gpu_mesh("h100")
