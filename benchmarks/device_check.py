@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants engine,engine-views,engine-graphs,engine-gemms-in-place] [--trace-dir DIR]
+        [--decode-variants engine,engine-views,engine-graphs,engine-stacked-writes-each] [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
@@ -24,9 +24,9 @@ it measured):
 * `decode_loop`: the same through the engine's decode variants side by side (`--decode-variants`): "engine", as
   jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-views",
   through dense views of its blocks (the form the paged kernel replaces); "engine-graphs", its decode chunk
-  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-gemms-in-place", its
-  GEMMs through cuBLAS reading each layer's weights in place (no copy of the stacked weights a step); with
-  `--trace-dir`, a
+  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-stacked-writes-each",
+  a GPU's decode as it was before 2026-12-07 (the stacked layer weights scanned, the pool written one position at a
+  time; `DECODE_VARIANTS` has more); with `--trace-dir`, a
   jax.profiler trace of one short run of the engine and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
@@ -362,46 +362,59 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
 @dataclasses.dataclass(frozen=True)
 class DecodeVariant:
     """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `options`, XLA compiler
-    options its decode chunks are compiled with (`decode_compiled_with`; only XLA:GPU reads these)."""
+    options its decode chunks are compiled with (only XLA:GPU reads these); `stacked`, a GPU's decode scans the
+    stacked layer weights instead of splitting them per layer before the loop (`memory_forms.split_layers`);
+    `writes_each`, a GPU's paged decode writes its new positions one at a time instead of with a scatter
+    (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07."""
 
     in_place: bool | None = None
     options: tuple[tuple[str, object], ...] = ()
+    stacked: bool = False
+    writes_each: bool = False
 
 
 #: XLA command buffers with WHILE and CONDITIONAL nodes: a decode chunk's whole `lax.while_loop` as CUDA graphs.
 GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
-#: Every GEMM through cuBLAS, none merged with its neighbours: each projection then reads its layer's slice of the
-#: stacked weights in place (XLA's dynamic-slice fusion), where Triton GEMMs read a copy of it made every step
-#: (compiled for an H100 without a GPU, `benchmarks/gpu_programs.py`: 888 MB of copies a decode step -> 7.5 MB).
-GEMMS_IN_PLACE_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_dot_merger_threshold_mb": 0}
 
-#: The engine's decode variants the `decode_loop` section times side by side: "engine" as jaxgrpo runs it (the
-#: backend chooses: its paged kernel reads the pool in place on a GPU), "engine-views" through dense views gathered
-#: once a chunk (the form the paged kernel replaces), "engine-graphs" its decode chunks compiled with
-#: `GRAPH_OPTIONS`, "engine-gemms-in-place" with `GEMMS_IN_PLACE_OPTIONS`.
+#: The engine's decode variants the `decode_loop` section can time side by side: "engine" as jaxgrpo runs it (the
+#: backend chooses: on a GPU its paged kernel reads the pool in place, the layers' weights split per layer before
+#: the loop), "engine-views" through dense views gathered once a chunk (the form the paged kernel replaces),
+#: "engine-graphs" its decode chunks compiled with `GRAPH_OPTIONS`, "engine-stacked" scanning the stacked layer
+#: weights, and "engine-stacked-writes-each" also writing the pool one position at a time (a GPU's decode before
+#: 2026-12-07: `benchmarks/gpu_programs.py` counts what each launches).
 DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_place=False),
                    "engine-graphs": DecodeVariant(options=tuple(GRAPH_OPTIONS.items())),
-                   "engine-gemms-in-place": DecodeVariant(options=tuple(GEMMS_IN_PLACE_OPTIONS.items()))}
+                   "engine-stacked": DecodeVariant(stacked=True),
+                   "engine-stacked-writes-each": DecodeVariant(stacked=True, writes_each=True)}
+#: The variants `--decode-variants` times unless told.
+DEFAULT_DECODE_VARIANTS = ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each")
 
 
 @contextlib.contextmanager
-def decode_compiled_with(options: dict):
+def decode_variant(variant: DecodeVariant):
     """Within it, the engine's decode chunks are the library's decode program (`programs.engine_decode`, the same
-    static and donated arguments) jitted with compiler `options`; its prefill and block copies are the library's."""
+    static and donated arguments) jitted anew (so nothing traced before is reused), with the variant's compiler
+    options, memory forms and pool writes; its prefill and block copies are the library's."""
     import jax
 
     import jaxgrpo.engine.engine as engine_module
     from jaxgrpo.engine import programs
+    from jaxgrpo.models import memory_forms
+    from jaxgrpo.models.attention import pallas_gpu
 
-    saved = engine_module.decode_program
+    saved = engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION
     engine_module.decode_program = jax.jit(
         programs.engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width",
                                                  "in_place"),
-        donate_argnames=("cache",), compiler_options=options)
+        donate_argnames=("cache",), compiler_options=dict(variant.options) or None)
+    if variant.stacked:
+        memory_forms.GPU = memory_forms.PLAIN._replace(name="gpu")
+    if variant.writes_each:
+        pallas_gpu.IMPLEMENTATION = pallas_gpu.IMPLEMENTATION._replace(paged_writes_each=True)
     try:
         yield
     finally:
-        engine_module.decode_program = saved
+        engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION = saved
 
 
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,
@@ -415,7 +428,7 @@ def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | Non
     result = {}
     for name in variants:
         variant = DECODE_VARIANTS[name]
-        with decode_compiled_with(dict(variant.options)) if variant.options else contextlib.nullcontext():
+        with decode_variant(variant) if variant != DecodeVariant() else contextlib.nullcontext():
             try:
                 result[name] = sampler_section(model, shapes, bandwidth, through_engine(model, shapes, variant.in_place))
             except Exception as error:  # noqa: BLE001 — recorded; the other variants still run
@@ -658,7 +671,7 @@ def main(argv=None) -> dict:
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
                              "layers' activations instead of recomputing them (more memory, less compute) and/or "
                              "_one_step_off for max_staleness=1 (in that order)")
-    parser.add_argument("--decode-variants", default=",".join(DECODE_VARIANTS),
+    parser.add_argument("--decode-variants", default=",".join(DEFAULT_DECODE_VARIANTS),
                         help=f"comma-separated, of {', '.join(DECODE_VARIANTS)}")
     parser.add_argument("--trace-dir", default=None,
                         help="the decode_loop section writes a jax.profiler trace of one short run of the engine here")

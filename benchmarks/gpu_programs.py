@@ -1,7 +1,7 @@
 """The rollout engine's decode chunk compiled for an NVIDIA GPU on a machine without one: what a decode step launches.
 
     python benchmarks/gpu_programs.py [--chip h100] [--model qwen3-0.6b]
-        [--variants engine,engine-writes-each,engine-gemms-in-place]
+        [--variants engine,engine-stacked,engine-stacked-writes-each]
         [--steps 8] [--out benchmarks/results/gpu_programs_<chip>.json] [--dump DIR]
 
 Needs the CUDA build of jax (`pip install -e ".[gpu]"`), not a GPU: XLA:GPU compiles for a description of the chip
@@ -21,18 +21,16 @@ caches).
 
 The shapes are `benchmarks/device_check.py`'s (16 prompts x 8 samples, 256-token prompts, 512 new tokens, one slot
 per sample, the engine's 16-position blocks, the pool holding every row's whole context), so a device check on the
-same chip times what is counted here. `--variants`: "engine" as jaxgrpo compiles it; "engine-writes-each" with the
-pool's new positions written one at a time (what every backend did until 2026-12-07, and what a TPU does:
-`AttentionImplementation.paged_writes_each`); "engine-gemms-in-place" compiled with every GEMM through cuBLAS and
-none merged (`device_check.GEMMS_IN_PLACE_OPTIONS`: each projection reads its layer's slice of the stacked weights
-in place); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (`device_check.GRAPH_OPTIONS`: what a
-step launches stays; whether it runs from a CUDA graph is decided at run time)."""
+same chip times what is counted here. `--variants` (`device_check.DECODE_VARIANTS`): "engine" as jaxgrpo compiles
+it; "engine-stacked" with the layer scan over the stacked weights (before `memory_forms.split_layers`);
+"engine-stacked-writes-each" also writing the pool's new positions one at a time (`paged_writes_each`: the decode
+as it was before 2026-12-07); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step
+launches stays; whether it runs from a CUDA graph is decided at run time)."""
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import re
@@ -227,20 +225,8 @@ def decode_step_counts(text: str) -> dict:
 # -- the engine's decode chunk -----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def writes_each():
-    """Within it the GPU attention asks for the pool's new positions one at a time (as before 2026-12-07)."""
-    from jaxgrpo.models.attention import pallas_gpu
-
-    saved = pallas_gpu.IMPLEMENTATION
-    pallas_gpu.IMPLEMENTATION = saved._replace(paged_writes_each=True)
-    try:
-        yield
-    finally:
-        pallas_gpu.IMPLEMENTATION = saved
-
-
-VARIANTS = ("engine", "engine-writes-each", "engine-gemms-in-place", "engine-graphs")
+#: The variants counted unless told (`device_check.DECODE_VARIANTS` has them all).
+DEFAULT_VARIANTS = ("engine", "engine-stacked", "engine-stacked-writes-each")
 
 
 def compile_decode(model: str, mesh, steps: int, variant: str):
@@ -251,7 +237,7 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
     import jax.numpy as jnp
     from flax import nnx
 
-    from device_check import GEMMS_IN_PLACE_OPTIONS, GRAPH_OPTIONS
+    from device_check import DECODE_VARIANTS, decode_variant
     from jaxgrpo import engine, sampler
     from jaxgrpo.models import Decoder, architectures
     from jaxgrpo.models.config import from_hf_config
@@ -265,7 +251,8 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
     context = sampler.bucket_length(prompt_len) + new_tokens
     jax.clear_caches()  # the variants trace the same functions at the same shapes: no traces reused
     start = time.perf_counter()
-    with writes_each() if variant == "engine-writes-each" else contextlib.nullcontext():
+    variant = DECODE_VARIANTS[variant]
+    with decode_variant(variant):
         traced = engine.trace_programs(
             graphdef, state, num_slots=prompts * samples, num_blocks=prompts * samples * context // block + 1,
             block_size=block, max_context=context, prefill_rows=prompts, prompt_len=prompt_len,
@@ -273,8 +260,7 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
             sampling=sampler.SamplingParams(temperature=1.0))
         with jax.set_mesh(mesh):
             lowered = traced["engine decode"].lower()
-            compiled = lowered.compile({"engine-graphs": GRAPH_OPTIONS,
-                                        "engine-gemms-in-place": GEMMS_IN_PLACE_OPTIONS}.get(variant))
+            compiled = lowered.compile(dict(variant.options) or None)
     return compiled.as_text(), time.perf_counter() - start
 
 
@@ -282,15 +268,19 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chip", default="h100", choices=sorted(TARGETS))
     parser.add_argument("--model", default="qwen3-0.6b", help="an architecture of jaxgrpo.models.architectures")
-    parser.add_argument("--variants", default=",".join(VARIANTS[:3]), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="comma-separated, of device_check.DECODE_VARIANTS but engine-views (a GPU reads in place)")
     parser.add_argument("--steps", type=int, default=8, help="decode steps per chunk (the counts are per step)")
     parser.add_argument("--out", default=None, help="the JSON (default benchmarks/results/gpu_programs_<chip>.json)")
     parser.add_argument("--dump", default=None, help="write each variant's optimized HLO here")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    from device_check import DECODE_VARIANTS
+
+    known = [name for name, variant in DECODE_VARIANTS.items() if variant.in_place is None]
+    unknown = sorted(set(variants) - set(known))
     if unknown:
-        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     from jaxgrpo.models import architectures
 
     if args.model not in architectures.ARCHITECTURES:

@@ -3,7 +3,8 @@
 The decoder's math reads the same on every backend. What differs per backend sits behind this one object:
 
 * `memory` (`memory_forms.MemoryForms`): how the weights and the KV cache are read and written, and how the
-  weights multiply (the plain `lax` forms on accelerators, the XLA:CPU forms and packed weights on CPUs);
+  weights multiply (the plain `lax` forms on accelerators, with a decode loop's weights split per layer on a GPU;
+  the XLA:CPU forms and packed weights on CPUs);
 * `attention` (`jaxgrpo.models.attention.AttentionImplementation`): the training and scoring attention over a
   layout, and the reads of a cached call's caches (`cache_state`: a Pallas or C++ kernel, or the decoder's XLA
   math where it has none).
@@ -86,9 +87,11 @@ def force_cpu_forms(enabled: bool = True):
 def memory_for_program() -> memory_forms.MemoryForms:
     """The memory forms of the program being traced: the CPU forms (`cpu_forms.FORMS`) for one that runs on CPUs
     (the active mesh's devices say so: a CPU process compiling for a TPU topology gets the plain forms) or within
-    `force_cpu_forms`, else `memory_forms.PLAIN`."""
+    `force_cpu_forms`, `memory_forms.GPU` for one that runs on a GPU, else `memory_forms.PLAIN`."""
     if _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh()):
         return cpu_forms.FORMS
+    if attention_implementations.target_platform(active_mesh()) == "gpu":
+        return memory_forms.GPU
     return memory_forms.PLAIN
 
 

@@ -1,7 +1,8 @@
 """A decoder-only transformer in `flax.nnx` covering Llama, Qwen2, Qwen3 and Gemma 3.
 
 The layers' parameters are stacked along a leading `layers` axis and run with one `lax.scan`,
-so compile time does not grow with depth. Every parameter carries `logical_axes` metadata
+so compile time does not grow with depth (a GPU's decode loop runs them one after the other over
+weights split per layer: see packed weights below). Every parameter carries `logical_axes` metadata
 (e.g. `("layers", "embed", "heads", "head_dim")`) that `partitioning.shard_model` maps onto a mesh.
 
 Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, `V` vocabulary):
@@ -35,9 +36,12 @@ Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, 
   (so with the row cache's slot i at distance P + i - s from prefix slot s for sliding windows).
   Each prompt's keys are then read once per step for all its rows, with their queries stacked
   into one product, and stored once.
-* Packed weights (a decode loop on CPU): `packed = model.pack_weights()` once before the loop, then
-  `model(..., packed_weights=packed)` multiplies by them through a CPU kernel (`jaxgrpo.models.cpu_forms`:
-  bfloat16, unsharded, AVX512-BF16; None elsewhere, where passing None changes nothing). No derivative.
+* Packed weights (a decode loop): `packed = model.pack_weights()` once before the loop, then
+  `model(..., packed_weights=packed)`. On a CPU it multiplies by them through a CPU kernel
+  (`jaxgrpo.models.cpu_forms`: bfloat16, unsharded, AVX512-BF16); on a GPU they are the layer weights split per
+  layer (`memory_forms.LayerWeights`) and the layers run one after the other over them instead of scanning the
+  stacks, whose slices XLA:GPU copies every step; None elsewhere, where passing None changes nothing. No
+  derivative.
 * The backend (`jaxgrpo.models.backend`, `Decoder.backend(mesh)`): everything that differs per backend sits
   behind one object, picked once per call, so the math here reads the same on every backend. Its `memory`
   forms read and write the weights and the cache and multiply by the weights (the plain `lax` operations
@@ -94,6 +98,7 @@ from jaxgrpo.models.layers import (
     rope_tables,
 )
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
+from jaxgrpo.models.memory_forms import LayerWeights
 from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 
@@ -208,7 +213,7 @@ class Decoder(nnx.Module):
     def logits_from_hidden(self, hidden: jax.Array, packed_weights: PackedWeights | None = None) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., E], soft-capped where the config says."""
         forms = backends.memory_for_program()
-        if packed_weights is not None:
+        if packed_weights is not None and not isinstance(packed_weights, LayerWeights):
             logits = forms.product("...e,ev->...v", hidden.astype(self.dtype), packed_weights.unembedding, self.dtype)
         elif self.config.tie_word_embeddings:
             # Contract the embedding's hidden axis in place: XLA:CPU transposes a bfloat16 [V, E] table in
@@ -401,7 +406,8 @@ class Decoder(nnx.Module):
 
     def _layers(self, tokens, positions, attention, mesh, backend, *, cache=None, cache_index=None,
                 packed_weights=None, write_kv=None):
-        """Embedding, the layer scan and the final norm: (hidden [B, T, E], the updated cache or None).
+        """Embedding, the layer scan (or, over `LayerWeights`, the layers one after the other) and the final norm:
+        (hidden [B, T, E], the updated cache or None).
 
         `attention(sliding, layer)` gives a layer's `attend(q, k, v)` (`Attention.__call__`'s) from whether that
         layer slides and its index (traced); with `cache`, the layers' new keys and values are written at
@@ -421,11 +427,14 @@ class Decoder(nnx.Module):
         x = rows(x)
 
         graphdef, layer_params = nnx.split(self.layers)
+        per_layer = packed_weights if isinstance(packed_weights, LayerWeights) else None
 
         def layer(x, inputs):
             params, index, sliding = inputs
-            block = nnx.merge(graphdef, forms.layer_weights(params, layer_params, index,
-                                                            packed_weights.layers if packed_weights else None))
+            if per_layer is None:
+                params = forms.layer_weights(params, layer_params, index,
+                                             packed_weights.layers if packed_weights else None)
+            block = nnx.merge(graphdef, params)
             cos = jnp.where(sliding, cos_sliding, cos_full)
             sin = jnp.where(sliding, sin_sliding, sin_full)
             x, new_kv = block(x, cos, sin, attention(sliding, index), forms, mesh)
@@ -439,7 +448,15 @@ class Decoder(nnx.Module):
         layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
         stream = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         with jax.named_scope("layers"):
-            x, new_kv = jax.lax.scan(layer, stream(x), (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
+            if per_layer is None:
+                x, new_kv = jax.lax.scan(layer, stream(x),
+                                         (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
+            else:  # weights split per layer before a decode loop (`memory_forms.split_layers`): one after another
+                x, outputs = stream(x), []
+                for index, params in enumerate(per_layer.layers):
+                    x, kv = layer(x, (params, jnp.int32(index), bool(c.sliding_layer_mask[index])))
+                    outputs.append(kv)
+                new_kv = None if outputs[0] is None else jax.tree.map(lambda *kv: jnp.stack(kv), *outputs)
         if cache is not None:
             start = (0, 0, 0, cache_index, 0)
             heads_major = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)  # noqa: E731 [L, B, kv, T, D]

@@ -6,7 +6,10 @@ than they cost an accelerator (bfloat16 slices and gathers run through float32, 
 are hoisted out of loops into whole copies, weight products stream slowly), so for programs that run on
 CPUs they are written differently. The decoder makes those accesses through a `MemoryForms`:
 
-* `PLAIN`: the plain `lax` / `jax.numpy` operations, for GPU and TPU programs;
+* `PLAIN`: the plain `lax` / `jax.numpy` operations, for TPU programs;
+* `GPU`: the plain operations, and a decode loop's weights split into one array per layer before the loop
+  (`split_layers`): the layer scan slices a layer's weights out of the stacked arrays, which XLA:GPU copies
+  before a Triton GEMM reads them, every step;
 * `jaxgrpo.models.cpu_forms.FORMS`: the XLA:CPU forms (bits behind optimization barriers, custom-JVP
   slices, 32-slot cache chunks, packed weights), each with the measurement that justifies it.
 
@@ -70,6 +73,23 @@ def _as_dtype(weight, dtype):
     return weight if weight.dtype == dtype else weight.astype(dtype)
 
 
+class LayerWeights(NamedTuple):
+    """A decoder's layer weights as one parameter state per layer (`split_layers`; `Decoder.pack_weights` on a
+    GPU): the decoder runs its layers one after the other over them instead of scanning the stacks."""
+
+    layers: tuple[Any, ...]
+
+
+def split_layers(model) -> LayerWeights:
+    """`model`'s layer weights split into one state per layer: an XLA computation run once before a decode loop (a
+    copy of the layer weights), after which no step slices the stacked arrays. Compiled for an H100, the layer
+    scan's slices were 888 MB of copies every decode step for Qwen3-0.6B (`benchmarks/gpu_programs.py`)."""
+    from flax import nnx
+
+    _, stacked = nnx.split(model.layers)
+    return LayerWeights(tuple(jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(model.config.num_layers)))
+
+
 PLAIN = MemoryForms(
     name="plain",
     to_carry=lambda cache: cache,
@@ -85,3 +105,5 @@ PLAIN = MemoryForms(
     unembedding_table=lambda table, hidden: (table, hidden),
     pack_weights=lambda model: None,
 )
+
+GPU = PLAIN._replace(name="gpu", pack_weights=split_layers)

@@ -69,8 +69,8 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
     decode = result["decode_loop"]
     # A CPU accepts the GPU's compiler options and ignores them; "engine" (the backend's choice: dense views on a CPU)
     # and "engine-views" (dense views asked for) are the same program here.
-    assert set(decode) == {"engine", "engine-views", "engine-graphs", "engine-gemms-in-place", "profile"}
-    for name in ("engine", "engine-views", "engine-graphs", "engine-gemms-in-place"):
+    assert set(decode) == {"engine", "engine-views", "engine-graphs", "engine-stacked-writes-each", "profile"}
+    for name in ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each"):
         assert "error" not in decode[name], (name, decode[name])
         assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
     profile = decode["profile"]

@@ -417,3 +417,41 @@ def test_the_paged_decode_reads_through_xla_where_the_attention_has_no_paged_ker
     engine = _engine(family, in_place=True)
     assert engine.reads_pages_in_place and not engine_programs.backends.for_program("xla", None).reads_pages_in_place
     np.testing.assert_array_equal(_padded(engine.generate(_requests(PROMPTS))), expected)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_decode_steps_over_weights_split_per_layer_equal_the_layer_scan(family):
+    """A GPU's decode loop runs its layers one after the other over weights split per layer before the loop
+    (`memory_forms.split_layers`, which `pack_weights` gives on a GPU), not a scan slicing the stacks: the same
+    hidden states and cache, Gemma's sliding layers included, and the same greedy tokens through the engine reading
+    its blocks in place (the GPU's forms and its Triton paged kernel, interpreted here)."""
+    from jaxgrpo.models import backend, memory_forms
+
+    model = random_model(family)
+    tokens = jnp.array([[3], [7]], jnp.int32)
+    cache = model.init_cache(2, 8)
+    split = memory_forms.split_layers(model)
+    assert len(split.layers) == model.config.num_layers
+    for index in (0, 5):
+        positions = jnp.full((2, 1), index, jnp.int32)
+        kv_mask = jnp.broadcast_to(jnp.arange(8)[None] <= index, (2, 8))
+        want = model.decode_step(tokens, positions, cache=cache, cache_index=index, kv_mask=kv_mask)
+        got = model.decode_step(tokens, positions, cache=cache, cache_index=index, kv_mask=kv_mask,
+                                packed_weights=split)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+        cache = want[1]
+
+    packed = []
+    forms = memory_forms.GPU._replace(pack_weights=lambda m: packed.append(1) or memory_forms.split_layers(m))
+    engine = _paged_kernel_engine(family, "pallas_gpu")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "memory_for_program", lambda: forms)
+        jax.clear_caches()  # traced anew with these forms (another test may have traced the same shapes) ...
+        try:
+            completions = engine.generate(_requests(PROMPTS))
+        finally:
+            jax.clear_caches()  # ... and no later test reuses what they traced
+    assert packed  # the decode program split the weights
+    expected = np.repeat(greedy_reference(family, PROMPTS, NEW_TOKENS), 2, axis=0)
+    np.testing.assert_array_equal(_padded(completions), expected)
