@@ -423,24 +423,29 @@ def test_the_paged_decode_reads_through_xla_where_the_attention_has_no_paged_ker
 def test_decode_steps_over_weights_split_per_layer_equal_the_layer_scan(family):
     """A GPU's decode loop runs its layers one after the other over weights split per layer before the loop
     (`memory_forms.split_layers`, which `pack_weights` gives on a GPU), not a scan slicing the stacks: the same
-    hidden states and cache, Gemma's sliding layers included, and the same greedy tokens through the engine reading
-    its blocks in place (the GPU's forms and its Triton paged kernel, interpreted here)."""
+    hidden states and cache, Gemma's sliding layers and QLoRA adapters included, and the same greedy tokens through
+    the engine reading its blocks in place (the GPU's forms and its Triton paged kernel, interpreted here)."""
     from jaxgrpo.models import backend, memory_forms
+
+    from jaxgrpo.models import lora
 
     model = random_model(family)
     tokens = jnp.array([[3], [7]], jnp.int32)
-    cache = model.init_cache(2, 8)
-    split = memory_forms.split_layers(model)
-    assert len(split.layers) == model.config.num_layers
-    for index in (0, 5):
-        positions = jnp.full((2, 1), index, jnp.int32)
-        kv_mask = jnp.broadcast_to(jnp.arange(8)[None] <= index, (2, 8))
-        want = model.decode_step(tokens, positions, cache=cache, cache_index=index, kv_mask=kv_mask)
-        got = model.decode_step(tokens, positions, cache=cache, cache_index=index, kv_mask=kv_mask,
-                                packed_weights=split)
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
-        cache = want[1]
+    # The model, and with QLoRA adapters (their A and B, the base weights nf4 as qwix stores them) split alike.
+    qlora = lora.apply(nnx.clone(model), rank=4, alpha=8.0, targets=("q", "v", "gate"), quantize_base="nf4", seed=1)
+    for decoder in (model, qlora):
+        cache = decoder.init_cache(2, 8)
+        split = memory_forms.split_layers(decoder)
+        assert len(split.layers) == decoder.config.num_layers
+        for index in (0, 5):
+            positions = jnp.full((2, 1), index, jnp.int32)
+            kv_mask = jnp.broadcast_to(jnp.arange(8)[None] <= index, (2, 8))
+            want = decoder.decode_step(tokens, positions, cache=cache, cache_index=index, kv_mask=kv_mask)
+            got = decoder.decode_step(tokens, positions, cache=cache, cache_index=index, kv_mask=kv_mask,
+                                      packed_weights=split)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+            cache = want[1]
 
     packed = []
     forms = memory_forms.GPU._replace(pack_weights=lambda m: packed.append(1) or memory_forms.split_layers(m))
