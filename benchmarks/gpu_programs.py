@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_programs.py [--chip h100] [--model qwen3-0.6b]
         [--variants engine,engine-stacked,engine-stacked-writes-each]
-        [--steps 8] [--out benchmarks/results/gpu_programs_<chip>.json] [--dump DIR]
+        [--steps 8] [--update] [--out benchmarks/results/gpu_programs_<chip>.json] [--dump DIR]
 
 Needs the CUDA build of jax (`pip install -e ".[gpu]"`), not a GPU: XLA:GPU compiles for a description of the chip
 (its compute capability, SMs, memory and caches: `TARGETS`) through `jax.experimental.topologies`, as
@@ -25,7 +25,9 @@ same chip times what is counted here. `--variants` (`device_check.DECODE_VARIANT
 it; "engine-stacked" with the layer scan over the stacked weights (before `memory_forms.split_layers`);
 "engine-stacked-writes-each" also writing the pool's new positions one at a time (`paged_writes_each`: the decode
 as it was before 2026-12-07); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step
-launches stays; whether it runs from a CUDA graph is decided at run time)."""
+launches stays; whether it runs from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
+at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
+read and write outside the GEMMs (`_traffic`: estimated from shapes)."""
 
 from __future__ import annotations
 
@@ -118,11 +120,43 @@ def read_hlo(text: str) -> Program:
             instruction = re.match(r"\s*(ROOT )?%(\S+) = (.*)$", line)
             if instruction:
                 root, name, rest = instruction.groups()
-                opcode = re.search(r"(?:^|[\s}\]])([a-z][a-z0-9-]*)\(", rest)
-                found[current].append((name, opcode.group(1) if opcode else "?", rest))
+                found[current].append((name, _opcode(rest), rest))
                 if root:
                     roots[current] = rest
     return Program(found, entry, roots)
+
+
+def _opcode(rest: str) -> str:
+    """The opcode of an instruction's line after `name = ` (its result's shape comes first)."""
+    opcode = re.search(r"(?:^|[\s}\]])([a-z][a-z0-9-]*)\(", rest)
+    return opcode.group(1) if opcode else "?"
+
+
+def _result_bytes_all(rest: str) -> int:
+    """Bytes of every array of an instruction's result (a tuple's too)."""
+    shape = rest[:rest.index(_opcode(rest) + "(")] if _opcode(rest) != "?" else rest
+    return sum(_bytes(array) for array in re.findall(r"\w+\[[\d,]*\]", shape))
+
+
+def _traffic(program: Program, rest: str) -> int:
+    """Bytes an operation reads and writes, estimated from shapes: its result and its fused computation's
+    parameters; an in-place update (a fusion whose root is a dynamic-update-slice) by twice its update, and a
+    fusion that reads a slice of a much larger operand by its result in place of that operand."""
+    called = re.search(r"calls=%([\w.\-]+)", rest)
+    if not called:
+        return 2 * _result_bytes_all(rest)
+    inside = program.computations[called.group(1)]
+    root = program.roots[called.group(1)]
+    shapes = {name: line for name, _, line in inside}
+    if _opcode(root) == "dynamic-update-slice":
+        update = re.search(r"dynamic-update-slice\(%[\w.\-]+, %([\w.\-]+)", root)
+        return 2 * _bytes(shapes.get(update.group(1), "")) if update else 0
+    result = _result_bytes_all(root)
+    operands = [_bytes(line) for _, opcode, line in inside if opcode == "parameter"]
+    if "dynamic-slice" in {opcode for _, opcode, _ in inside} and operands and max(operands) > 4 * result:
+        operands.remove(max(operands))
+        operands.append(result)
+    return result + sum(operands)
 
 
 def _bytes(rest: str) -> int:
@@ -166,12 +200,13 @@ def _trips(rest: str) -> int | None:
 
 def per_iteration(program: Program, body: str) -> dict:
     """What one iteration of the loop `body` launches: {"operations": {kind: count}, "host_round_trips": ...,
-    "copied_bytes": ..., "loops": [(body, trips)]}: a nested loop's body counted trips times (a loop whose trip
+    "copied_bytes": ..., "traffic_bytes": {kind: bytes read and written (`_traffic`)}, "loops": [(body, trips)]}:
+    a nested loop's body counted trips times (a loop whose trip
     count XLA knows runs without testing its predicate on the host; one it does not know is counted as one
     iteration, two predicates on the host), a conditional's largest branch once and its branch index's trip to
     the host."""
     found = program.computations
-    operations, totals, loops = collections.Counter(), collections.Counter(), []
+    operations, traffic, totals, loops = collections.Counter(), collections.Counter(), collections.Counter(), []
 
     def result_bytes(rest):  # a fusion's result is its computation's root's (an async start's result is a tuple)
         called = re.search(r"calls=%([\w.\-]+)", rest)
@@ -199,12 +234,15 @@ def per_iteration(program: Program, body: str) -> dict:
             else:
                 kind = _kind(program, opcode, rest)
                 operations[kind] += times
+                traffic[kind] += times * _traffic(program, rest)
                 if kind in ("copy", "slice of stacked weights or cache"):
                     totals["copied_bytes"] += times * result_bytes(rest)
 
     walk(body, 1)
     return {"operations": dict(operations.most_common()), "operations_total": sum(operations.values()),
             "host_round_trips": totals["host_round_trips"], "copied_bytes": totals["copied_bytes"],
+            "traffic_bytes": dict(traffic.most_common()),
+            "traffic_bytes_outside_gemms": sum(v for k, v in traffic.items() if not k.startswith("GEMM")),
             "loops": [{"body": b, "trips": t} for b, t in loops]}
 
 
@@ -264,6 +302,27 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
     return compiled.as_text(), time.perf_counter() - start
 
 
+def compile_update(model: str, chip: str):
+    """(optimized HLO text, seconds to compile) of the trainer's update at device_check's shapes (16 x 8 rows of 256
+    + 512 tokens, micro-batches of 16, packing off as on a GPU, layers rematerialized, bfloat16) for `model`."""
+    import jax
+
+    from device_check import SMALL_SHAPES, Shapes, train_config
+    from jaxgrpo import train
+    from jaxgrpo.tools import compile as compile_lib
+
+    shapes = Shapes(**{**SMALL_SHAPES, "prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512,
+                       "micro_batch": 16})
+    cfg = train_config(model, shapes, packing=False, attention="auto")
+    mesh = train.make_mesh(cfg, list(gpu_mesh(chip).devices.flat))
+    start = time.perf_counter()
+    abstract = compile_lib.abstract_train_state(cfg, mesh)
+    lowered, _, _ = compile_lib.lower_update(cfg, mesh, abstract)
+    with jax.set_mesh(mesh):
+        compiled = lowered.compile()
+    return compiled.as_text(), time.perf_counter() - start
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chip", default="h100", choices=sorted(TARGETS))
@@ -273,6 +332,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=8, help="decode steps per chunk (the counts are per step)")
     parser.add_argument("--out", default=None, help="the JSON (default benchmarks/results/gpu_programs_<chip>.json)")
     parser.add_argument("--dump", default=None, help="write each variant's optimized HLO here")
+    parser.add_argument("--update", action="store_true",
+                        help="also the trainer's update: its device operations and memory traffic outside the GEMMs")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     from device_check import DECODE_VARIANTS
@@ -305,6 +366,13 @@ def main(argv=None) -> dict:
               f"({', '.join(f'{n} {k}' for k, n in counts['operations'].items())}), "
               f"{counts['host_round_trips']} host round trips, {counts['copied_bytes'] / 1e6:.1f} MB copied",
               flush=True)
+    if args.update:
+        text, seconds = compile_update(args.model, args.chip)
+        program = read_hlo(text)
+        counts = per_iteration(program, program.entry)
+        result["update"] = {"compile_seconds": seconds, "micro_batches": 8, **counts}
+        print(f"update: {counts['operations_total']} device operations, "
+              f"{counts['traffic_bytes_outside_gemms'] / 1e12:.2f} TB read and written outside the GEMMs", flush=True)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"gpu_programs_{args.chip}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

@@ -114,6 +114,11 @@ def test_a_decode_step_is_counted_per_layer_with_its_slices_gemms_calls_copies_a
     # does the decode loop's predicate once a step.
     assert counts["host_round_trips"] == 2
     assert counts["loops"] == [{"body": "layer_body", "trips": 4}]
+    # Bytes read and written, estimated from shapes: the copy reads and writes its bf16[2,8] (32 B) each layer.
+    assert set(counts["traffic_bytes"]) == set(counts["operations"])
+    assert counts["traffic_bytes"]["copy"] == 4 * 2 * 32
+    assert counts["traffic_bytes_outside_gemms"] == sum(
+        v for k, v in counts["traffic_bytes"].items() if not k.startswith("GEMM"))
 
 
 def test_without_the_cuda_build_of_jax_it_says_what_to_install():

@@ -41,15 +41,19 @@ def test_temperature_must_be_positive(fn, temperature):
         fn(hidden, unembedding, targets, temperature=temperature)
 
 
-def test_chunked_gradients_equal_naive():
+@pytest.mark.parametrize("temperature, softcap", [(0.9, None), (0.7, 5.0)])
+def test_chunked_gradients_equal_naive(temperature, softcap):
+    """The written-out backward pass (`_chunked_backward`) against autodiff of the full logits: log-probs and
+    entropies weighted, the soft cap and temperature, ragged chunks (padding in both axes)."""
     hidden, unembedding, targets = _inputs(length=20, vocab=300)
 
     def loss(fn, hidden, unembedding):
         log_probs, entropy = fn(hidden, unembedding, targets)
         return jnp.sum(log_probs * jnp.linspace(-1, 1, 20)) + 0.3 * jnp.sum(entropy)
 
-    chunked = functools.partial(token_logprobs_and_entropy, temperature=0.9, sequence_chunk=8, vocab_chunk=128)
-    naive = functools.partial(token_logprobs_and_entropy_reference, temperature=0.9)
+    chunked = functools.partial(token_logprobs_and_entropy, temperature=temperature, logit_softcap=softcap,
+                                sequence_chunk=8, vocab_chunk=128)
+    naive = functools.partial(token_logprobs_and_entropy_reference, temperature=temperature, logit_softcap=softcap)
     got = jax.jit(jax.grad(functools.partial(loss, chunked), argnums=(0, 1)))(hidden, unembedding)
     want = jax.jit(jax.grad(functools.partial(loss, naive), argnums=(0, 1)))(hidden, unembedding)
     for g, w in zip(got, want):
@@ -70,3 +74,24 @@ def test_model_token_logprobs_match_log_softmax_of_logits():
     np.testing.assert_allclose(np.asarray(log_probs), np.asarray(expected), atol=1e-5)
     expected_entropy = -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1)
     np.testing.assert_allclose(np.asarray(entropy), np.asarray(expected_entropy), atol=1e-5)
+
+
+def test_bfloat16_gradients_equal_naive_to_bfloat16_precision():
+    """bfloat16 hidden states and projection, as the trainer scores: gradients in their dtypes, within bfloat16's
+    precision of the float32 autodiff of the full logits."""
+    hidden, unembedding, targets = _inputs(length=24, vocab=500)
+    weights = jnp.linspace(-1, 1, 24)
+
+    def loss(fn, hidden, unembedding):
+        log_probs, entropy = fn(hidden, unembedding, targets)
+        return jnp.sum(log_probs * weights) + 0.3 * jnp.sum(entropy)
+
+    chunked = functools.partial(token_logprobs_and_entropy, sequence_chunk=8, vocab_chunk=128)
+    got = jax.jit(jax.grad(functools.partial(loss, chunked), argnums=(0, 1)))(hidden.astype(jnp.bfloat16),
+                                                                               unembedding.astype(jnp.bfloat16))
+    want = jax.jit(jax.grad(functools.partial(loss, token_logprobs_and_entropy_reference), argnums=(0, 1)))(
+        hidden.astype(jnp.bfloat16).astype(jnp.float32), unembedding.astype(jnp.bfloat16).astype(jnp.float32))
+    for g, w in zip(got, want):
+        assert g.dtype == jnp.bfloat16
+        scale = float(jnp.abs(w).max())
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w), atol=2e-2 * scale)
