@@ -77,6 +77,8 @@ SMALL_HF_CONFIG = {
     "tie_word_embeddings": True,
 }
 SMALL_SHAPES = {"prompts": 2, "samples": 4, "prompt_len": 16, "new_tokens": 16, "steps": 2, "micro_batch": 4}
+#: The shapes of the issue that asked for this script (without `--small`).
+FULL_SHAPES = {"prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512, "steps": 3, "micro_batch": 16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -708,7 +710,7 @@ def main(argv=None) -> dict:
         if args.model not in architectures.ARCHITECTURES:
             parser.error(f"unknown --model {args.model!r}; choose one of {', '.join(architectures.names())}")
         hf_config = dict(architectures.ARCHITECTURES[args.model].hf_config)
-        defaults = {"prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512, "steps": 3, "micro_batch": 16}
+        defaults = FULL_SHAPES
     shapes = Shapes(**{k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()})
     if shapes.micro_batch % shapes.samples:
         parser.error(f"--micro-batch {shapes.micro_batch} must hold whole groups of --samples {shapes.samples} "

@@ -263,6 +263,9 @@ def decode_step_counts(text: str) -> dict:
 # -- the engine's decode chunk -----------------------------------------------------------------------------------
 
 
+#: Positions per KV block: the rollout engine's default, as device_check's engine runs.
+BLOCK_SIZE = 16
+
 #: The variants counted unless told (`device_check.DECODE_VARIANTS` has them all).
 DEFAULT_VARIANTS = ("engine", "engine-stacked", "engine-stacked-writes-each")
 
@@ -275,7 +278,7 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
     import jax.numpy as jnp
     from flax import nnx
 
-    from device_check import DECODE_VARIANTS, decode_variant
+    from device_check import DECODE_VARIANTS, FULL_SHAPES, Shapes, decode_variant
     from jaxgrpo import engine, sampler
     from jaxgrpo.models import Decoder, architectures
     from jaxgrpo.models.config import from_hf_config
@@ -285,16 +288,16 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
                                                                rngs=nnx.Rngs(0))))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
-    prompts, samples, prompt_len, new_tokens, block = 16, 8, 256, 512, 16
-    context = sampler.bucket_length(prompt_len) + new_tokens
+    shapes = Shapes(**FULL_SHAPES)
+    context = sampler.bucket_length(shapes.prompt_len) + shapes.new_tokens
     jax.clear_caches()  # the variants trace the same functions at the same shapes: no traces reused
     start = time.perf_counter()
     variant = DECODE_VARIANTS[variant]
     with decode_variant(variant):
         traced = engine.trace_programs(
-            graphdef, state, num_slots=prompts * samples, num_blocks=prompts * samples * context // block + 1,
-            block_size=block, max_context=context, prefill_rows=prompts, prompt_len=prompt_len,
-            draws=prompts * samples, width=prompt_len + new_tokens // 2, steps=steps, mesh=mesh,
+            graphdef, state, num_slots=shapes.rows, num_blocks=shapes.rows * context // BLOCK_SIZE + 1,
+            block_size=BLOCK_SIZE, max_context=context, prefill_rows=shapes.prompts, prompt_len=shapes.prompt_len,
+            draws=shapes.rows, width=shapes.prompt_len + shapes.new_tokens // 2, steps=steps, mesh=mesh,
             sampling=sampler.SamplingParams(temperature=1.0))
         with jax.set_mesh(mesh):
             lowered = traced["engine decode"].lower()
@@ -307,13 +310,11 @@ def compile_update(model: str, chip: str):
     + 512 tokens, micro-batches of 16, packing off as on a GPU, layers rematerialized, bfloat16) for `model`."""
     import jax
 
-    from device_check import SMALL_SHAPES, Shapes, train_config
+    from device_check import FULL_SHAPES, Shapes, train_config
     from jaxgrpo import train
     from jaxgrpo.tools import compile as compile_lib
 
-    shapes = Shapes(**{**SMALL_SHAPES, "prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512,
-                       "micro_batch": 16})
-    cfg = train_config(model, shapes, packing=False, attention="auto")
+    cfg = train_config(model, Shapes(**FULL_SHAPES), packing=False, attention="auto")
     mesh = train.make_mesh(cfg, list(gpu_mesh(chip).devices.flat))
     start = time.perf_counter()
     abstract = compile_lib.abstract_train_state(cfg, mesh)
@@ -336,7 +337,7 @@ def main(argv=None) -> dict:
                         help="also the trainer's update: its device operations and memory traffic outside the GEMMs")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    from device_check import DECODE_VARIANTS
+    from device_check import DECODE_VARIANTS, FULL_SHAPES
 
     known = [name for name, variant in DECODE_VARIANTS.items() if variant.in_place is None]
     unknown = sorted(set(variants) - set(known))
@@ -350,7 +351,7 @@ def main(argv=None) -> dict:
 
     mesh = gpu_mesh(args.chip)
     result = {"benchmark": "gpu_programs", "chip": TARGETS[args.chip][0], "model": args.model, "steps": args.steps,
-              "shapes": {"prompts": 16, "samples": 8, "prompt_len": 256, "new_tokens": 512, "block_size": 16},
+              "shapes": {**FULL_SHAPES, "block_size": BLOCK_SIZE},
               "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
               "command": "python benchmarks/gpu_programs.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "variants": {}}
@@ -370,7 +371,8 @@ def main(argv=None) -> dict:
         text, seconds = compile_update(args.model, args.chip)
         program = read_hlo(text)
         counts = per_iteration(program, program.entry)
-        result["update"] = {"compile_seconds": seconds, "micro_batches": 8, **counts}
+        micro_batches = FULL_SHAPES["prompts"] * FULL_SHAPES["samples"] // FULL_SHAPES["micro_batch"]
+        result["update"] = {"compile_seconds": seconds, "micro_batches": micro_batches, **counts}
         print(f"update: {counts['operations_total']} device operations, "
               f"{counts['traffic_bytes_outside_gemms'] / 1e12:.2f} TB read and written outside the GEMMs", flush=True)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",

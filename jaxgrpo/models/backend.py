@@ -20,7 +20,7 @@ import contextlib
 from typing import NamedTuple
 
 from jaxgrpo.models import attention as attention_implementations
-from jaxgrpo.models import cpu_forms, cpu_kernels, memory_forms
+from jaxgrpo.models import cpu_forms, memory_forms
 from jaxgrpo.models.attention import pallas_decode
 from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows, write_new_tokens
 from jaxgrpo.models.partitioning import active_mesh
@@ -88,11 +88,10 @@ def memory_for_program() -> memory_forms.MemoryForms:
     """The memory forms of the program being traced: the CPU forms (`cpu_forms.FORMS`) for one that runs on CPUs
     (the active mesh's devices say so: a CPU process compiling for a TPU topology gets the plain forms) or within
     `force_cpu_forms`, `memory_forms.GPU` for one that runs on a GPU, else `memory_forms.PLAIN`."""
-    if _FORCE_CPU_FORMS[0] or cpu_kernels.targets_cpu(active_mesh()):
+    platform = attention_implementations.target_platform(active_mesh())
+    if _FORCE_CPU_FORMS[0] or platform == "cpu":
         return cpu_forms.FORMS
-    if attention_implementations.target_platform(active_mesh()) == "gpu":
-        return memory_forms.GPU
-    return memory_forms.PLAIN
+    return memory_forms.GPU if platform == "gpu" else memory_forms.PLAIN
 
 
 def for_program(attention: str, mesh) -> Backend:

@@ -201,12 +201,12 @@ class Decoder(nnx.Module):
         weight = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
         return weight.astype(self.dtype)
 
-    def pack_weights(self) -> PackedWeights | None:
-        """The weights packed for a decode loop's one-token calls (pass them as `packed_weights=`), by this
-        program's memory forms: on a CPU, for a C++ kernel where it applies (`cpu_forms.pack_weights`); else
-        None, which changes nothing.
+    def pack_weights(self) -> PackedWeights | LayerWeights | None:
+        """The weights prepared for a decode loop's calls (pass them as `packed_weights=`), by this program's memory
+        forms: on a CPU, packed for a C++ kernel where it applies (`cpu_forms.pack_weights`); on a GPU, split per
+        layer (`memory_forms.split_layers`); else None, which changes nothing.
 
-        An XLA computation, run once before the loop (a copy of the weights, 270 MB for SmolLM2)."""
+        An XLA computation, run once before the loop (a copy of the weights, 270 MB for SmolLM2 on a CPU)."""
         return backends.memory_for_program().pack_weights(self)
 
     @jax.named_scope("unembed")
@@ -445,10 +445,10 @@ class Decoder(nnx.Module):
         # Every layer reads the whole cache and prefix (closed over, read-only) at its own index, so no layer's
         # slice is copied; the layers' new keys and values [L, B, T, ...] come out of the scan and are
         # written with one dynamic_update_slice each (in place when donated).
-        layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
         stream = lambda y: constrain_activation(y, ("batch", "sequence", None), mesh)  # noqa: E731
         with jax.named_scope("layers"):
             if per_layer is None:
+                layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
                 x, new_kv = jax.lax.scan(layer, stream(x),
                                          (layer_params, layer_ids, jnp.asarray(c.sliding_layer_mask)))
             else:  # weights split per layer before a decode loop (`memory_forms.split_layers`): one after another

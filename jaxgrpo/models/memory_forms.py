@@ -44,7 +44,8 @@ class MemoryForms(NamedTuple):
       at run time (the live slots, rounded up to a chunk, are read).
     unembedding_table: (table, hidden) -> (table, hidden), the tied unembedding's operands as the decode
       loop's body reads them.
-    pack_weights: model -> the weights its one-token decode calls multiply by, packed, or None.
+    pack_weights: model -> the weights a decode loop's calls multiply by, prepared once before the loop: packed
+      for a CPU kernel (`cpu_forms.PackedWeights`), split per layer on a GPU (`LayerWeights`), or None.
     """
 
     name: str
@@ -62,7 +63,7 @@ class MemoryForms(NamedTuple):
 
 def _layer_weights(params, stacks, index, packed=None):
     if packed:
-        raise ValueError("packed weights are multiplied by CPU programs only (Decoder.pack_weights gives None "
+        raise ValueError("packed weights are multiplied by CPU programs only (Decoder.pack_weights packs none "
                          "elsewhere): pass packed_weights=None")
     return params
 
