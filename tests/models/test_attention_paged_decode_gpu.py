@@ -109,7 +109,8 @@ def test_the_pallas_gpu_attention_reads_pools_triton_cannot_tile_through_xla():
 def test_lowers_for_an_h100_through_triton():
     """Lowered for a CUDA target on this CPU (`lowering_platforms=("cuda",)`, an abstract H100 mesh,
     `interpret=False`) at Qwen3-0.6B's decode shapes (28 layers, 8 kv heads of 128, 2 query heads each, bfloat16,
-    the engine's 16-position blocks, 128 rows of up to 1536 positions: an 11 GiB pool) and at a toy's (float32, 4-position blocks, a window): one Triton call each. Triton's own
+    the engine's 16-position blocks, 128 rows of up to 1536 positions: an 11 GiB pool) and at a toy's (float32, 4-position blocks, a window): one Triton call each, its state no larger than
+    the stacked queries'. Triton's own
     compilation to PTX happens in XLA on a GPU, so it is not checked here."""
     h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
     mesh = jax.sharding.AbstractMesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=h100)
@@ -128,6 +129,12 @@ def test_lowers_for_an_h100_through_triton():
             text = jax.jit(step).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
         assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {"__gpu$xla.gpu.triton"}
         assert re.findall(r'name = "(paged\w+)"', text) == ["paged_attention_state_gpu"]
+        # The state of each row's stacked queries only (2 on Qwen3, 4 on the toy), not of the 16 rows the products
+        # multiply (the queries are repeated to 16 in the kernel: no padding is read or written).
+        stacked, f32 = groups, "xf32>"
+        results = re.search(r"stablehlo.custom_call @.*-> \((.*)\)$", text, re.M).group(1)
+        assert results == ", ".join([f"tensor<{rows}x{kv}x{stacked}{f32}"] * 2 +
+                                    [f"tensor<{rows}x{kv}x{stacked}x{head_dim}{f32}"])
 
 
 def test_the_pools_new_positions_are_written_the_same_by_a_scatter_and_one_at_a_time():

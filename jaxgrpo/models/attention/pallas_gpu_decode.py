@@ -21,8 +21,11 @@ How it runs on a GPU:
 
 Triton multiplies power-of-two blocks of at least 16: the pool's head dimension and block size must be powers of
 two (the head dimension at least 16; a block of fewer than 16 positions is read `16 / S` blocks per step). The
-queries are padded to a power of two of at least 16 (cheap: they are a handful of rows). `supports(pool)` says
-whether a pool fits; `pallas_gpu.paged_state` reads any other through `pallas_decode.xla_paged_attention_state`.
+stacked queries are padded to a power of two; fewer than 16 (a decode step's 2 on Qwen3: 2 query heads a kv head,
+one new token) are read once and repeated in registers to the product's 16 rows, and only the first copy's state
+is written, so the kernel reads and writes no padding (it wrote [R, kv, 16, D] float32 for 2 real rows: 8 MB a
+layer at batch 128, and XLA padded the queries in a launch of its own). `supports(pool)` says whether a pool fits;
+`pallas_gpu.paged_state` reads any other through `pallas_decode.xla_paged_attention_state`.
 On a CPU the kernel runs in Pallas' interpreter (`interpret=True`), for tests.
 """
 
@@ -44,6 +47,8 @@ from jaxgrpo.models.attention.pallas_decode import MASKED_SCORE
 #: Key positions per step of a program's loop (pool blocks gathered per step x their size), unless one block is
 #: larger: enough for a [Q, D] x [D, K] product to keep a GPU's tensor cores busy.
 KEYS_PER_STEP = 64
+#: The fewest rows a Triton product takes (`tl.dot`'s M, N and K).
+MIN_ROWS = 16
 #: Triton's warps per program and software-pipelining stages of the key loop.
 NUM_WARPS = 4
 NUM_STAGES = 2
@@ -78,8 +83,13 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
     first = low // keys
     stop = jnp.where(low < high, (high + keys - 1) // keys, first)
     q = q_ref[...]
+    given, head_dim = q.shape
+    copies = max(1, MIN_ROWS // given)  # Triton's products take at least 16 rows: repeat the queries to fill them
+    if copies > 1:
+        q = jnp.broadcast_to(q[None], (copies, given, head_dim)).reshape(copies * given, head_dim)
     rows = q.shape[0]
-    query = query_position + lax.rem(jnp.arange(rows, dtype=jnp.int32), jnp.int32(length))  # t fastest
+    row = lax.rem(jnp.arange(rows, dtype=jnp.int32), jnp.int32(given))  # which of the block's queries a product row holds
+    query = query_position + lax.rem(row, jnp.int32(length))  # t fastest
 
     def visit(j, carry):
         out, top, total = carry
@@ -102,10 +112,18 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
     start = (jnp.zeros(q.shape, jnp.float32), jnp.full((rows,), MASKED_SCORE, jnp.float32),
              jnp.zeros((rows,), jnp.float32))
     out, top, total = lax.fori_loop(first, stop, visit, start)
+    if copies > 1:  # every copy holds the same state: keep the first
+        out = _first_copy(out.reshape(copies, given, head_dim))
+        top, total = (_first_copy(x.reshape(copies, given)) for x in (top, total))
     seen = total > 0
     top_ref[...] = jnp.where(seen, top / _LOG2E, MASKED_SCORE)  # natural-log units, as the state is defined
     total_ref[...] = total
     out_ref[...] = out
+
+
+def _first_copy(x: jax.Array) -> jax.Array:
+    """x[0] of x [copies, ...], a power of two of copies, written as Triton lowers it (an even split)."""
+    return jnp.split(x, x.shape[0], axis=0)[0].reshape(x.shape[1:])
 
 
 def _shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale, window,
@@ -125,8 +143,9 @@ def _shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, sta
     tables = jnp.pad(block_tables, ((0, 0), (0, round_up(max_blocks, pages) - max_blocks)))
     queries = pallas_decode.stack_queries(q.astype(pool_k.dtype), rows)  # [R, kv, Q, D]
     stacked = queries.shape[2]
-    padded = max(16, pl.next_power_of_2(stacked))
-    queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - stacked), (0, 0)))
+    padded = pl.next_power_of_2(stacked)
+    if padded > stacked:
+        queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - stacked), (0, 0)))
 
     def whole(x):
         return pl.BlockSpec(x.shape, lambda r, h: (0,) * x.ndim)
