@@ -364,8 +364,10 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
 @dataclasses.dataclass(frozen=True)
 class DecodeVariant:
     """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `options`, XLA compiler
-    options its decode chunks are compiled with (only XLA:GPU reads these); `stacked`, a GPU's decode scans the
-    stacked layer weights instead of splitting them per layer before the loop (`memory_forms.split_layers`);
+    options its decode chunks are compiled with (only XLA:GPU reads these); `stacked`, a GPU's decode runs on the
+    plain memory forms instead of the GPU's (`memory_forms.GPU`): it scans the stacked layer weights instead of
+    splitting them per layer before the loop (`memory_forms.split_layers`), and rotates RoPE's halves by a
+    concatenate (`memory_forms.rotate_half`, not `swap_halves`);
     `writes_each`, a GPU's paged decode writes its new positions one at a time instead of with a scatter
     (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07."""
 

@@ -45,10 +45,10 @@ def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, 
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate x [B, T, heads, head_dim] by the angles in cos/sin [B, T, head_dim] (rotate-half form)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, rotate=memory_forms.rotate_half) -> jax.Array:
+    """Rotate x [B, T, heads, head_dim] by the angles in cos/sin [B, T, head_dim] (rotate-half form); `rotate`
+    computes [-x2, x1] (`memory_forms.rotate_half`, or a program's form of it: the same numbers)."""
+    rotated = rotate(x)
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
@@ -140,7 +140,7 @@ class Attention(nnx.Module):
             q, k, v = self._project(x, "q", forms), self._project(x, "k", forms), self._project(x, "v", forms)
             if c.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin, forms.rotate_half), apply_rope(k, cos, sin, forms.rotate_half)
             q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
         batch, length = q.shape[:2]
         with jax.named_scope("attention"), jax.named_scope("core"):

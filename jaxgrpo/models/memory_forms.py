@@ -9,7 +9,8 @@ CPUs they are written differently. The decoder makes those accesses through a `M
 * `PLAIN`: the plain `lax` / `jax.numpy` operations, for TPU programs;
 * `GPU`: the plain operations, and a decode loop's weights split into one array per layer before the loop
   (`split_layers`): the layer scan slices a layer's weights out of the stacked arrays, which XLA:GPU copies
-  before a Triton GEMM reads them, every step;
+  before a Triton GEMM reads them, every step; RoPE's half rotation as the halves swapped (`swap_halves`), which
+  XLA:GPU fuses with the new tokens' own scores where it launches a concatenate on its own;
 * `jaxgrpo.models.cpu_forms.FORMS`: the XLA:CPU forms (bits behind optimization barriers, custom-JVP
   slices, 32-slot cache chunks, packed weights), each with the measurement that justifies it.
 
@@ -23,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 
@@ -46,6 +48,7 @@ class MemoryForms(NamedTuple):
       loop's body reads them.
     pack_weights: model -> the weights a decode loop's calls multiply by, prepared once before the loop: packed
       for a CPU kernel (`cpu_forms.PackedWeights`), split per layer on a GPU (`LayerWeights`), or None.
+    rotate_half: x -> [-x2, x1], x's halves along its last axis (RoPE's rotation, `rotate_half`).
     """
 
     name: str
@@ -59,6 +62,13 @@ class MemoryForms(NamedTuple):
     cache_chunk: Callable[[int], int]
     unembedding_table: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
     pack_weights: Callable[[Any], Any]
+    rotate_half: Callable[[jax.Array], jax.Array]
+
+
+def rotate_half(x: jax.Array) -> jax.Array:
+    """[-x2, x1] for x = [x1, x2] split in halves along its last axis (HF's rotate-half form of RoPE)."""
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
 def _layer_weights(params, stacks, index, packed=None):
@@ -105,6 +115,18 @@ PLAIN = MemoryForms(
     cache_chunk=lambda capacity: capacity,
     unembedding_table=lambda table, hidden: (table, hidden),
     pack_weights=lambda model: None,
+    rotate_half=rotate_half,
 )
 
-GPU = PLAIN._replace(name="gpu", pack_weights=split_layers)
+def swap_halves(x: jax.Array) -> jax.Array:
+    """`rotate_half` as x's halves swapped (a reverse of [2, half]) times [-1, 1]: the same numbers (a sign
+    flip is exact). Compiled for an H100, a decode step's query rotation then fuses with the new tokens' scores
+    (`benchmarks/gpu_programs.py`: 448 -> 420 operations a step on Qwen3-0.6B); XLA:GPU emits the concatenate of
+    `rotate_half` in a launch of its own. Not for TPUs: where the head dimension is split over devices, the reverse
+    adds two all-gathers a layer to the decode (Qwen3-1.7B on v5e:2x4)."""
+    halves = x.reshape(*x.shape[:-1], 2, x.shape[-1] // 2)
+    sign = np.array([[-1], [1]], x.dtype)
+    return (jnp.flip(halves, axis=-2) * sign).reshape(x.shape)
+
+
+GPU = PLAIN._replace(name="gpu", pack_weights=split_layers, rotate_half=swap_halves)
