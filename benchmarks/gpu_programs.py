@@ -22,7 +22,8 @@ caches).
 The shapes are `benchmarks/device_check.py`'s (16 prompts x 8 samples, 256-token prompts, 512 new tokens, one slot
 per sample, the engine's 16-position blocks, the pool holding every row's whole context), so a device check on the
 same chip times what is counted here. `--variants` (`device_check.DECODE_VARIANTS`): "engine" as jaxgrpo compiles
-it; "engine-stacked" with the layer scan over the stacked weights (before `memory_forms.split_layers`);
+it; "engine-stacked" on the plain memory forms (the layer scan over the stacked weights, RoPE's halves
+concatenated: before `memory_forms.split_layers` and `swap_halves`);
 "engine-stacked-writes-each" also writing the pool's new positions one at a time (`paged_writes_each`: the decode
 as it was before 2026-12-07); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step
 launches stays; whether it runs from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
@@ -139,24 +140,61 @@ def _result_bytes_all(rest: str) -> int:
 
 
 def _traffic(program: Program, rest: str) -> int:
-    """Bytes an operation reads and writes, estimated from shapes: its result and its fused computation's
-    parameters; an in-place update (a fusion whose root is a dynamic-update-slice) by twice its update, and a
-    fusion that reads a slice of a much larger operand by its result in place of that operand."""
+    """Bytes an operation reads and writes, estimated from shapes.
+
+    An operation that calls no computation (a Triton or library call, a copy): twice its result (its operands, such
+    as a whole KV pool a kernel reads a few blocks of, say nothing of what it reads). A fusion: its result, and each
+    parameter of its computation, by what is read of it: a parameter that is only sliced (`slice`, `dynamic-slice`,
+    `gather`) by the slices' bytes. A fusion that updates its first operand in place (its root a
+    `dynamic-update-slice` or `scatter` of a parameter, as a decode step writes its new tokens into the pool) writes
+    its update, not the operand."""
     called = re.search(r"calls=%([\w.\-]+)", rest)
     if not called:
         return 2 * _result_bytes_all(rest)
     inside = program.computations[called.group(1)]
     root = program.roots[called.group(1)]
-    shapes = {name: line for name, _, line in inside}
-    if _opcode(root) == "dynamic-update-slice":
-        update = re.search(r"dynamic-update-slice\(%[\w.\-]+, %([\w.\-]+)", root)
-        return 2 * _bytes(shapes.get(update.group(1), "")) if update else 0
-    result = _result_bytes_all(root)
-    operands = [_bytes(line) for _, opcode, line in inside if opcode == "parameter"]
-    if "dynamic-slice" in {opcode for _, opcode, _ in inside} and operands and max(operands) > 4 * result:
-        operands.remove(max(operands))
-        operands.append(result)
-    return result + sum(operands)
+    lines = {name: line for name, _, line in inside}
+    users = collections.defaultdict(list)
+    for _, opcode, line in inside:
+        for operand in _operands(line):
+            users[operand].append((opcode, line))
+    written = _result_bytes_all(root)
+    in_place = None
+    if _opcode(root) in ("dynamic-update-slice", "scatter"):
+        operand, *others = _operands(root)
+        update = others[0] if _opcode(root) == "dynamic-update-slice" else others[1]
+        in_place = _through_bitcasts(operand, lines)
+        written = _bytes(lines.get(update, ""))
+    read = 0
+    for name, opcode, line in inside:
+        if opcode != "parameter" or name == in_place:
+            continue
+        uses = users[name]
+        sliced = uses and all(op in ("slice", "dynamic-slice", "gather") and _operands(use)[0] == name
+                              for op, use in uses)
+        read += sum(_bytes(use) for _, use in uses) if sliced else _bytes(line)
+    return written + read
+
+
+def _operands(line: str) -> list[str]:
+    """The names an instruction's line (after `name = `) takes as operands."""
+    opcode = _opcode(line)
+    if opcode == "?":
+        return []
+    inside, depth = [], 0
+    for char in line[line.index(opcode + "(") + len(opcode) + 1:]:
+        if char == ")" and depth == 0:
+            break
+        depth += (char == "(") - (char == ")")
+        inside.append(char)
+    return re.findall(r"%([\w.\-]+)", "".join(inside))
+
+
+def _through_bitcasts(name: str, lines: dict[str, str]) -> str:
+    """The instruction `name` is a bitcast (or a chain of them) of, or `name`."""
+    while name in lines and _opcode(lines[name]) == "bitcast":
+        name = _operands(lines[name])[0]
+    return name
 
 
 def _bytes(rest: str) -> int:

@@ -126,3 +126,49 @@ def test_without_the_cuda_build_of_jax_it_says_what_to_install():
         pytest.skip("the CUDA build of jax is installed here: the script compiles instead")
     with pytest.raises(SystemExit, match=r'cannot compile for a CUDA GPU here .*pip install -e "\.\[gpu\]"'):
         gpu_programs.gpu_mesh("h100")
+
+
+# An in-place scatter of two rows into a bf16[100,8] pool (its indices and rows computed in the fusion), and a
+# fusion that reads 4 rows of a float32[64,16] table through a dynamic slice and 16 bytes of another whole.
+TRAFFIC = """HloModule traffic, is_scheduled=true
+
+%write (pool: bf16[100,8], ids: s32[2,1], rows: f32[2,8]) -> bf16[100,8] {
+  %pool = bf16[100,8]{1,0} parameter(0)
+  %ids = s32[2,1]{1,0} parameter(1)
+  %rows = f32[2,8]{1,0} parameter(2)
+  %new = bf16[2,8]{1,0} convert(%rows)
+  %view = bf16[100,8]{1,0} bitcast(%pool)
+  ROOT %scatter = bf16[100,8]{1,0} scatter(%view, %ids, %new), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+}
+
+%read (table: f32[64,16], at: s32[], scale: f32[4]) -> f32[4,16] {
+  %table = f32[64,16]{1,0} parameter(0)
+  %at = s32[] parameter(1)
+  %scale = f32[4]{0} parameter(2)
+  %zero = s32[] constant(0)
+  %rows = f32[4,16]{1,0} dynamic-slice(%table, %at, %zero), dynamic_slice_sizes={4,16}
+  %wide = f32[4,16]{1,0} broadcast(%scale), dimensions={0}
+  ROOT %product = f32[4,16]{1,0} multiply(%rows, %wide)
+}
+
+ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], s: f32[4]) -> f32[4,16] {
+  %p = bf16[100,8]{1,0} parameter(0)
+  %i = s32[2,1]{1,0} parameter(1)
+  %r = f32[2,8]{1,0} parameter(2)
+  %t = f32[64,16]{1,0} parameter(3)
+  %a = s32[] parameter(4)
+  %s = f32[4]{0} parameter(5)
+  %written = bf16[100,8]{1,0} fusion(%p, %i, %r), kind=kInput, calls=%write
+  ROOT %read = f32[4,16]{1,0} fusion(%t, %a, %s), kind=kLoop, calls=%read
+}
+"""
+
+
+def test_traffic_counts_an_in_place_update_by_its_update_and_a_sliced_operand_by_its_slice():
+    program = gpu_programs.read_hlo(TRAFFIC)
+    fusions = {name: rest for name, opcode, rest in program.computations[program.entry] if opcode == "fusion"}
+    # The scatter writes its 2 bf16 rows (32 B), reads its indices (8 B) and float32 rows (64 B); not the pool.
+    assert gpu_programs._traffic(program, fusions["written"]) == 32 + 8 + 64
+    # The slice's 4 rows (256 B), not the whole table (4 KiB), with the index (4 B) and the scales (16 B) read and
+    # the result (256 B) written.
+    assert gpu_programs._traffic(program, fusions["read"]) == 256 + 4 + 16 + 256
