@@ -370,7 +370,7 @@ def main(argv=None) -> dict:
                         help="comma-separated, of device_check.DECODE_VARIANTS but engine-views (a GPU reads in place)")
     parser.add_argument("--steps", type=int, default=8, help="decode steps per chunk (the counts are per step)")
     parser.add_argument("--out", default=None, help="the JSON (default benchmarks/results/gpu_programs_<chip>.json)")
-    parser.add_argument("--dump", default=None, help="write each variant's optimized HLO here")
+    parser.add_argument("--dump", default=None, help="write each program's optimized HLO here (<variant>.hlo, update.hlo)")
     parser.add_argument("--update", action="store_true",
                         help="also the trainer's update: its device operations and memory traffic outside the GEMMs")
     args = parser.parse_args(argv)
@@ -393,12 +393,16 @@ def main(argv=None) -> dict:
               "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
               "command": "python benchmarks/gpu_programs.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "variants": {}}
-    for variant in variants:
-        text, seconds = compile_decode(args.model, mesh, args.steps, variant)
+
+    def dump(name, text):
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)
-            with open(os.path.join(args.dump, f"{variant}.hlo"), "w") as f:
+            with open(os.path.join(args.dump, f"{name}.hlo"), "w") as f:
                 f.write(text)
+
+    for variant in variants:
+        text, seconds = compile_decode(args.model, mesh, args.steps, variant)
+        dump(variant, text)
         counts = decode_step_counts(text)
         result["variants"][variant] = {"compile_seconds": seconds, **counts}
         print(f"{variant}: {counts['operations_total']} device operations a decode step "
@@ -407,6 +411,7 @@ def main(argv=None) -> dict:
               flush=True)
     if args.update:
         text, seconds = compile_update(args.model, args.chip)
+        dump("update", text)
         program = read_hlo(text)
         counts = per_iteration(program, program.entry)
         micro_batches = FULL_SHAPES["prompts"] * FULL_SHAPES["samples"] // FULL_SHAPES["micro_batch"]
