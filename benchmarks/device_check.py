@@ -369,12 +369,16 @@ class DecodeVariant:
     splitting them per layer before the loop (`memory_forms.split_layers`), and rotates RoPE's halves by a
     concatenate (`memory_forms.rotate_half`, not `swap_halves`);
     `writes_each`, a GPU's paged decode writes its new positions one at a time instead of with a scatter
-    (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07."""
+    (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07.
+    `shared_prefixes` False: each row reads its prompt's blocks itself, instead of the samples of a prompt reading
+    them once as a shared prefix (`Engine._chunk_rows`): one paged kernel call a layer instead of two, each row's
+    whole context read (a GPU's L2 may serve the repeats)."""
 
     in_place: bool | None = None
     options: tuple[tuple[str, object], ...] = ()
     stacked: bool = False
     writes_each: bool = False
+    shared_prefixes: bool = True
 
 
 #: XLA command buffers with WHILE and CONDITIONAL nodes: a decode chunk's whole `lax.while_loop` as CUDA graphs.
@@ -385,11 +389,13 @@ GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM
 #: the loop), "engine-views" through dense views gathered once a chunk (the form the paged kernel replaces),
 #: "engine-graphs" its decode chunks compiled with `GRAPH_OPTIONS`, "engine-stacked" scanning the stacked layer
 #: weights, and "engine-stacked-writes-each" also writing the pool one position at a time (a GPU's decode before
-#: 2026-12-07: `benchmarks/gpu_programs.py` counts what each launches).
+#: 2026-12-07: `benchmarks/gpu_programs.py` counts what each launches); "engine-unshared" with no shared prefixes
+#: (each row reads its whole context).
 DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_place=False),
                    "engine-graphs": DecodeVariant(options=tuple(GRAPH_OPTIONS.items())),
                    "engine-stacked": DecodeVariant(stacked=True),
-                   "engine-stacked-writes-each": DecodeVariant(stacked=True, writes_each=True)}
+                   "engine-stacked-writes-each": DecodeVariant(stacked=True, writes_each=True),
+                   "engine-unshared": DecodeVariant(shared_prefixes=False)}
 #: The variants `--decode-variants` times unless told.
 DEFAULT_DECODE_VARIANTS = ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each")
 
@@ -406,7 +412,7 @@ def decode_variant(variant: DecodeVariant):
     from jaxgrpo.models import memory_forms
     from jaxgrpo.models.attention import pallas_gpu
 
-    saved = engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION
+    saved = engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION, engine_module.Engine._chunk_rows
     engine_module.decode_program = jax.jit(
         programs.engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width",
                                                  "in_place"),
@@ -415,10 +421,13 @@ def decode_variant(variant: DecodeVariant):
         memory_forms.GPU = memory_forms.PLAIN._replace(name="gpu")
     if variant.writes_each:
         pallas_gpu.IMPLEMENTATION = pallas_gpu.IMPLEMENTATION._replace(paged_writes_each=True)
+    if not variant.shared_prefixes:
+        engine_module.Engine._chunk_rows = lambda self, running: (running, None, 0)
     try:
         yield
     finally:
-        engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION = saved
+        (engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION,
+         engine_module.Engine._chunk_rows) = saved
 
 
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,

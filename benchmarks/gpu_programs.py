@@ -20,12 +20,14 @@ conditional's branch index), and the bytes the step copies (copies, and slices o
 caches).
 
 The shapes are `benchmarks/device_check.py`'s (16 prompts x 8 samples, 256-token prompts, 512 new tokens, one slot
-per sample, the engine's 16-position blocks, the pool holding every row's whole context), so a device check on the
-same chip times what is counted here. `--variants` (`device_check.DECODE_VARIANTS`): "engine" as jaxgrpo compiles
+per sample, the engine's 16-position blocks, the pool holding every row's whole context, each prompt's blocks read
+once for its 8 samples as a shared prefix, as the engine plans such a chunk), so a device check on the same chip
+times what is counted here. `--variants` (`device_check.DECODE_VARIANTS`): "engine" as jaxgrpo compiles
 it; "engine-stacked" on the plain memory forms (the layer scan over the stacked weights, RoPE's halves
 concatenated: before `memory_forms.split_layers` and `swap_halves`);
 "engine-stacked-writes-each" also writing the pool's new positions one at a time (`paged_writes_each`: the decode
-as it was before 2026-12-07); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step
+as it was before 2026-12-07); "engine-unshared" without shared prefixes (each row reads its prompt's blocks
+itself: one paged kernel call a layer instead of two); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step
 launches stays; whether it runs from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
 at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
 read and write outside the GEMMs (`_traffic`: estimated from shapes)."""
@@ -305,7 +307,7 @@ def decode_step_counts(text: str) -> dict:
 BLOCK_SIZE = 16
 
 #: The variants counted unless told (`device_check.DECODE_VARIANTS` has them all).
-DEFAULT_VARIANTS = ("engine", "engine-stacked", "engine-stacked-writes-each")
+DEFAULT_VARIANTS = ("engine", "engine-unshared", "engine-stacked", "engine-stacked-writes-each")
 
 
 def compile_decode(model: str, mesh, steps: int, variant: str):
@@ -336,7 +338,7 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
             graphdef, state, num_slots=shapes.rows, num_blocks=shapes.rows * context // BLOCK_SIZE + 1,
             block_size=BLOCK_SIZE, max_context=context, prefill_rows=shapes.prompts, prompt_len=shapes.prompt_len,
             draws=shapes.rows, width=shapes.prompt_len + shapes.new_tokens // 2, steps=steps, mesh=mesh,
-            sampling=sampler.SamplingParams(temperature=1.0))
+            sampling=sampler.SamplingParams(temperature=1.0), share=shapes.samples if variant.shared_prefixes else 1)
         with jax.set_mesh(mesh):
             lowered = traced["engine decode"].lower()
             compiled = lowered.compile(dict(variant.options) or None)

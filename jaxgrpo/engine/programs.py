@@ -28,6 +28,7 @@ from jaxgrpo.engine.blocks import blocks_for
 from jaxgrpo.models import backend as backends
 from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows, per_shard
 from jaxgrpo.sampler.distribution import SamplingParams, sample_tokens
+from jaxgrpo.sampler.requests import bucket_length
 
 logger = logging.getLogger(__name__)
 
@@ -289,15 +290,19 @@ copy_program = jax.jit(engine_copy, static_argnames=("mesh",), donate_argnames=(
 
 def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_size: int, max_context: int,
                    prefill_rows: int, prompt_len: int, draws: int, width: int, steps: int, sampling: SamplingParams,
-                   mesh: jax.sharding.Mesh | None = None) -> dict[str, jax.stages.Traced]:
+                   mesh: jax.sharding.Mesh | None = None, share: int = 1) -> dict[str, jax.stages.Traced]:
     """The engine's programs traced at abstract shapes, for ahead-of-time compilation (`jaxgrpo.tools.compile`).
 
     `graphdef`, `state`: the decoder split (`state` may be abstract, placed as the run places it). Returns
     {"engine prefill": `prefill_rows` prompts of `prompt_len` tokens into a pool of `num_blocks` blocks,
     `draws` first tokens; "engine decode": a chunk of `steps` decode steps of `num_slots` slots holding
     `width` cached positions each}. With a mesh the pool's blocks and the rows split over its row axes
-    (`distributed.batch_axes`), as `Engine(mesh=...)` lays them out.
+    (`distributed.batch_axes`), as `Engine(mesh=...)` lays them out. With `share` > 1 the decode's rows read
+    shared prefixes in groups of `share` (`SharedPrefixes`: each prompt read once for its samples, as `Engine`
+    plans a chunk whose rows are the samples of a few prompts), over `prompt_len` positions.
     """
+    if share < 1 or num_slots % share:
+        raise ValueError(f"share must be a positive divisor of num_slots ({num_slots}), got {share}")
     model = nnx.merge(graphdef, state)
     config, dtype = model.config, model.dtype
     shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
@@ -321,6 +326,10 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
 
     samplings = (sampling,)
     in_place = reads_pages_in_place(model, mesh)  # as `Engine` chooses: then no dense view (width 0)
+    prefixes, prefix_width = None, 0
+    if share > 1:
+        prefixes = SharedPrefixes(rows(num_slots // share, max_blocks), rows(num_slots // share), rows(num_slots))
+        prefix_width = 0 if in_place else bucket_length(prompt_len)
     with (contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)):
         prefill = forward_program.trace(
             graphdef, state, pool, rows(prefill_rows, max_blocks), rows(prefill_rows), rows(prefill_rows, prompt_len),
@@ -329,6 +338,6 @@ def trace_programs(graphdef, state, *, num_slots: int, num_blocks: int, block_si
         decode = decode_program.trace(
             graphdef, state, pool, rows(num_slots, max_blocks), rows(num_slots), rows(num_slots),
             rows(num_slots, dtype=jnp.bool_), rows(num_slots), rows(num_slots, STOP_SLOTS), key, rows(num_slots),
-            rows(num_slots), rows(num_slots), abstract((), jnp.int32), width=0 if in_place else width, steps=steps,
-            samplings=samplings, mesh=mesh, in_place=in_place)
+            rows(num_slots), rows(num_slots), abstract((), jnp.int32), prefixes, width=0 if in_place else width,
+            steps=steps, samplings=samplings, mesh=mesh, prefix_width=prefix_width, in_place=in_place)
     return {"engine prefill": prefill, "engine decode": decode}

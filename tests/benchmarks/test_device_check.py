@@ -18,7 +18,8 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check") / "device_check.json"
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
-               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_on_one_step_off"]
+               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_on_one_step_off",
+               "--decode-variants", "engine,engine-views,engine-graphs,engine-stacked-writes-each,engine-unshared"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=processes.child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -69,8 +70,9 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
     decode = result["decode_loop"]
     # A CPU accepts the GPU's compiler options and ignores them; "engine" (the backend's choice: dense views on a CPU)
     # and "engine-views" (dense views asked for) are the same program here.
-    assert set(decode) == {"engine", "engine-views", "engine-graphs", "engine-stacked-writes-each", "profile"}
-    for name in ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each"):
+    variants = ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each", "engine-unshared")
+    assert set(decode) == {*variants, "profile"}
+    for name in variants:
         assert "error" not in decode[name], (name, decode[name])
         assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
     profile = decode["profile"]
@@ -87,3 +89,18 @@ def test_the_torch_anchor_ran_in_its_own_processes(result):
     assert torch_section["generate"]["tokens_per_second"] > 0
     assert torch_section["update"]["seconds"] > 0
     assert all(run["speedup_over_torch"] > 0 for run in result["train"].values())
+
+
+def test_the_unshared_variant_plans_no_shared_prefixes_and_restores_the_engine():
+    """Within "engine-unshared" a chunk's rows stay in slot order with no `SharedPrefixes` (each reads its whole
+    context), and the engine plans as before afterwards (the --small run above times the variant end to end)."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import device_check
+
+    from jaxgrpo.engine import engine as engine_module
+
+    planned = engine_module.Engine._chunk_rows
+    with device_check.decode_variant(device_check.DECODE_VARIANTS["engine-unshared"]):
+        running = [object(), object()]  # two rows, in slot order
+        assert engine_module.Engine._chunk_rows(None, running) == (running, None, 0)
+    assert engine_module.Engine._chunk_rows is planned
