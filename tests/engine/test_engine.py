@@ -374,11 +374,12 @@ def _paged_kernel_engine(family="llama", attention="pallas_tpu", **kwargs):
 
 
 @pytest.mark.parametrize("family, attention", [("llama", "pallas_tpu"), ("gemma3", "pallas_tpu"),
-                                               ("gemma3", "pallas_gpu")])
+                                               ("llama", "pallas_gpu"), ("gemma3", "pallas_gpu")])
 def test_a_backend_with_a_paged_kernel_decodes_reading_the_blocks_in_place(family, attention, monkeypatch):
     """With a paged kernel (the TPU's and the GPU's) the decode chunks read the pool's blocks in place
     (`Decoder.paged_decode_step`: no dense view, each step's keys written to their blocks): the greedy tokens of
-    `generate` (Gemma: its sliding windows over the pool)."""
+    `generate` (Llama: each prompt's blocks read once by its 2 samples, a shared prefix; Gemma: its sliding windows
+    over the pool, no shared prefixes)."""
     traced = []
     paged_step = Decoder.paged_decode_step
     monkeypatch.setattr(Decoder, "paged_decode_step",

@@ -51,18 +51,20 @@ def test_kernel_equals_reference_at_every_fill_level(block_size, groups, length,
                             length=length, key_mask=False)
 
 
-def test_a_shared_prefix_is_read_once_for_its_rows_and_bfloat16():
-    """Two prefix rows read by 6 query rows (3 each, their new tokens 9 positions after the prefix) under a window:
-    the state of the prefix rows repeated per query row; a bfloat16 pool at bfloat16 tolerance, float32 state."""
-    share, window = 3, 30
+@pytest.mark.parametrize("share, length", [(3, 2), (4, 1)])
+def test_a_shared_prefix_is_read_once_for_its_rows_and_bfloat16(share, length):
+    """Two prefix rows read by 2 x `share` query rows (their `length` new tokens 9 positions after the prefix) under
+    a window: the state of the prefix rows repeated per query row; a bfloat16 pool at bfloat16 tolerance, float32
+    state. 3 rows of 2 new tokens are stacked (transposed, padded); 4 of one read where they are."""
+    window = 30
     for dtype, tolerance in ((jnp.float32, 2e-5), (jnp.bfloat16, 2e-2)):
-        q, pool_k, pool_v, tables, _ = _pool(5, rows=2, batch=2 * share, max_blocks=4, block_size=8, length=2,
+        q, pool_k, pool_v, tables, _ = _pool(5, rows=2, batch=2 * share, max_blocks=4, block_size=8, length=length,
                                              dtype=dtype)
         lengths = np.array([27, 32], np.int32)
         got = _kernel(q, pool_k, pool_v, tables, 1, lengths, np.zeros(2, np.int32), lengths + 9, window=window)
         assert all(x.dtype == jnp.float32 for x in got)
         repeat = lambda x: np.repeat(x, share, axis=0)  # noqa: E731
-        want = _reference(q, pool_k, pool_v, repeat(tables), 1, repeat(lengths), np.zeros(6, np.int32),
+        want = _reference(q, pool_k, pool_v, repeat(tables), 1, repeat(lengths), np.zeros(2 * share, np.int32),
                           repeat(lengths + 9), window=window)
         _assert_states_close(got, want, tolerance)
 
@@ -109,15 +111,22 @@ def test_the_pallas_gpu_attention_reads_pools_triton_cannot_tile_through_xla():
 def test_lowers_for_an_h100_through_triton():
     """Lowered for a CUDA target on this CPU (`lowering_platforms=("cuda",)`, an abstract H100 mesh,
     `interpret=False`) at Qwen3-0.6B's decode shapes (28 layers, 8 kv heads of 128, 2 query heads each, bfloat16,
-    the engine's 16-position blocks, 128 rows of up to 1536 positions: an 11 GiB pool) and at a toy's (float32, 4-position blocks, a window): one Triton call each, its state no larger than
-    the stacked queries'. Triton's own
-    compilation to PTX happens in XLA on a GPU, so it is not checked here."""
+    the engine's 16-position blocks, 128 rows of up to 1536 positions: an 11 GiB pool; and its shared prefixes, 16
+    rows read by 8 query rows each), at a toy's (float32, 4-position blocks, a window) and with 2 new tokens a row:
+    one Triton call each. With one new token a row the kernel reads the queries where they are and writes the state
+    of the real queries only ([R, share, kv, G]: not the 16 rows its products multiply, and no transpose into the
+    stacked order); with 2 it reads them stacked (transposed), padded to a power of two. Triton's own compilation
+    to PTX happens in XLA on a GPU, so it is not checked here."""
     h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
     mesh = jax.sharding.AbstractMesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=h100)
-    for dtype, layers, rows, max_blocks, kv, groups, block_size, head_dim, window in (
-            (jnp.bfloat16, 28, 128, 96, 8, 2, 16, 128, None), (jnp.float32, 2, 8, 12, 2, 4, 4, 16, 8)):
+    f32 = "xf32>"
+    for dtype, layers, rows, share, length, max_blocks, kv, groups, block_size, head_dim, window, state in (
+            (jnp.bfloat16, 28, 128, 1, 1, 96, 8, 2, 16, 128, None, "128x1x8x2"),
+            (jnp.bfloat16, 28, 16, 8, 1, 16, 8, 2, 16, 128, None, "16x8x8x2"),
+            (jnp.float32, 2, 8, 1, 1, 12, 2, 4, 4, 16, 8, "8x1x2x4"),
+            (jnp.float32, 2, 8, 1, 2, 12, 2, 4, 4, 16, 8, "8x2x8")):
         pool = jax.ShapeDtypeStruct((layers, rows * max_blocks + 1, kv, block_size, head_dim), dtype)
-        specs = (jax.ShapeDtypeStruct((rows, 1, kv, groups, head_dim), dtype), pool, pool,
+        specs = (jax.ShapeDtypeStruct((rows * share, length, kv, groups, head_dim), dtype), pool, pool,
                  jax.ShapeDtypeStruct((rows, max_blocks), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
                  jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32))
 
@@ -129,12 +138,10 @@ def test_lowers_for_an_h100_through_triton():
             text = jax.jit(step).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
         assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {"__gpu$xla.gpu.triton"}
         assert re.findall(r'name = "(paged\w+)"', text) == ["paged_attention_state_gpu"]
-        # The state of each row's stacked queries only (2 on Qwen3, 4 on the toy), not of the 16 rows the products
-        # multiply (the queries are repeated to 16 in the kernel: no padding is read or written).
-        stacked, f32 = groups, "xf32>"
         results = re.search(r"stablehlo.custom_call @.*-> \((.*)\)$", text, re.M).group(1)
-        assert results == ", ".join([f"tensor<{rows}x{kv}x{stacked}{f32}"] * 2 +
-                                    [f"tensor<{rows}x{kv}x{stacked}x{head_dim}{f32}"])
+        assert results == ", ".join([f"tensor<{state}{f32}"] * 2 + [f"tensor<{state}x{head_dim}{f32}"]), results
+        before = text[:text.index("stablehlo.custom_call @")]
+        assert ("stablehlo.transpose" in before) == (length > 1), before
 
 
 def test_the_pools_new_positions_are_written_the_same_by_a_scatter_and_one_at_a_time():

@@ -83,7 +83,9 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
     first = low // keys
     stop = jnp.where(low < high, (high + keys - 1) // keys, first)
     q = q_ref[...]
-    given, head_dim = q.shape
+    head_dim = q.shape[-1]
+    q = q.reshape(-1, head_dim)  # a block [share, G, D] read in place: its queries in the stacked order
+    given = q.shape[0]
     copies = max(1, MIN_ROWS // given)  # Triton's products take at least 16 rows: repeat the queries to fill them
     if copies > 1:
         q = jnp.broadcast_to(q[None], (copies, given, head_dim)).reshape(copies * given, head_dim)
@@ -116,9 +118,9 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
         out = _first_copy(out.reshape(copies, given, head_dim))
         top, total = (_first_copy(x.reshape(copies, given)) for x in (top, total))
     seen = total > 0
-    top_ref[...] = jnp.where(seen, top / _LOG2E, MASKED_SCORE)  # natural-log units, as the state is defined
-    total_ref[...] = total
-    out_ref[...] = out
+    top_ref[...] = jnp.where(seen, top / _LOG2E, MASKED_SCORE).reshape(top_ref.shape)  # natural-log units
+    total_ref[...] = total.reshape(total_ref.shape)
+    out_ref[...] = out.reshape(out_ref.shape)
 
 
 def _first_copy(x: jax.Array) -> jax.Array:
@@ -135,38 +137,65 @@ def _shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, sta
     if not supports(pool_k):
         raise ValueError(f"pallas_gpu's paged kernel needs a power-of-two block size and head dimension (at least 16), "
                          f"got {pool_k.shape[3]} and {pool_k.shape[4]}; use pallas_decode.xla_paged_attention_state")
-    batch, length, kv_heads, groups, head_dim = q.shape
+    length, kv_heads = q.shape[1], q.shape[2]
     rows, max_blocks = block_tables.shape
     block_size = pool_k.shape[3]
     pages = pages_per_step(block_size, keys_per_step)
     # Each program loads whole steps of its table: pad it to a multiple of `pages` (with the null block, never read).
     tables = jnp.pad(block_tables, ((0, 0), (0, round_up(max_blocks, pages) - max_blocks)))
-    queries = pallas_decode.stack_queries(q.astype(pool_k.dtype), rows)  # [R, kv, Q, D]
-    stacked = queries.shape[2]
-    padded = pl.next_power_of_2(stacked)
-    if padded > stacked:
-        queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - stacked), (0, 0)))
+    queries, query_spec, state_spec, unstack = _query_layout(q.astype(pool_k.dtype), rows)
+    scalars = (jnp.reshape(layer, (1,)), lengths, query_positions, starts)
+    state_shape = jax.ShapeDtypeStruct(queries.shape[:-1], jnp.float32)
+    kernel = functools.partial(_kernel, scale=float(scale), window=window, length=length, pages=pages,
+                               block_size=block_size)
 
     def whole(x):
         return pl.BlockSpec(x.shape, lambda r, h: (0,) * x.ndim)
 
-    per_row_head = pl.BlockSpec((None, None, padded), lambda r, h: (r, h, 0))
-    out_spec = pl.BlockSpec((None, None, padded, head_dim), lambda r, h: (r, h, 0, 0))
-    scalars = (jnp.reshape(layer, (1,)), lengths, query_positions, starts)
-    state_shape = jax.ShapeDtypeStruct((rows, kv_heads, padded), jnp.float32)
-    kernel = functools.partial(_kernel, scale=float(scale), window=window, length=length, pages=pages,
-                               block_size=block_size)
     top, total, out = pl.pallas_call(
         kernel, grid=(rows, kv_heads),
         in_specs=[whole(x) for x in scalars] + [pl.BlockSpec((None, tables.shape[1]), lambda r, h: (r, 0)),
-                                                out_spec, whole(pool_k), whole(pool_v)],
-        out_specs=[per_row_head, per_row_head, out_spec],
+                                                query_spec, whole(pool_k), whole(pool_v)],
+        out_specs=[state_spec, state_spec, query_spec],
         out_shape=[state_shape, state_shape, jax.ShapeDtypeStruct(queries.shape, jnp.float32)],
         compiler_params=pallas_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret, name="paged_attention_state_gpu",
     )(*scalars, tables, queries, pool_k, pool_v)
-    unstack = functools.partial(pallas_decode.unstack_state, batch=batch, length=length, groups=groups)
-    return unstack(top[:, :, :stacked]), unstack(total[:, :, :stacked]), unstack(out[:, :, :stacked])
+    return unstack(top), unstack(total), unstack(out)
+
+
+def _query_layout(q, rows):
+    """How program (r, h) finds its stacked queries (share x G x T, t fastest) and where it writes their state:
+    (queries, their block spec, the state's block spec, state -> [B, kv, G, T, ...]).
+
+    One new token a row (T = 1) with power-of-two `share` and G: the queries read where they are, a block
+    [share, G, D] of q [R, share, kv, G, D] (strided; no copy), the state written the same way, and [B, kv, G, 1]
+    is a reshape of it (a decode step's shared prefix: XLA transposed its queries into the stacked order in a
+    launch of its own, every layer). Otherwise `pallas_decode.stack_queries`' [R, kv, Q, D], Q padded to a power
+    of two (a transpose where share > 1 or T > 1)."""
+    batch, length, kv_heads, groups, head_dim = q.shape
+    share = batch // rows
+    if length == 1 and is_power_of_two(share) and is_power_of_two(groups):
+        queries = q.reshape(rows, share, kv_heads, groups, head_dim)
+        query_spec = pl.BlockSpec((None, share, None, groups, head_dim), lambda r, h: (r, 0, h, 0, 0))
+        state_spec = pl.BlockSpec((None, share, None, groups), lambda r, h: (r, 0, h, 0))
+
+        def unstack(x):  # [R, share, kv, G, ...] -> [B, kv, G, 1, ...]
+            return x.reshape(batch, kv_heads, groups, 1, *x.shape[4:])
+
+        return queries, query_spec, state_spec, unstack
+    queries = pallas_decode.stack_queries(q, rows)  # [R, kv, Q, D]
+    stacked = queries.shape[2]
+    padded = pl.next_power_of_2(stacked)
+    if padded > stacked:
+        queries = jnp.pad(queries, ((0, 0), (0, 0), (0, padded - stacked), (0, 0)))
+    query_spec = pl.BlockSpec((None, None, padded, head_dim), lambda r, h: (r, h, 0, 0))
+    state_spec = pl.BlockSpec((None, None, padded), lambda r, h: (r, h, 0))
+
+    def unstack(x):
+        return pallas_decode.unstack_state(x[:, :, :stacked], batch=batch, length=length, groups=groups)
+
+    return queries, query_spec, state_spec, unstack
 
 
 def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale: float, *, starts=None,
