@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants engine,engine-views,engine-graphs,engine-stacked-writes-each] [--trace-dir DIR]
+        [--decode-variants engine,engine-unshared,engine-graphs,engine-stacked-writes-each] [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
@@ -22,8 +22,8 @@ it measured):
   it) beside the HBM floor (the weights plus the live KV cache read once a step, the prompt's blocks once per
   group as the engine shares them, over the measured bandwidth);
 * `decode_loop`: the same through the engine's decode variants side by side (`--decode-variants`): "engine", as
-  jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-views",
-  through dense views of its blocks (the form the paged kernel replaces); "engine-graphs", its decode chunk
+  jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-unshared",
+  without shared prefixes (each row reads its prompt's blocks itself); "engine-graphs", its decode chunk
   compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-stacked-writes-each",
   a GPU's decode as it was before 2026-12-07 (the stacked layer weights scanned, the pool written one position at a
   time; `DECODE_VARIANTS` has more); with `--trace-dir`, a
@@ -397,7 +397,7 @@ DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_p
                    "engine-stacked-writes-each": DecodeVariant(stacked=True, writes_each=True),
                    "engine-unshared": DecodeVariant(shared_prefixes=False)}
 #: The variants `--decode-variants` times unless told.
-DEFAULT_DECODE_VARIANTS = ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each")
+DEFAULT_DECODE_VARIANTS = ("engine", "engine-unshared", "engine-graphs", "engine-stacked-writes-each")
 
 
 @contextlib.contextmanager
