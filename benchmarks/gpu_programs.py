@@ -372,7 +372,8 @@ def main(argv=None) -> dict:
                         help="comma-separated, of device_check.DECODE_VARIANTS but engine-views (a GPU reads in place)")
     parser.add_argument("--steps", type=int, default=8, help="decode steps per chunk (the counts are per step)")
     parser.add_argument("--out", default=None, help="the JSON (default benchmarks/results/gpu_programs_<chip>.json)")
-    parser.add_argument("--dump", default=None, help="write each program's optimized HLO here (<variant>.hlo, update.hlo)")
+    parser.add_argument("--dump", default=None,
+                        help="write each program's optimized HLO here (<variant>.hlo, update.hlo)")
     parser.add_argument("--update", action="store_true",
                         help="also the trainer's update: its device operations and memory traffic outside the GEMMs")
     args = parser.parse_args(argv)

@@ -90,7 +90,7 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
     if copies > 1:
         q = jnp.broadcast_to(q[None], (copies, given, head_dim)).reshape(copies * given, head_dim)
     rows = q.shape[0]
-    row = lax.rem(jnp.arange(rows, dtype=jnp.int32), jnp.int32(given))  # which of the block's queries a product row holds
+    row = lax.rem(jnp.arange(rows, dtype=jnp.int32), jnp.int32(given))  # the block's query a product row holds
     query = query_position + lax.rem(row, jnp.int32(length))  # t fastest
 
     def visit(j, carry):
