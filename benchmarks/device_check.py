@@ -404,7 +404,7 @@ DEFAULT_DECODE_VARIANTS = ("engine", "engine-unshared", "engine-graphs", "engine
 def decode_variant(variant: DecodeVariant):
     """Within it, the engine's decode chunks are the library's decode program (`programs.engine_decode`, the same
     static and donated arguments) jitted anew (so nothing traced before is reused), with the variant's compiler
-    options, memory forms and pool writes; its prefill and block copies are the library's."""
+    options, memory forms, pool writes and shared prefixes; its prefill and block copies are the library's."""
     import jax
 
     import jaxgrpo.engine.engine as engine_module

@@ -22,13 +22,13 @@ caches).
 The shapes are `benchmarks/device_check.py`'s (16 prompts x 8 samples, 256-token prompts, 512 new tokens, one slot
 per sample, the engine's 16-position blocks, the pool holding every row's whole context, each prompt's blocks read
 once for its 8 samples as a shared prefix, as the engine plans such a chunk), so a device check on the same chip
-times what is counted here. `--variants` (`device_check.DECODE_VARIANTS`): "engine" as jaxgrpo compiles
-it; "engine-stacked" on the plain memory forms (the layer scan over the stacked weights, RoPE's halves
-concatenated: before `memory_forms.split_layers` and `swap_halves`);
-"engine-stacked-writes-each" also writing the pool's new positions one at a time (`paged_writes_each`: the decode
-as it was before 2026-12-07); "engine-unshared" without shared prefixes (each row reads its prompt's blocks
-itself: one paged kernel call a layer instead of two); "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step
-launches stays; whether it runs from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
+times what is counted here. `--variants` (`device_check.DECODE_VARIANTS`): "engine" as jaxgrpo compiles it;
+"engine-unshared" without shared prefixes (each row reads its prompt's blocks itself: one paged kernel call a
+layer instead of two); "engine-stacked" on the plain memory forms (the layer scan over the stacked weights, RoPE's
+halves concatenated: before `memory_forms.split_layers` and `swap_halves`); "engine-stacked-writes-each" also
+writing the pool's new positions one at a time (`paged_writes_each`: the decode as it was before 2026-12-07);
+"engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step launches stays; whether it runs
+from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
 at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
 read and write outside the GEMMs (`_traffic`: estimated from shapes)."""
 
