@@ -30,7 +30,8 @@ it measured):
   jax.profiler trace of one short run of the engine and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
-  rematerialized or not, synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
+  rematerialized whole, not at all or keeping what a remat policy names (`_remat_off`, `_save_attention`,
+  `_save_projections`), synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
   one device, the next step's sampling, rewards included, overlapping the update; its step time beside the
   synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update
   tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by: `compile.update_model_flops`;
@@ -469,14 +470,25 @@ def nnx_state(model):
     return nnx.state(model, nnx.Param)
 
 
-def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool = True,
+#: The train runs' remat settings (`--train-runs` suffixes, `_remat_suffix`): the default (the layers
+#: recomputed whole), none, and the policies that keep more (`Config.remat_policy`).
+REMAT_RUNS = (True, False, "save_attention", "save_projections")
+
+
+def _remat_suffix(remat: bool | str) -> str:
+    return "" if remat is True else "_remat_off" if remat is False else f"_{remat}"
+
+
+def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool | str = True,
                  max_staleness: int = 0):
+    """The trainer's config for a train run; `remat`: False, True ("full") or a policy of `Config.remat_policy`."""
     from jaxgrpo.config import Config
 
     c = Config()
     c.model = model_name
     c.dtype = "bfloat16"
-    c.remat = remat
+    c.remat = bool(remat)
+    c.remat_policy = remat if isinstance(remat, str) else "full"
     c.packing = packing
     c.attention = attention
     c.task.name = "device_check"
@@ -515,7 +527,7 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
 
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
-                  remat: bool = True, max_staleness: int = 0) -> dict:
+                  remat: bool | str = True, max_staleness: int = 0) -> dict:
     """Seconds of the GRPO step (`Trainer.step`: sample, score, update; the first step compiles, the
     ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
     median), with MFU and the compile report's estimate of the same update."""
@@ -682,8 +694,9 @@ def main(argv=None) -> dict:
                         help="also train packed with the XLA attention (on an accelerator), for a before/after")
     parser.add_argument("--train-runs", default="packing_on,packing_off",
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
-                             "layers' activations instead of recomputing them (more memory, less compute) and/or "
-                             "_one_step_off for max_staleness=1 (in that order)")
+                             "layers' activations instead of recomputing them (more memory, less compute) or "
+                             "_save_attention or _save_projections for that remat policy (Config.remat_policy), "
+                             "and/or _one_step_off for max_staleness=1 (in that order)")
     parser.add_argument("--decode-variants", default=",".join(DEFAULT_DECODE_VARIANTS),
                         help=f"comma-separated, of {', '.join(DECODE_VARIANTS)}")
     parser.add_argument("--trace-dir", default=None,
@@ -701,12 +714,13 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     train_runs = []
-    known = {p + r + o: (p == "packing_on", not r, int(bool(o))) for p in ("packing_on", "packing_off")
-             for r in ("", "_remat_off") for o in ("", "_one_step_off")}
+    known = {p + _remat_suffix(r) + o: (p == "packing_on", r, int(bool(o))) for p in ("packing_on", "packing_off")
+             for r in REMAT_RUNS for o in ("", "_one_step_off")}
     for run in (r.strip() for r in args.train_runs.split(",") if r.strip()):
         if run not in known:
-            parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with _remat_off "
-                         "and/or _one_step_off (in that order)")
+            parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with "
+                         f"{', '.join(_remat_suffix(r) for r in REMAT_RUNS[1:])} and/or _one_step_off (in that "
+                         "order)")
         train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
     unknown = sorted(set(variants) - set(DECODE_VARIANTS))
@@ -780,9 +794,9 @@ def main(argv=None) -> dict:
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
 
-    def train(packing: bool, attention_name: str, remat: bool = True, max_staleness: int = 0) -> None:
+    def train(packing: bool, attention_name: str, remat: bool | str = True, max_staleness: int = 0) -> None:
         key = (f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
-               + ("" if remat else "_remat_off") + ("_one_step_off" if max_staleness else ""))
+               + _remat_suffix(remat) + ("_one_step_off" if max_staleness else ""))
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
                                                                 bandwidth, remat, max_staleness)

@@ -27,6 +27,7 @@ from jaxgrpo.config.fields import (
     DTYPES,
     LORA_TARGETS,
     PACKING_BY_PLATFORM,
+    REMAT_POLICIES,
     REPLACED,
     STATE_DTYPES,
     Config,
@@ -54,8 +55,8 @@ from jaxgrpo.config.validation import validate
 from jaxgrpo.errors import ConfigError
 
 __all__ = [
-    "ATTENTION_NAMES", "DTYPES", "LORA_TARGETS", "PACKING_BY_PLATFORM", "REPLACED", "STATE_DTYPES", "Config",
-    "ConfigError", "EnvironmentConfig", "ExperimentError", "GuidanceConfig", "LoraConfig", "MeshConfig", "OptimizerConfig",
+    "ATTENTION_NAMES", "DTYPES", "LORA_TARGETS", "PACKING_BY_PLATFORM", "REMAT_POLICIES", "REPLACED", "STATE_DTYPES",
+    "Config", "ConfigError", "EnvironmentConfig", "ExperimentError", "GuidanceConfig", "LoraConfig", "MeshConfig", "OptimizerConfig",
     "SamplingConfig", "TaskConfig", "apply_override", "apply_overrides", "load_experiment", "migrate",
     "optional_section", "replaced", "resolve_packing", "to_dict", "valid_keys", "validate",
 ]

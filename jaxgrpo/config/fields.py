@@ -21,6 +21,9 @@ DTYPES = ("float32", "bfloat16")
 STATE_DTYPES = ("float32", "bfloat16")
 #: Attention implementations `Config.attention` can name (`jaxgrpo.models.attention`: "auto" and its NAMES).
 ATTENTION_NAMES = ("auto", "xla", "pallas_tpu", "pallas_gpu", "cpu")
+#: What a rematerialized layer keeps (`Config.remat_policy`; `jaxgrpo.models.remat.POLICIES`, the same names: a
+#: test keeps them equal).
+REMAT_POLICIES = ("full", "save_attention", "save_projections")
 #: The projections `LoraConfig.targets` can name: every projection weight of the decoder's blocks
 #: (`jaxgrpo.models.config.PROJECTIONS`, the same names; a test keeps them equal).
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -306,6 +309,11 @@ class Config(_Fields):
     #: besides the memory, it is faster on CPU, where XLA would otherwise store [layers, tokens, hidden]
     #: activations and write transposed copies of them in the backward pass (benchmarks/profile_step.py).
     remat: bool = True
+    #: With `remat`, what each layer keeps besides its input (`jaxgrpo.models.remat`): "full" recomputes the whole
+    #: layer (8 N FLOPs a token); "save_attention" keeps the attention's projections and output, recomputing the
+    #: MLP; "save_projections" keeps every projection's output, recomputing only element-wise work (6 N FLOPs a
+    #: token, 26.6 KB a token a layer more for Qwen3-0.6B in bfloat16).
+    remat_policy: str = "full"
 
     # Supervised warm-up on the task's reference answers before RL (0 = none).
     warmup_sft_steps: int = 0
@@ -365,6 +373,11 @@ class Config(_Fields):
     def minibatch_size(self) -> int:
         """Sequences per optimizer update: the step's batch over `num_minibatches`."""
         return self.batch_size // self.num_minibatches
+
+    @property
+    def decoder_remat(self) -> bool | str:
+        """What `Decoder(remat=...)` takes for this config: False, or the policy the layers keep."""
+        return self.remat_policy if self.remat else False
 
     @property
     def micro_batch_rows(self) -> int:

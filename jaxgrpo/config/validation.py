@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any
 
-from jaxgrpo.config.fields import ATTENTION_NAMES, DTYPES, STATE_DTYPES, Config, LoraConfig
+from jaxgrpo.config.fields import ATTENTION_NAMES, DTYPES, REMAT_POLICIES, STATE_DTYPES, Config, LoraConfig
 from jaxgrpo.errors import ConfigError
 
 
@@ -126,6 +126,8 @@ def _check_ranges(cfg: Config) -> None:
         (o.state_dtype in STATE_DTYPES,
          f"optimizer.state_dtype must be one of {', '.join(STATE_DTYPES)}, got {o.state_dtype!r}"),
         (cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}"),
+        (cfg.remat_policy in REMAT_POLICIES,
+         f"remat_policy must be one of {', '.join(REMAT_POLICIES)}, got {cfg.remat_policy!r}"),
         (cfg.attention in ATTENTION_NAMES,
          f"attention must be one of {', '.join(ATTENTION_NAMES)}, got {cfg.attention!r}"),
         (cfg.num_epochs >= 1, f"num_epochs must be >= 1, got {cfg.num_epochs}"),

@@ -101,6 +101,8 @@ from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.memory_forms import LayerWeights
 from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
+from jaxgrpo.models.remat import POLICIES as REMAT_POLICIES
+from jaxgrpo.models.remat import checkpointed
 
 if TYPE_CHECKING:
     from jaxgrpo.models.cpu_forms import PackedWeights
@@ -168,16 +170,19 @@ class Decoder(nnx.Module):
       config: the architecture.
       dtype: compute dtype (float32 or bfloat16); attention softmax, norms and logits run in float32.
       param_dtype: parameter dtype.
-      remat: recompute each layer's activations in the backward pass instead of storing them.
+      remat: recompute each layer's activations in the backward pass instead of storing them: False, True (the
+        layer's input kept: "full") or a policy of `jaxgrpo.models.remat.POLICIES` (what else it keeps).
       attention: the training/scoring attention implementation, "auto" (the platform's: splash attention
         on a TPU) or one of `jaxgrpo.models.attention.NAMES`; an unknown name is a ValueError here, one
         that does not run on the program's platform at the first call.
       rngs: initializer randomness (loaders overwrite the values).
     """
 
-    def __init__(self, config: DecoderConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
-                 attention: str = attention_implementations.AUTO, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 remat: bool | str = False, attention: str = attention_implementations.AUTO, rngs: nnx.Rngs):
         attention_implementations.check_name(attention)
+        if isinstance(remat, str) and remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
         c = config
         self.config = c
         self.dtype = dtype
@@ -441,7 +446,7 @@ class Decoder(nnx.Module):
             return x, (None if cache is None and write_kv is None else new_kv)
 
         if self.remat:
-            layer = jax.checkpoint(layer, prevent_cse=False)
+            layer = checkpointed(layer, "full" if self.remat is True else self.remat)
         # Every layer reads the whole cache and prefix (closed over, read-only) at its own index, so no layer's
         # slice is copied; the layers' new keys and values [L, B, T, ...] come out of the scan and are
         # written with one dynamic_update_slice each (in place when donated).

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxgrpo.models import memory_forms
+from jaxgrpo.models import memory_forms, remat
 from jaxgrpo.models.config import PROJECTIONS, DecoderConfig, RopeConfig
 from jaxgrpo.models.partitioning import constrain_activation
 
@@ -123,7 +123,7 @@ class Attention(nnx.Module):
         y = _product("btd,dhk->bthk", x, _projection_weight(self, name), self.dtype, forms)
         if self.config.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(self.dtype)
-        return y
+        return remat.name(y, remat.QKV)
 
     def __call__(self, x, cos, sin, attend, forms, mesh=None):
         """x [B, T, E] -> (output [B, T, E], the new tokens' (k, v) [B, T, kv_heads, head_dim]).
@@ -145,9 +145,11 @@ class Attention(nnx.Module):
         batch, length = q.shape[:2]
         with jax.named_scope("attention"), jax.named_scope("core"):
             out = attend(q.reshape(batch, length, c.num_kv_heads, c.num_heads // c.num_kv_heads, c.head_dim), k, v)
+            out = remat.name(out, remat.ATTENTION)
         with jax.named_scope("attention"), jax.named_scope("out"):
             out = heads(out.reshape(batch, length, c.num_heads, c.head_dim), "heads")
-            out = _product("bthk,hkd->btd", out, _projection_weight(self, "o"), self.dtype, forms)
+            out = remat.name(_product("bthk,hkd->btd", out, _projection_weight(self, "o"), self.dtype, forms),
+                             remat.ATTENTION_OUT)
             return constrain_activation(out, ("batch", None, None), mesh), (k, v)
 
 
@@ -166,9 +168,11 @@ class MLP(nnx.Module):
     @jax.named_scope("mlp")
     def __call__(self, x, forms, mesh=None):
         hidden = lambda y: constrain_activation(y, ("batch", None, "mlp"), mesh)  # noqa: E731
-        gate = hidden(_product("bte,ef->btf", x, _projection_weight(self, "gate"), self.dtype, forms))
+        project = lambda name: remat.name(  # noqa: E731
+            hidden(_product("bte,ef->btf", x, _projection_weight(self, name), self.dtype, forms)), remat.MLP_HIDDEN)
+        gate = project("gate")
         gate = jax.nn.gelu(gate, approximate=True) if self.gemma else jax.nn.silu(gate)
-        up = hidden(_product("bte,ef->btf", x, _projection_weight(self, "up"), self.dtype, forms))
+        up = project("up")
         out = _product("btf,fe->bte", gate * up, _projection_weight(self, "down"), self.dtype, forms)
         return constrain_activation(out, ("batch", None, None), mesh)
 

@@ -11,11 +11,11 @@ inside `reported(cfg, program, mesh)`, which turns that status into `jaxgrpo.err
 
 with the XLA error chained as its cause (`raise ... from`), so nothing of it is lost. `jaxgrpo-train` prints it as
 one line and exits 1. Each program gets the fields that shrink it: the update (one optimizer step over a
-minibatch, `step.make_update_fn`) its micro-batch, remat, dtype, packing, optimizer-state dtype and row length;
-the sampler (the rollout engine's prefill and decode) and the scoring forward (reference and old-policy log-probs
-over the whole batch, `step.make_forward_fn`) their rows, tokens and dtype; the warm-up's update (the whole batch
-in one micro-batch) its rows. The sampler's and the update's failures at run time surface when their results are
-read, which the trainer does inside the same block.
+minibatch, `step.make_update_fn`) its micro-batch, remat (and its policy), dtype, packing, optimizer-state dtype
+and row length; the sampler (the rollout engine's prefill and decode) and the scoring forward (reference and
+old-policy log-probs over the whole batch, `step.make_forward_fn`) their rows, tokens and dtype; the warm-up's
+update (the whole batch in one micro-batch) its rows. The sampler's and the update's failures at run time surface
+when their results are read, which the trainer does inside the same block.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def suggestions(cfg: Config, program: str, row_shards: int | None = None) -> lis
             found.append(f"fewer rows (prompts_per_step x group_size, now {cfg.batch_size})")
         if not cfg.remat:
             found.append("remat=true")
+        elif cfg.remat_policy != "full":  # a policy keeps more than the layers' inputs
+            found.append(f"remat_policy=full (now {cfg.remat_policy})")
         found += bf16
         if cfg.packing:
             found.append("packing=false")

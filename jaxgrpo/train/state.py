@@ -105,10 +105,10 @@ def build_model(cfg: Config):
     attention.check_name(cfg.attention)
     dtype = getattr(jnp, cfg.dtype)
     if cfg.model in MODEL_BUILDERS:
-        model, tokenizer = MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.remat)
+        model, tokenizer = MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.decoder_remat)
         model.attention = cfg.attention
         return model, tokenizer
-    return models.load(cfg.model, dtype=dtype, remat=cfg.remat, attention=cfg.attention)
+    return models.load(cfg.model, dtype=dtype, remat=cfg.decoder_remat, attention=cfg.attention)
 
 
 def adapt(model, cfg: Config, mesh=None):

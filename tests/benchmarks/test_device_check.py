@@ -18,7 +18,8 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check") / "device_check.json"
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
-               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_on_one_step_off",
+               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_off_save_projections,"
+               "packing_on_one_step_off",
                "--decode-variants", "engine,engine-views,engine-graphs,engine-stacked-writes-each,engine-unshared"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=processes.child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -77,9 +78,14 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
         assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
     profile = decode["profile"]
     assert profile["wall_seconds"] > 0 and profile["device_busy_seconds"] is None  # no accelerator in the trace
-    unrematerialized = result["train"]["packing_off_remat_off"]
-    assert unrematerialized["remat"] is False and unrematerialized["update_seconds"] > 0
-    assert "error" not in unrematerialized
+
+
+def test_the_layers_are_timed_unrematerialized_and_under_a_remat_policy(result):
+    for key, remat in (("packing_off", True), ("packing_off_remat_off", False),
+                       ("packing_off_save_projections", "save_projections")):
+        run = result["train"][key]
+        assert "error" not in run, (key, run)
+        assert run["remat"] == remat and run["update_seconds"] > 0 and 0 < run["mfu"] < 1, (key, run)
 
 
 def test_the_torch_anchor_ran_in_its_own_processes(result):

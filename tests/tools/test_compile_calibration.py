@@ -265,6 +265,9 @@ def test_the_out_of_memory_line_names_the_program_what_it_needs_and_what_to_chan
     assert line == ("the update does not fit in device memory: XLA ran out of memory (RESOURCE_EXHAUSTED); try "
                     "remat=true, dtype=bfloat16, optimizer.state_dtype=bfloat16, or fewer tokens per row "
                     "(sampling.max_new_tokens, now 512)")
+    # A remat policy that keeps activations: recomputing the whole layer shrinks the update.
+    assert "micro_batch_size=8 (now 16), remat_policy=full (now save_projections), packing=false" in \
+        device_memory.message(_config("remat_policy=save_projections"), "update", error, h200, 1)
     assert device_memory.message(_config(), "sampler", error, Device(None), 1) == (
         "the sampler does not fit in device memory: XLA could not allocate 59.57 GiB (RESOURCE_EXHAUSTED); try "
         "fewer rows (prompts_per_step, now 16, or group_size, now 8; task.num_eval_examples, now 64, in "

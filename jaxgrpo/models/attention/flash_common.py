@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from jaxgrpo.distributed import round_up
+from jaxgrpo.models import remat
 from jaxgrpo.models.attention import AttentionLayout
 from jaxgrpo.models.partitioning import activation_spec
 
@@ -79,7 +80,9 @@ def lse_union(forward, backward):
 
     def attention_fwd(q, k, v, id_sets):
         out, lse = merged(q, k, v, id_sets)
-        return out, (q, k, v, id_sets, out, lse)
+        # Named for a remat policy that keeps the attention (`jaxgrpo.models.remat`): its backward then reads them
+        # instead of rerunning the forward kernels.
+        return out, (q, k, v, id_sets, remat.name(out, remat.ATTENTION), remat.name(lse, remat.ATTENTION))
 
     def attention_bwd(residuals, d_out):
         q, k, v, id_sets, out, lse = residuals

@@ -97,7 +97,8 @@ class ProductCount(NamedTuple):
 _FREE_OPS = frozenset({
     "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "bitcast_convert_type", "iota", "stop_gradient",
     "optimization_barrier", "sharding_constraint", "device_put", "mesh_cast", "reshard", "pvary", "copy", "copy_p",
-    "random_wrap", "random_unwrap", "random_seed", "random_bits"})
+    "random_wrap", "random_unwrap", "random_seed", "random_bits",
+    "name"})  # checkpoint_name: a remat policy's label (`jaxgrpo.models.remat`)
 #: In-place updates: XLA writes the update into the operand's buffer, so they move the update's bytes.
 _IN_PLACE_UPDATES = {"dynamic_update_slice": 1, "scatter": 2, "scatter-add": 2, "scatter_add": 2, "scatter-mul": 2,
                      "scatter-min": 2, "scatter-max": 2}

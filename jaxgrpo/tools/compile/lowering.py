@@ -52,7 +52,8 @@ def decoder_config(cfg: Config):
     from jaxgrpo import models, train
 
     if cfg.model in train.MODEL_BUILDERS:
-        model = nnx.eval_shape(lambda: train.MODEL_BUILDERS[cfg.model](dtype=getattr(jnp, cfg.dtype), remat=cfg.remat)[0])
+        model = nnx.eval_shape(
+            lambda: train.MODEL_BUILDERS[cfg.model](dtype=getattr(jnp, cfg.dtype), remat=cfg.decoder_remat)[0])
         return model.config
     return models.load_config(cfg.model)
 
@@ -109,7 +110,7 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
     graphdefs = []
 
     def split_policy():
-        policy = train.Policy(train.adapt(Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.remat,
+        policy = train.Policy(train.adapt(Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.decoder_remat,
                                                   attention=cfg.attention, rngs=nnx.Rngs(0)), cfg),
                               value_head=cfg.value_head)
         graphdef, params, rest = nnx.split(policy, train.trainable(cfg), ...)

@@ -1,0 +1,102 @@
+"""Remat policies (`jaxgrpo.models.remat`): every policy gives the gradients of no remat; each keeps the activations
+it names (the flash kernels' output and log-sum-exp for the attention), and the config chooses one."""
+
+import dataclasses
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxgrpo import config as config_lib
+from jaxgrpo.models import Decoder, DecoderConfig, memory_forms, remat
+from jaxgrpo.models import attention as attention_implementations
+from jaxgrpo.models.attention import AttentionLayout
+from jaxgrpo.models.layers import Block, rope_inverse_frequencies, rope_tables
+
+GEMMA = DecoderConfig(family="gemma3", vocab_size=53, hidden_size=32, intermediate_size=48, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=16, qk_norm=True, sliding_window=3,
+                      layer_types=("sliding_attention", "full_attention"), tie_word_embeddings=True)
+QWEN2 = DecoderConfig(family="qwen2", vocab_size=53, hidden_size=32, intermediate_size=48, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("attention", ["xla", "pallas_gpu"])
+@pytest.mark.parametrize("config", [GEMMA, QWEN2], ids=["gemma3", "qwen2"])
+def test_every_policy_gives_the_gradients_of_no_remat(config, attention):
+    tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, config.vocab_size)
+    mask = jnp.arange(12)[None] < jnp.array([[12], [9]])  # a padded row
+
+    def gradients(policy):
+        graphdef, params = nnx.split(Decoder(config, remat=policy, attention=attention, rngs=nnx.Rngs(0)))
+
+        def loss(p):
+            logprobs, entropy = nnx.merge(graphdef, p).token_logprobs(tokens, jnp.roll(tokens, -1, 1),
+                                                                       attention_mask=mask)
+            return jnp.sum(jnp.where(mask, logprobs + 0.1 * entropy, 0.0))
+
+        return jax.jit(jax.grad(loss))(params)
+
+    plain = jax.tree.leaves(gradients(False))
+    for policy in (True, *(name for name in remat.POLICIES if name != "full")):  # True: "full"
+        for want, got in zip(plain, jax.tree.leaves(gradients(policy))):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5, err_msg=str(policy))
+
+
+def _kept(attention: str, policy: str, capsys) -> list[tuple[str, str]]:
+    """(shape, name) of each named activation one Qwen3 block keeps under `policy` with `attention`."""
+    config = DecoderConfig(family="qwen3", vocab_size=53, hidden_size=32, intermediate_size=48, num_layers=1,
+                           num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True)
+    block = Block(config, (), dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 8, 32))
+    positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
+    cos, sin = rope_tables(positions, rope_inverse_frequencies(config.rope, config.head_dim))
+    implementation = attention_implementations.get(attention)
+    masks = implementation.prepare(AttentionLayout.padded(jnp.ones((2, 8), bool)), positions, None)
+    attend = functools.partial(implementation.attend, masks=masks, sliding=False, window=None,
+                               scale=config.attention_scale)
+    graphdef, params = nnx.split(block)
+
+    def layer(params, x):
+        return nnx.merge(graphdef, params)(x, cos, sin, attend, memory_forms.PLAIN)[0].sum()
+
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(remat.checkpointed(layer, policy), params, x)
+    return re.findall(r"^(\S+) named '(\w+)'", capsys.readouterr().out, re.MULTILINE)
+
+
+@pytest.mark.parametrize("attention", ["xla", "pallas_gpu"])
+def test_each_policy_keeps_the_activations_it_names(attention, capsys):
+    assert _kept(attention, "full", capsys) == []
+    for policy, names in remat.POLICIES.items():
+        kept = _kept(attention, policy, capsys)
+        assert {name for _, name in kept} == set(names), policy
+        # q, k and v; the gate and up projections
+        assert sum(name == remat.QKV for _, name in kept) == (3 if names else 0)
+        assert sum(name == remat.MLP_HIDDEN for _, name in kept) == (2 if remat.MLP_HIDDEN in names else 0)
+        attention_kept = [shape for shape, name in kept if name == remat.ATTENTION]
+        if names and attention == "pallas_gpu":
+            # the flash kernels' residuals, the output [B, kv, rows, D] and its log-sum-exp [B, kv, rows] in
+            # float32, so the backward runs the dq and dk/dv kernels without the forward's; and the output
+            assert attention_kept == ["f32[2,2,64,16]", "f32[2,2,64]", "f32[2,8,2,2,16]"], attention_kept
+        elif names:
+            assert attention_kept == ["f32[2,8,2,2,16]"]  # the output; the probabilities are recomputed
+
+
+def test_the_config_chooses_a_policy_the_decoder_knows(tmp_path):
+    assert config_lib.REMAT_POLICIES == tuple(remat.POLICIES)
+    cfg = config_lib.Config()
+    assert cfg.remat and cfg.remat_policy == "full" and cfg.decoder_remat == "full"
+    assert dataclasses.replace(cfg, remat=False, remat_policy="save_projections").decoder_remat is False
+    with pytest.raises(config_lib.ConfigError, match="remat_policy must be one of full, save_attention, "
+                                                     "save_projections, got 'dots'"):
+        config_lib.validate(dataclasses.replace(cfg, remat_policy="dots"))
+    with pytest.raises(ValueError, match="unknown remat policy 'dots'"):
+        Decoder(GEMMA, remat="dots", rngs=nnx.Rngs(0))
+    from jaxgrpo.train.state import build_model
+
+    model, _ = build_model(dataclasses.replace(cfg, model="toy-tiny", remat_policy="save_attention"))
+    assert model.remat == "save_attention"
