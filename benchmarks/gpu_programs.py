@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_programs.py [--chip h100] [--model qwen3-0.6b]
         [--variants engine,engine-stacked,engine-stacked-writes-each]
-        [--steps 8] [--update] [--out benchmarks/results/gpu_programs_<chip>.json] [--dump DIR]
+        [--steps 8] [--update] [--update-remat full,save_projections] [--out benchmarks/results/gpu_programs_<chip>.json]
+        [--dump DIR]
 
 Needs the CUDA build of jax (`pip install -e ".[gpu]"`), not a GPU: XLA:GPU compiles for a description of the chip
 (its compute capability, SMs, memory and caches: `TARGETS`) through `jax.experimental.topologies`, as
@@ -30,7 +31,8 @@ writing the pool's new positions one at a time (`paged_writes_each`: the decode 
 "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step launches stays; whether it runs
 from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
 at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
-read and write outside the GEMMs (`_traffic`: estimated from shapes)."""
+read and write outside the GEMMs (`_traffic`: estimated from shapes), with its temporaries; `--update-remat` compiles
+it with the layers' remat off or under remat policies too (`Config.remat_policy`)."""
 
 from __future__ import annotations
 
@@ -147,9 +149,9 @@ def _traffic(program: Program, rest: str) -> int:
     An operation that calls no computation (a Triton or library call, a copy): twice its result (its operands, such
     as a whole KV pool a kernel reads a few blocks of, say nothing of what it reads). A fusion: its result, and each
     parameter of its computation, by what is read of it: a parameter that is only sliced (`slice`, `dynamic-slice`,
-    `gather`) by the slices' bytes. A fusion that updates its first operand in place (its root a
-    `dynamic-update-slice` or `scatter` of a parameter, as a decode step writes its new tokens into the pool) writes
-    its update, not the operand."""
+    `gather`, directly or through bitcasts, as a backward pass reads a layer of its stacked residuals) by the
+    slices' bytes. A fusion that updates its first operand in place (its root a `dynamic-update-slice` or `scatter`
+    of a parameter, as a decode step writes its new tokens into the pool) writes its update, not the operand."""
     called = re.search(r"calls=%([\w.\-]+)", rest)
     if not called:
         return 2 * _result_bytes_all(rest)
@@ -157,9 +159,21 @@ def _traffic(program: Program, rest: str) -> int:
     root = program.roots[called.group(1)]
     lines = {name: line for name, _, line in inside}
     users = collections.defaultdict(list)
-    for _, opcode, line in inside:
+    for name, opcode, line in inside:
         for operand in _operands(line):
-            users[operand].append((opcode, line))
+            users[operand].append((name, opcode, line))
+
+    def sliced_bytes(name):
+        """The bytes of `name`'s slices where it is only sliced (directly or through bitcasts), else None."""
+        uses, found = users[name], 0
+        for user, opcode, line in uses:
+            part = sliced_bytes(user) if opcode == "bitcast" else \
+                _bytes(line) if opcode in ("slice", "dynamic-slice", "gather") and _operands(line)[0] == name else None
+            if part is None:
+                return None
+            found += part
+        return found if uses else None
+
     written = _result_bytes_all(root)
     in_place = None
     if _opcode(root) in ("dynamic-update-slice", "scatter"):
@@ -171,10 +185,8 @@ def _traffic(program: Program, rest: str) -> int:
     for name, opcode, line in inside:
         if opcode != "parameter" or name == in_place:
             continue
-        uses = users[name]
-        sliced = uses and all(op in ("slice", "dynamic-slice", "gather") and _operands(use)[0] == name
-                              for op, use in uses)
-        read += sum(_bytes(use) for _, use in uses) if sliced else _bytes(line)
+        sliced = sliced_bytes(name)
+        read += _bytes(line) if sliced is None else sliced
     return written + read
 
 
@@ -345,23 +357,28 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
     return compiled.as_text(), time.perf_counter() - start
 
 
-def compile_update(model: str, chip: str):
-    """(optimized HLO text, seconds to compile) of the trainer's update at device_check's shapes (16 x 8 rows of 256
-    + 512 tokens, micro-batches of 16, packing off as on a GPU, layers rematerialized, bfloat16) for `model`."""
+#: `--update-remat` names -> `compile_update`'s remat (as device_check's train runs set it).
+UPDATE_REMAT = {"full": True, "off": False, "save_attention": "save_attention", "save_projections": "save_projections"}
+
+
+def compile_update(model: str, chip: str, remat: bool | str = True):
+    """(optimized HLO text, seconds to compile, bytes of temporaries) of the trainer's update at device_check's
+    shapes (16 x 8 rows of 256 + 512 tokens, micro-batches of 16, packing off as on a GPU, bfloat16) for `model`,
+    its layers rematerialized as `remat` says (device_check's train runs: True, False or a `Config.remat_policy`)."""
     import jax
 
     from device_check import FULL_SHAPES, Shapes, train_config
     from jaxgrpo import train
     from jaxgrpo.tools import compile as compile_lib
 
-    cfg = train_config(model, Shapes(**FULL_SHAPES), packing=False, attention="auto")
+    cfg = train_config(model, Shapes(**FULL_SHAPES), packing=False, attention="auto", remat=remat)
     mesh = train.make_mesh(cfg, list(gpu_mesh(chip).devices.flat))
     start = time.perf_counter()
     abstract = compile_lib.abstract_train_state(cfg, mesh)
     lowered, _, _ = compile_lib.lower_update(cfg, mesh, abstract)
     with jax.set_mesh(mesh):
         compiled = lowered.compile()
-    return compiled.as_text(), time.perf_counter() - start
+    return compiled.as_text(), time.perf_counter() - start, compiled.memory_analysis().temp_size_in_bytes
 
 
 def main(argv=None) -> dict:
@@ -376,6 +393,10 @@ def main(argv=None) -> dict:
                         help="write each program's optimized HLO here (<variant>.hlo, update.hlo)")
     parser.add_argument("--update", action="store_true",
                         help="also the trainer's update: its device operations and memory traffic outside the GEMMs")
+    parser.add_argument("--update-remat", default="full",
+                        help="with --update, comma-separated: full (the default, the layers recomputed whole), off, "
+                             "or remat policies of Config.remat_policy (save_attention, save_projections); each "
+                             "compiled and counted (the first is the JSON's 'update', all in 'update_remat')")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     from device_check import DECODE_VARIANTS, FULL_SHAPES
@@ -384,6 +405,10 @@ def main(argv=None) -> dict:
     unknown = sorted(set(variants) - set(known))
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    update_remat = [r.strip() for r in args.update_remat.split(",") if r.strip()]
+    unknown = sorted(set(update_remat) - set(UPDATE_REMAT))
+    if unknown:
+        parser.error(f"unknown --update-remat {', '.join(unknown)}; choose from {', '.join(UPDATE_REMAT)}")
     from jaxgrpo.models import architectures
 
     if args.model not in architectures.ARCHITECTURES:
@@ -412,15 +437,19 @@ def main(argv=None) -> dict:
               f"({', '.join(f'{n} {k}' for k, n in counts['operations'].items())}), "
               f"{counts['host_round_trips']} host round trips, {counts['copied_bytes'] / 1e6:.1f} MB copied",
               flush=True)
-    if args.update:
-        text, seconds = compile_update(args.model, args.chip)
-        dump("update", text)
+    for remat in update_remat if args.update else ():
+        text, seconds, temporaries = compile_update(args.model, args.chip, UPDATE_REMAT[remat])
+        name = "update" if remat == "full" else f"update_{remat}"
+        dump(name, text)
         program = read_hlo(text)
         counts = per_iteration(program, program.entry)
         micro_batches = FULL_SHAPES["prompts"] * FULL_SHAPES["samples"] // FULL_SHAPES["micro_batch"]
-        result["update"] = {"compile_seconds": seconds, "micro_batches": micro_batches, **counts}
-        print(f"update: {counts['operations_total']} device operations, "
-              f"{counts['traffic_bytes_outside_gemms'] / 1e12:.2f} TB read and written outside the GEMMs", flush=True)
+        entry = {"compile_seconds": seconds, "micro_batches": micro_batches, "temp_bytes": temporaries, **counts}
+        result.setdefault("update", entry)
+        result.setdefault("update_remat", {})[remat] = entry
+        print(f"{name}: {counts['operations_total']} device operations, "
+              f"{counts['traffic_bytes_outside_gemms'] / 1e12:.2f} TB read and written outside the GEMMs, "
+              f"{temporaries / 2**30:.2f} GiB of temporaries", flush=True)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"gpu_programs_{args.chip}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

@@ -128,8 +128,19 @@ def test_without_the_cuda_build_of_jax_it_says_what_to_install():
         gpu_programs.gpu_mesh("h100")
 
 
-# An in-place scatter of two rows into a bf16[100,8] pool (its indices and rows computed in the fusion), and a
-# fusion that reads 4 rows of a float32[64,16] table through a dynamic slice and 16 bytes of another whole.
+def test_an_unknown_remat_setting_is_refused_before_anything_compiles(capsys):
+    with pytest.raises(SystemExit):
+        gpu_programs.main(["--update", "--update-remat", "full,dots"])
+    assert "unknown --update-remat dots; choose from full, off, save_attention, save_projections" in \
+        capsys.readouterr().err
+    from jaxgrpo.config import REMAT_POLICIES
+
+    assert set(REMAT_POLICIES) <= set(gpu_programs.UPDATE_REMAT)
+
+
+# An in-place scatter of two rows into a bf16[100,8] pool (its indices and rows computed in the fusion), a
+# fusion that reads 4 rows of a float32[64,16] table through a dynamic slice and 16 bytes of another whole, and
+# one that reads a layer of a float32[8, 4, 16] stack through a bitcast.
 TRAFFIC = """HloModule traffic, is_scheduled=true
 
 %write (pool: bf16[100,8], ids: s32[2,1], rows: f32[2,8]) -> bf16[100,8] {
@@ -151,7 +162,16 @@ TRAFFIC = """HloModule traffic, is_scheduled=true
   ROOT %product = f32[4,16]{1,0} multiply(%rows, %wide)
 }
 
-ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], s: f32[4]) -> f32[4,16] {
+%layer (stack: f32[8,4,16], at: s32[]) -> f32[64] {
+  %stack = f32[8,4,16]{2,0,1} parameter(0)
+  %at = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %flat = f32[8,64]{1,0} bitcast(%stack)
+  %one = f32[1,64]{1,0} dynamic-slice(%flat, %at, %zero), dynamic_slice_sizes={1,64}
+  ROOT %row = f32[64]{0} bitcast(%one)
+}
+
+ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], s: f32[4], x: f32[8,4,16]) -> f32[4,16] {
   %p = bf16[100,8]{1,0} parameter(0)
   %i = s32[2,1]{1,0} parameter(1)
   %r = f32[2,8]{1,0} parameter(2)
@@ -159,6 +179,8 @@ ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], 
   %a = s32[] parameter(4)
   %s = f32[4]{0} parameter(5)
   %written = bf16[100,8]{1,0} fusion(%p, %i, %r), kind=kInput, calls=%write
+  %stacked = f32[8,4,16]{2,0,1} parameter(6)
+  %sliced = f32[64]{0} fusion(%stacked, %a), kind=kLoop, calls=%layer
   ROOT %read = f32[4,16]{1,0} fusion(%t, %a, %s), kind=kLoop, calls=%read
 }
 """
@@ -172,3 +194,5 @@ def test_traffic_counts_an_in_place_update_by_its_update_and_a_sliced_operand_by
     # The slice's 4 rows (256 B), not the whole table (4 KiB), with the index (4 B) and the scales (16 B) read and
     # the result (256 B) written.
     assert gpu_programs._traffic(program, fusions["read"]) == 256 + 4 + 16 + 256
+    # A stack read through a bitcast (a layout change) and a slice of one layer: that layer (256 B), not the stack.
+    assert gpu_programs._traffic(program, fusions["sliced"]) == 256 + 4 + 256
