@@ -31,8 +31,9 @@ it measured):
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized whole, not at all or keeping what a remat policy names (`_remat_off`, `_save_attention`,
-  `_save_projections`), synchronous or one-step-off (`--train-runs`; `_one_step_off`: `max_staleness=1` on the
-  one device, the next step's sampling, rewards included, overlapping the update; its step time beside the
+  `_save_projections`), scanned or one after another (`_unrolled`), synchronous or one-step-off (`--train-runs`;
+  `_one_step_off`: `max_staleness=1` on the one device, the next step's sampling, rewards included, overlapping the
+  update; its step time beside the
   synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update
   tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by: `compile.update_model_flops`;
   prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the matmul peak measured here), with
@@ -480,7 +481,7 @@ def _remat_suffix(remat: bool | str) -> str:
 
 
 def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool | str = True,
-                 max_staleness: int = 0):
+                 max_staleness: int = 0, scan_layers: bool = True):
     """The trainer's config for a train run; `remat`: False, True ("full") or a policy of `Config.remat_policy`."""
     from jaxgrpo.config import Config
 
@@ -489,6 +490,7 @@ def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str,
     c.dtype = "bfloat16"
     c.remat = bool(remat)
     c.remat_policy = remat if isinstance(remat, str) else "full"
+    c.scan_layers = scan_layers
     c.packing = packing
     c.attention = attention
     c.task.name = "device_check"
@@ -527,7 +529,7 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
 
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
-                  remat: bool | str = True, max_staleness: int = 0) -> dict:
+                  remat: bool | str = True, max_staleness: int = 0, scan_layers: bool = True) -> dict:
     """Seconds of the GRPO step (`Trainer.step`: sample, score, update; the first step compiles, the
     ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
     median), with MFU and the compile report's estimate of the same update."""
@@ -537,7 +539,7 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     from jaxgrpo.train import Trainer
     from jaxgrpo.train.rollout import row_stats
 
-    cfg = train_config(model_name, shapes, packing, attention, remat, max_staleness)
+    cfg = train_config(model_name, shapes, packing, attention, remat, max_staleness, scan_layers)
     trainer = Trainer(cfg)
     steps = []
     for step in range(shapes.steps):
@@ -561,7 +563,8 @@ def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str
     step = statistics.median(r["step_seconds"] for r in (steps[1:] or steps))
     model_flops = estimate["model_flops"]
     completion_tokens = shapes.rows * shapes.new_tokens
-    return {"packing": packing, "remat": remat, "max_staleness": max_staleness, "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
+    return {"packing": packing, "remat": remat, "scan_layers": scan_layers, "max_staleness": max_staleness,
+            "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
             "steps": steps, "step_seconds": step, "update_seconds_all": updates, "update_seconds": update,
             "update_tokens": estimate["tokens"], "update_tokens_per_second": estimate["tokens"] / update,
             "completion_tokens_per_second": completion_tokens / update,
@@ -696,7 +699,8 @@ def main(argv=None) -> dict:
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
                              "layers' activations instead of recomputing them (more memory, less compute) or "
                              "_save_attention or _save_projections for that remat policy (Config.remat_policy), "
-                             "and/or _one_step_off for max_staleness=1 (in that order)")
+                             "_unrolled for scan_layers=false, and/or _one_step_off for max_staleness=1 (in that "
+                             "order)")
     parser.add_argument("--decode-variants", default=",".join(DEFAULT_DECODE_VARIANTS),
                         help=f"comma-separated, of {', '.join(DECODE_VARIANTS)}")
     parser.add_argument("--trace-dir", default=None,
@@ -714,13 +718,14 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     train_runs = []
-    known = {p + _remat_suffix(r) + o: (p == "packing_on", r, int(bool(o))) for p in ("packing_on", "packing_off")
-             for r in REMAT_RUNS for o in ("", "_one_step_off")}
+    known = {p + _remat_suffix(r) + u + o: (p == "packing_on", r, int(bool(o)), not u)
+             for p in ("packing_on", "packing_off") for r in REMAT_RUNS for u in ("", "_unrolled")
+             for o in ("", "_one_step_off")}
     for run in (r.strip() for r in args.train_runs.split(",") if r.strip()):
         if run not in known:
             parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with "
-                         f"{', '.join(_remat_suffix(r) for r in REMAT_RUNS[1:])} and/or _one_step_off (in that "
-                         "order)")
+                         f"{', '.join(_remat_suffix(r) for r in REMAT_RUNS[1:])}, _unrolled and/or _one_step_off "
+                         "(in that order)")
         train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
     unknown = sorted(set(variants) - set(DECODE_VARIANTS))
@@ -794,12 +799,14 @@ def main(argv=None) -> dict:
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
 
-    def train(packing: bool, attention_name: str, remat: bool | str = True, max_staleness: int = 0) -> None:
+    def train(packing: bool, attention_name: str, remat: bool | str = True, max_staleness: int = 0,
+              scan_layers: bool = True) -> None:
         key = (f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
-               + _remat_suffix(remat) + ("_one_step_off" if max_staleness else ""))
+               + _remat_suffix(remat) + ("" if scan_layers else "_unrolled")
+               + ("_one_step_off" if max_staleness else ""))
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
-                                                                bandwidth, remat, max_staleness)
+                                                                bandwidth, remat, max_staleness, scan_layers)
         except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
             traceback.print_exc()
             result.setdefault("train", {})[key] = {"error": _one_line(error)}
@@ -820,8 +827,8 @@ def main(argv=None) -> dict:
             section("decode_loop", decode_section, model, shapes, bandwidth, args.trace_dir, variants)
         del model
     if "train" in sections:
-        for packing, remat, max_staleness in train_runs:
-            train(packing, trained_attention, remat, max_staleness)
+        for packing, remat, max_staleness, scan_layers in train_runs:
+            train(packing, trained_attention, remat, max_staleness, scan_layers)
     if anchor is not None:
         result["torch"] = anchor
         result.setdefault("section_seconds", {})["torch"] = anchor_seconds

@@ -2,8 +2,9 @@
 
 The layers' parameters are stacked along a leading `layers` axis and run with one `lax.scan`,
 so compile time does not grow with depth (a GPU's decode loop runs them one after the other over
-weights split per layer: see packed weights below). Every parameter carries `logical_axes` metadata
-(e.g. `("layers", "embed", "heads", "head_dim")`) that `partitioning.shard_model` maps onto a mesh.
+weights split per layer: see packed weights below; so does an uncached forward with `scan_layers=False`).
+Every parameter carries `logical_axes` metadata (e.g. `("layers", "embed", "heads", "head_dim")`) that
+`partitioning.shard_model` maps onto a mesh.
 
 Calling conventions (`B` batch, `T` new tokens, `C` cache capacity, `L` layers, `V` vocabulary):
 
@@ -98,7 +99,7 @@ from jaxgrpo.models.layers import (
     rope_tables,
 )
 from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
-from jaxgrpo.models.memory_forms import LayerWeights
+from jaxgrpo.models.memory_forms import LayerWeights, split_layers
 from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
 from jaxgrpo.models.remat import POLICIES as REMAT_POLICIES
@@ -172,6 +173,10 @@ class Decoder(nnx.Module):
       param_dtype: parameter dtype.
       remat: recompute each layer's activations in the backward pass instead of storing them: False, True (the
         layer's input kept: "full") or a policy of `jaxgrpo.models.remat.POLICIES` (what else it keeps).
+      scan_layers: run an uncached forward (training, scoring) as one `lax.scan` over the stacked layers (compile
+        time independent of depth), or, False, the layers one after the other over their weights split per layer
+        (`memory_forms.split_layers`): no stacks of activations kept for the backward pass, which XLA:GPU fills
+        with zeros, copies and transposes (docs/gpu.md), for a compile time that grows with depth.
       attention: the training/scoring attention implementation, "auto" (the platform's: splash attention
         on a TPU) or one of `jaxgrpo.models.attention.NAMES`; an unknown name is a ValueError here, one
         that does not run on the program's platform at the first call.
@@ -179,7 +184,8 @@ class Decoder(nnx.Module):
     """
 
     def __init__(self, config: DecoderConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 remat: bool | str = False, attention: str = attention_implementations.AUTO, rngs: nnx.Rngs):
+                 remat: bool | str = False, scan_layers: bool = True, attention: str = attention_implementations.AUTO,
+                 rngs: nnx.Rngs):
         attention_implementations.check_name(attention)
         if isinstance(remat, str) and remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy {remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
@@ -187,6 +193,7 @@ class Decoder(nnx.Module):
         self.config = c
         self.dtype = dtype
         self.remat = remat
+        self.scan_layers = scan_layers
         self.attention = attention
         self.embed = param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), param_dtype)
         self.layers = Block(c, (c.num_layers,), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -305,6 +312,8 @@ class Decoder(nnx.Module):
             return functools.partial(backend.attention.attend, masks=masks, sliding=sliding, window=c.sliding_window,
                                      scale=c.attention_scale, mesh=mesh)
 
+        if packed_weights is None and not self.scan_layers:
+            packed_weights = split_layers(self)
         hidden, _ = self._layers(tokens, positions, attention, mesh, backend, packed_weights=packed_weights)
         return hidden
 
@@ -446,7 +455,10 @@ class Decoder(nnx.Module):
             return x, (None if cache is None and write_kv is None else new_kv)
 
         if self.remat:
-            layer = checkpointed(layer, "full" if self.remat is True else self.remat)
+            # Layers run one after another: without barriers XLA would merge each recomputation with the forward
+            # it repeats (the same operations on the same inputs), undoing the remat.
+            layer = checkpointed(layer, "full" if self.remat is True else self.remat,
+                                 prevent_cse=per_layer is not None)
         # Every layer reads the whole cache and prefix (closed over, read-only) at its own index, so no layer's
         # slice is copied; the layers' new keys and values [L, B, T, ...] come out of the scan and are
         # written with one dynamic_update_slice each (in place when donated).

@@ -45,10 +45,11 @@ def name(x: jax.Array, tag: str) -> jax.Array:
     return checkpoint_name(x, tag)
 
 
-def checkpointed(fn, policy: str):
-    """`fn` rematerialized, keeping the activations `POLICIES[policy]` names."""
+def checkpointed(fn, policy: str, prevent_cse: bool = False):
+    """`fn` rematerialized, keeping the activations `POLICIES[policy]` names. `prevent_cse`: keep XLA from merging
+    the recomputation with the forward pass it repeats (`jax.checkpoint`'s; a scan's body needs none)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown remat policy {policy!r}; choose one of {', '.join(POLICIES)}")
     saved = POLICIES[policy]
-    return jax.checkpoint(fn, prevent_cse=False,
+    return jax.checkpoint(fn, prevent_cse=prevent_cse,
                           policy=jax.checkpoint_policies.save_only_these_names(*saved) if saved else None)

@@ -96,7 +96,7 @@ def register_model_builder(name: str, builder: Callable[..., tuple]) -> None:
 
 def build_model(cfg: Config):
     """(model, tokenizer) for `cfg.model`: a registered builder, else `jaxgrpo.models.load`; its attention
-    implementation is `cfg.attention`."""
+    implementation is `cfg.attention`, its remat `cfg.decoder_remat`, its layers scanned as `cfg.scan_layers` says."""
     from jaxgrpo import models
     from jaxgrpo.models import attention
 
@@ -107,8 +107,10 @@ def build_model(cfg: Config):
     if cfg.model in MODEL_BUILDERS:
         model, tokenizer = MODEL_BUILDERS[cfg.model](dtype=dtype, remat=cfg.decoder_remat)
         model.attention = cfg.attention
-        return model, tokenizer
-    return models.load(cfg.model, dtype=dtype, remat=cfg.decoder_remat, attention=cfg.attention)
+    else:
+        model, tokenizer = models.load(cfg.model, dtype=dtype, remat=cfg.decoder_remat, attention=cfg.attention)
+    model.scan_layers = cfg.scan_layers
+    return model, tokenizer
 
 
 def adapt(model, cfg: Config, mesh=None):

@@ -18,7 +18,7 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check") / "device_check.json"
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
-               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_off_save_projections,"
+               "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_off_save_projections_unrolled,"
                "packing_on_one_step_off",
                "--decode-variants", "engine,engine-views,engine-graphs,engine-stacked-writes-each,engine-unshared"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=processes.child_env())
@@ -80,12 +80,13 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
     assert profile["wall_seconds"] > 0 and profile["device_busy_seconds"] is None  # no accelerator in the trace
 
 
-def test_the_layers_are_timed_unrematerialized_and_under_a_remat_policy(result):
-    for key, remat in (("packing_off", True), ("packing_off_remat_off", False),
-                       ("packing_off_save_projections", "save_projections")):
+def test_the_layers_are_timed_unrematerialized_and_under_a_remat_policy_unscanned(result):
+    for key, remat, scanned in (("packing_off", True, True), ("packing_off_remat_off", False, True),
+                                ("packing_off_save_projections_unrolled", "save_projections", False)):
         run = result["train"][key]
         assert "error" not in run, (key, run)
-        assert run["remat"] == remat and run["update_seconds"] > 0 and 0 < run["mfu"] < 1, (key, run)
+        assert run["remat"] == remat and run["scan_layers"] is scanned, (key, run)
+        assert run["update_seconds"] > 0 and 0 < run["mfu"] < 1, (key, run)
 
 
 def test_the_torch_anchor_ran_in_its_own_processes(result):

@@ -111,7 +111,8 @@ def abstract_train_state(cfg: Config, mesh) -> Abstract:
 
     def split_policy():
         policy = train.Policy(train.adapt(Decoder(config, dtype=dtype, param_dtype=dtype, remat=cfg.decoder_remat,
-                                                  attention=cfg.attention, rngs=nnx.Rngs(0)), cfg),
+                                                  scan_layers=cfg.scan_layers, attention=cfg.attention,
+                                                  rngs=nnx.Rngs(0)), cfg),
                               value_head=cfg.value_head)
         graphdef, params, rest = nnx.split(policy, train.trainable(cfg), ...)
         graphdefs.append((graphdef, nnx.split(policy.decoder)[0]))
