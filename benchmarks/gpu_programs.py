@@ -32,7 +32,8 @@ writing the pool's new positions one at a time (`paged_writes_each`: the decode 
 from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
 at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
 read and write outside the GEMMs (`_traffic`: estimated from shapes), with its temporaries; `--update-remat` compiles
-it with the layers' remat off or under remat policies too (`Config.remat_policy`)."""
+it with the layers' remat off or under remat policies too (`Config.remat_policy`), and with `/unrolled`, the layers
+run one after another (`Config.scan_layers=false`)."""
 
 from __future__ import annotations
 
@@ -361,17 +362,19 @@ def compile_decode(model: str, mesh, steps: int, variant: str):
 UPDATE_REMAT = {"full": True, "off": False, "save_attention": "save_attention", "save_projections": "save_projections"}
 
 
-def compile_update(model: str, chip: str, remat: bool | str = True):
+def compile_update(model: str, chip: str, remat: bool | str = True, scan_layers: bool = True):
     """(optimized HLO text, seconds to compile, bytes of temporaries) of the trainer's update at device_check's
     shapes (16 x 8 rows of 256 + 512 tokens, micro-batches of 16, packing off as on a GPU, bfloat16) for `model`,
-    its layers rematerialized as `remat` says (device_check's train runs: True, False or a `Config.remat_policy`)."""
+    its layers rematerialized as `remat` says (device_check's train runs: True, False or a `Config.remat_policy`),
+    scanned or (`scan_layers=False`) one after another."""
     import jax
 
     from device_check import FULL_SHAPES, Shapes, train_config
     from jaxgrpo import train
     from jaxgrpo.tools import compile as compile_lib
 
-    cfg = train_config(model, Shapes(**FULL_SHAPES), packing=False, attention="auto", remat=remat)
+    cfg = train_config(model, Shapes(**FULL_SHAPES), packing=False, attention="auto", remat=remat,
+                       scan_layers=scan_layers)
     mesh = train.make_mesh(cfg, list(gpu_mesh(chip).devices.flat))
     start = time.perf_counter()
     abstract = compile_lib.abstract_train_state(cfg, mesh)
@@ -395,8 +398,9 @@ def main(argv=None) -> dict:
                         help="also the trainer's update: its device operations and memory traffic outside the GEMMs")
     parser.add_argument("--update-remat", default="full",
                         help="with --update, comma-separated: full (the default, the layers recomputed whole), off, "
-                             "or remat policies of Config.remat_policy (save_attention, save_projections); each "
-                             "compiled and counted (the first is the JSON's 'update', all in 'update_remat')")
+                             "or remat policies of Config.remat_policy (save_attention, save_projections), each "
+                             "optionally with /unrolled (scan_layers=false); each compiled and counted (full is the "
+                             "JSON's 'update', all in 'update_remat')")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     from device_check import DECODE_VARIANTS, FULL_SHAPES
@@ -406,7 +410,7 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     update_remat = [r.strip() for r in args.update_remat.split(",") if r.strip()]
-    unknown = sorted(set(update_remat) - set(UPDATE_REMAT))
+    unknown = sorted(set(update_remat) - {f"{r}{u}" for r in UPDATE_REMAT for u in ("", "/unrolled")})
     if unknown:
         parser.error(f"unknown --update-remat {', '.join(unknown)}; choose from {', '.join(UPDATE_REMAT)}")
     from jaxgrpo.models import architectures
@@ -438,14 +442,16 @@ def main(argv=None) -> dict:
               f"{counts['host_round_trips']} host round trips, {counts['copied_bytes'] / 1e6:.1f} MB copied",
               flush=True)
     for remat in update_remat if args.update else ():
-        text, seconds, temporaries = compile_update(args.model, args.chip, UPDATE_REMAT[remat])
-        name = "update" if remat == "full" else f"update_{remat}"
+        setting, _, layers = remat.partition("/")
+        text, seconds, temporaries = compile_update(args.model, args.chip, UPDATE_REMAT[setting], not layers)
+        name = "update" if remat == "full" else f"update_{setting}" + (f"_{layers}" if layers else "")
         dump(name, text)
         program = read_hlo(text)
         counts = per_iteration(program, program.entry)
         micro_batches = FULL_SHAPES["prompts"] * FULL_SHAPES["samples"] // FULL_SHAPES["micro_batch"]
         entry = {"compile_seconds": seconds, "micro_batches": micro_batches, "temp_bytes": temporaries, **counts}
-        result.setdefault("update", entry)
+        if remat == "full":
+            result["update"] = entry
         result.setdefault("update_remat", {})[remat] = entry
         print(f"{name}: {counts['operations_total']} device operations, "
               f"{counts['traffic_bytes_outside_gemms'] / 1e12:.2f} TB read and written outside the GEMMs, "
