@@ -33,12 +33,11 @@ it measured):
   rematerialized whole, not at all or keeping what a remat policy names (`_remat_off`, `_save_attention`,
   `_save_projections`), scanned or one after another (`_unrolled`), synchronous or one-step-off (`--train-runs`;
   `_one_step_off`: `max_staleness=1` on the one device, the next step's sampling, rewards included, overlapping the
-  update; its step time beside the
-  synchronous run's of the same packing as `step_speedup_over_sync`): seconds per step and per update, update
-  tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by: `compile.update_model_flops`;
-  prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the matmul peak measured here), with
-  the compile report's roofline estimate of the same update (`compile.count_products` at the measured peak and
-  bandwidth) and the measured/estimate factor;
+  update; its step time beside the synchronous run's of the same packing as `step_speedup_over_sync`): seconds per
+  step and per update, update tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by:
+  `compile.update_model_flops`; prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
+  matmul peak measured here), with the compile report's roofline estimate of the same update
+  (`compile.count_products` at the measured peak and bandwidth) and the measured/estimate factor;
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
   accelerator (or with `--small` on a CPU): `generate`, and forward + backward + AdamW over the step's rows
   in micro-batches of 32 with gradient checkpointing: the anchor. They run first, before this process's
@@ -482,7 +481,8 @@ def _remat_suffix(remat: bool | str) -> str:
 
 def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool | str = True,
                  max_staleness: int = 0, scan_layers: bool = True):
-    """The trainer's config for a train run; `remat`: False, True ("full") or a policy of `Config.remat_policy`."""
+    """The trainer's config for a train run; `remat`: False, True ("full") or a policy of `Config.remat_policy`;
+    `scan_layers`: `Config.scan_layers`."""
     from jaxgrpo.config import Config
 
     c = Config()
