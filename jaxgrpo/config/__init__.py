@@ -56,7 +56,7 @@ from jaxgrpo.errors import ConfigError
 
 __all__ = [
     "ATTENTION_NAMES", "DTYPES", "LORA_TARGETS", "PACKING_BY_PLATFORM", "REMAT_POLICIES", "REPLACED", "STATE_DTYPES",
-    "Config", "ConfigError", "EnvironmentConfig", "ExperimentError", "GuidanceConfig", "LoraConfig", "MeshConfig", "OptimizerConfig",
-    "SamplingConfig", "TaskConfig", "apply_override", "apply_overrides", "load_experiment", "migrate",
-    "optional_section", "replaced", "resolve_packing", "to_dict", "valid_keys", "validate",
+    "Config", "ConfigError", "EnvironmentConfig", "ExperimentError", "GuidanceConfig", "LoraConfig", "MeshConfig",
+    "OptimizerConfig", "SamplingConfig", "TaskConfig", "apply_override", "apply_overrides", "load_experiment",
+    "migrate", "optional_section", "replaced", "resolve_packing", "to_dict", "valid_keys", "validate",
 ]

@@ -102,8 +102,7 @@ from jaxgrpo.models.logprobs import soft_cap, token_logprobs_and_entropy
 from jaxgrpo.models.memory_forms import LayerWeights, split_layers
 from jaxgrpo.models.paged_cache import PagedKVCache, PagedRows
 from jaxgrpo.models.partitioning import active_mesh, constrain_activation
-from jaxgrpo.models.remat import POLICIES as REMAT_POLICIES
-from jaxgrpo.models.remat import checkpointed
+from jaxgrpo.models.remat import check_policy, checkpointed
 
 if TYPE_CHECKING:
     from jaxgrpo.models.cpu_forms import PackedWeights
@@ -187,8 +186,8 @@ class Decoder(nnx.Module):
                  remat: bool | str = False, scan_layers: bool = True, attention: str = attention_implementations.AUTO,
                  rngs: nnx.Rngs):
         attention_implementations.check_name(attention)
-        if isinstance(remat, str) and remat not in REMAT_POLICIES:
-            raise ValueError(f"unknown remat policy {remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+        if isinstance(remat, str):
+            check_policy(remat)
         c = config
         self.config = c
         self.dtype = dtype

@@ -11,14 +11,13 @@ backward pass. A policy keeps some of the layer's activations as well, by the na
   flash kernels (`flash_common.lse_union`) also their residuals, the output in the kernels' layout and its
   log-sum-exp. The backward recomputes the MLP's products and element-wise work (norms, RoPE), not the
   attention's kernels (the XLA attention's probabilities, [T, T] a head, are recomputed: the CPU's training
-  attention is that math too). The output is kept in
-  both layouts: a kernel that runs per shard (`flash_common.per_shard`, under any mesh) returns it through a
-  `shard_map` the backward would otherwise rerun whole to get it.
+  attention is that math too). The output is kept in both layouts: a kernel that runs per shard
+  (`flash_common.per_shard`, under any mesh) returns it through a `shard_map` the backward would otherwise rerun
+  whole to get it.
 * "save_projections": also the MLP's gate and up projections: no product is recomputed, only element-wise work,
   6 N FLOPs a token, for 2 q + 2 kv + hidden + 2 intermediate values a token a layer in the compute dtype
   (q: query heads x head_dim, kv: key/value heads x head_dim; Qwen3-0.6B in bfloat16: 26.6 KB), where no remat
   at all also stores the norms' and RoPE's float32 intermediates.
-
 """
 
 from __future__ import annotations
@@ -45,11 +44,16 @@ def name(x: jax.Array, tag: str) -> jax.Array:
     return checkpoint_name(x, tag)
 
 
+def check_policy(policy: str) -> None:
+    """A ValueError naming the policies where `policy` is none of them."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown remat policy {policy!r}; choose one of {', '.join(POLICIES)}")
+
+
 def checkpointed(fn, policy: str, prevent_cse: bool = False):
     """`fn` rematerialized, keeping the activations `POLICIES[policy]` names. `prevent_cse`: keep XLA from merging
     the recomputation with the forward pass it repeats (`jax.checkpoint`'s; a scan's body needs none)."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown remat policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    check_policy(policy)
     saved = POLICIES[policy]
     return jax.checkpoint(fn, prevent_cse=prevent_cse,
                           policy=jax.checkpoint_policies.save_only_these_names(*saved) if saved else None)

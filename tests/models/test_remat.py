@@ -24,6 +24,19 @@ QWEN2 = DecoderConfig(family="qwen2", vocab_size=53, hidden_size=32, intermediat
                       num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=False)
 
 
+def _loss_and_gradients(config, tokens, mask=None, **decoder_kwargs):
+    """(jitted params -> (loss, gradients), params) of a decoder built with `decoder_kwargs`: the log-probs and
+    entropies of `tokens`' next tokens, summed over `mask` (every token by default)."""
+    graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0), **decoder_kwargs))
+    mask = jnp.ones(tokens.shape, bool) if mask is None else mask
+
+    def loss(p):
+        logprobs, entropy = nnx.merge(graphdef, p).token_logprobs(tokens, jnp.roll(tokens, -1, 1), attention_mask=mask)
+        return jnp.sum(jnp.where(mask, logprobs + 0.1 * entropy, 0.0))
+
+    return jax.jit(jax.value_and_grad(loss)), params
+
+
 @pytest.mark.parametrize("config, attention", [(GEMMA, "pallas_gpu"), (QWEN2, "xla")],
                          ids=["gemma3-triton", "qwen2-xla"])
 def test_every_policy_gives_the_gradients_of_no_remat(config, attention):
@@ -31,14 +44,8 @@ def test_every_policy_gives_the_gradients_of_no_remat(config, attention):
     mask = jnp.arange(12)[None] < jnp.array([[12], [9]])  # a padded row
 
     def gradients(policy):
-        graphdef, params = nnx.split(Decoder(config, remat=policy, attention=attention, rngs=nnx.Rngs(0)))
-
-        def loss(p):
-            logprobs, entropy = nnx.merge(graphdef, p).token_logprobs(tokens, jnp.roll(tokens, -1, 1),
-                                                                       attention_mask=mask)
-            return jnp.sum(jnp.where(mask, logprobs + 0.1 * entropy, 0.0))
-
-        return jax.jit(jax.grad(loss))(params)
+        step, params = _loss_and_gradients(config, tokens, mask, remat=policy, attention=attention)
+        return step(params)[1]
 
     plain = jax.tree.leaves(gradients(False))
     for policy in (True, *(name for name in remat.POLICIES if name != "full")):  # True: "full"
@@ -86,7 +93,7 @@ def test_each_policy_keeps_the_activations_it_names(attention, capsys):
             assert attention_kept == ["f32[2,8,2,2,16]"]  # the output; the probabilities are recomputed
 
 
-def test_the_config_chooses_a_policy_the_decoder_knows(tmp_path):
+def test_the_config_chooses_a_policy_the_decoder_knows():
     assert config_lib.REMAT_POLICIES == tuple(remat.POLICIES)
     cfg = config_lib.Config()
     assert cfg.remat and cfg.remat_policy == "full" and cfg.decoder_remat == "full"
@@ -102,14 +109,6 @@ def test_the_config_chooses_a_policy_the_decoder_knows(tmp_path):
     assert model.remat == "save_attention" and model.scan_layers is False
 
 
-def _loss_and_gradients(config, tokens, **decoder_kwargs):
-    graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0), **decoder_kwargs))
-
-    def loss(p):
-        logprobs, entropy = nnx.merge(graphdef, p).token_logprobs(tokens, jnp.roll(tokens, -1, 1))
-        return jnp.sum(logprobs + 0.1 * entropy)
-
-    return jax.jit(jax.value_and_grad(loss)), params
 
 
 def test_layers_one_after_another_give_the_scans_values_and_gradients():
