@@ -31,7 +31,9 @@ writing the pool's new positions one at a time (`paged_writes_each`: the decode 
 "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step launches stays; whether it runs
 from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
 at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
-read and write outside the GEMMs (`_traffic`: estimated from shapes), with its temporaries; `--update-remat` compiles
+read and write outside the GEMMs (`_traffic`: estimated from shapes), with its temporaries, that traffic by where it
+comes from (`scope`: the named scopes of each operation's metadata, "backward: " for a gradient's) and the GEMMs'
+FLOPs by their operands' types (a float32 GEMM runs at half the bfloat16 rate at best); `--update-remat` compiles
 it with the layers' remat off or under remat policies too (`Config.remat_policy`), and with `/unrolled`, the layers
 run one after another (`Config.scan_layers=false`)."""
 
@@ -246,20 +248,76 @@ def _kind(program: Program, opcode: str, rest: str) -> str:
     return opcode
 
 
+#: Scopes of an `op_name` that say how, not where: loops, jaxpr evaluation, remat's wrappers.
+_NOT_SCOPES = {"while", "body", "cond", "eval_jaxpr", "checkpoint", "rematted_computation", "remat", "remat2",
+               "closed_call", "shard_map", "pjit", "custom_jvp_call", "custom_vjp_call"}
+
+
+def _scope_name(part: str) -> str | None:
+    """A scope of an `op_name` unwrapped from its transformations (`transpose(jvp(layers))` -> "layers"), None for
+    one that names no place: a jitted helper (`jit(silu)`), an einsum's spec, a scope of `_NOT_SCOPES`."""
+    while (wrapped := re.fullmatch(r"(\w+)\((.*)\)", part)):
+        if wrapped.group(1) == "jit":
+            return None
+        part = wrapped.group(2)
+    return None if not part or part in _NOT_SCOPES or "->" in part else part
+
+
+def scope(rest: str, depth: int = 3) -> str:
+    """Where an operation comes from, read from its `op_name` metadata: "backward: " where its name is under a
+    `transpose(...)` (the gradient of the scopes in it), then its first `depth` named scopes (jaxgrpo's
+    `jax.named_scope`s and Flax modules: "layers/attention/core"; a scope repeated by a transformation once),
+    "(unnamed)" without metadata, "(top)" with no named scope."""
+    name = re.search(r'op_name="([^"]*)"', rest)
+    if not name:
+        return "(unnamed)"
+    parts = name.group(1).split("/")
+    kept = []
+    for part in parts[1:-1]:  # the outer jit and the primitive name no scope
+        named = _scope_name(part)
+        if named and (not kept or kept[-1] != named):
+            kept.append(named)
+    backward = any(part.startswith("transpose(") for part in parts)
+    return ("backward: " if backward else "") + ("/".join(kept[:depth]) or "(top)")
+
+
 def _trips(rest: str) -> int | None:
     trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
     return int(trips.group(1)) if trips else None
 
 
+def _dot_flops(program: Program, rest: str) -> dict[str, int]:
+    """{"<lhs dtype> x <rhs dtype>": FLOPs} of the matrix products inside a fusion (a GEMM fusion's `dot`s, as the
+    GEMM multiplies them: an operand converted inside the fusion counts in the converted type)."""
+    called = re.search(r"calls=%([\w.\-]+)", rest)
+    if not called:
+        return {}
+    inside = program.computations[called.group(1)]
+    lines = {name: line for name, _, line in inside}
+    found = collections.Counter()
+    for _, opcode, line in inside:
+        if opcode != "dot":
+            continue
+        shapes = [re.search(r"(\w+)\[([\d,]*)\]", lines[o]) for o in _operands(line)[:2]]
+        contracted = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line).group(1)
+        lhs_dims = [int(d) for d in shapes[0].group(2).split(",") if d]
+        depth = int(np.prod([lhs_dims[int(i)] for i in contracted.split(",") if i]))
+        found[f"{shapes[0].group(1)} x {shapes[1].group(1)}"] += 2 * _bytes(line) // _ITEMSIZE.get(
+            re.search(r"(\w+)\[", line).group(1), 4) * depth
+    return found
+
+
 def per_iteration(program: Program, body: str) -> dict:
     """What one iteration of the loop `body` launches: {"operations": {kind: count}, "host_round_trips": ...,
-    "copied_bytes": ..., "traffic_bytes": {kind: bytes read and written (`_traffic`)}, "loops": [(body, trips)]}:
+    "copied_bytes": ..., "traffic_bytes": {kind: bytes read and written (`_traffic`)}, "loops": [(body, trips)],
+    "traffic_outside_gemms_by_scope": {`scope`: bytes}, "gemm_flops_by_operand_types": {"bf16 x bf16": FLOPs}}:
     a nested loop's body counted trips times (a loop whose trip
     count XLA knows runs without testing its predicate on the host; one it does not know is counted as one
     iteration, two predicates on the host), a conditional's largest branch once and its branch index's trip to
     the host."""
     found = program.computations
     operations, traffic, totals, loops = collections.Counter(), collections.Counter(), collections.Counter(), []
+    by_scope, flops = collections.Counter(), collections.Counter()
 
     def result_bytes(rest):  # a fusion's result is its computation's root's (an async start's result is a tuple)
         called = re.search(r"calls=%([\w.\-]+)", rest)
@@ -287,7 +345,12 @@ def per_iteration(program: Program, body: str) -> dict:
             else:
                 kind = _kind(program, opcode, rest)
                 operations[kind] += times
-                traffic[kind] += times * _traffic(program, rest)
+                moved = times * _traffic(program, rest)
+                traffic[kind] += moved
+                if not kind.startswith("GEMM"):
+                    by_scope[scope(rest)] += moved
+                for types, count in _dot_flops(program, rest).items():
+                    flops[types] += times * count
                 if kind in ("copy", "slice of stacked weights or cache"):
                     totals["copied_bytes"] += times * result_bytes(rest)
 
@@ -296,6 +359,8 @@ def per_iteration(program: Program, body: str) -> dict:
             "host_round_trips": totals["host_round_trips"], "copied_bytes": totals["copied_bytes"],
             "traffic_bytes": dict(traffic.most_common()),
             "traffic_bytes_outside_gemms": sum(v for k, v in traffic.items() if not k.startswith("GEMM")),
+            "traffic_outside_gemms_by_scope": dict(by_scope.most_common()),
+            "gemm_flops_by_operand_types": dict(flops.most_common()),
             "loops": [{"body": b, "trips": t} for b, t in loops]}
 
 
@@ -455,7 +520,9 @@ def main(argv=None) -> dict:
         result.setdefault("update_remat", {})[remat] = entry
         print(f"{name}: {counts['operations_total']} device operations, "
               f"{counts['traffic_bytes_outside_gemms'] / 1e12:.2f} TB read and written outside the GEMMs, "
-              f"{temporaries / 2**30:.2f} GiB of temporaries", flush=True)
+              f"{temporaries / 2**30:.2f} GiB of temporaries; GEMMs "
+              f"{', '.join(f'{n / 1e12:.1f} TFLOP {t}' for t, n in counts['gemm_flops_by_operand_types'].items())}",
+              flush=True)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"gpu_programs_{args.chip}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

@@ -119,6 +119,24 @@ def test_a_decode_step_is_counted_per_layer_with_its_slices_gemms_calls_copies_a
     assert counts["traffic_bytes"]["copy"] == 4 * 2 * 32
     assert counts["traffic_bytes_outside_gemms"] == sum(
         v for k, v in counts["traffic_bytes"].items() if not k.startswith("GEMM"))
+    assert sum(counts["traffic_outside_gemms_by_scope"].values()) == counts["traffic_bytes_outside_gemms"]
+    # The Triton GEMM fusion's dot, bf16[2,8] x bf16[8,16]: 2 x 32 x 8 FLOPs a layer (the cuBLAS call is not a dot).
+    assert counts["gemm_flops_by_operand_types"] == {"bf16 x bf16": 4 * 2 * 32 * 8}
+
+
+def test_scope_names_where_an_operation_comes_from_and_whether_it_is_a_gradient():
+    def scope(op_name):
+        return gpu_programs.scope(f'f32[2]{{0}} add(%a, %b), metadata={{op_name="{op_name}"}}')
+
+    assert scope("jit(update)/while/body/eval_jaxpr/transpose(jvp(layers))/jvp(layers)/checkpoint/attention/qkv/"
+                 "norm/mul") == "backward: layers/attention/qkv"
+    assert scope("jit(update)/while/body/eval_jaxpr/jvp(logprob_head)/while/body/eval_jaxpr/reduce_max") == \
+        "logprob_head"
+    assert scope("jit(update)/while/body/layers/mlp/jit(silu)/logistic") == "layers/mlp"
+    assert scope("jit(engine_decode)/while/body/layers/attention/out/bthk,hkd->btd/dot_general") == \
+        "layers/attention/out"
+    assert scope("jit(update)/add") == "(top)"
+    assert gpu_programs.scope("f32[2]{0} add(%a, %b)") == "(unnamed)"
 
 
 def test_without_the_cuda_build_of_jax_it_says_what_to_install():
