@@ -20,7 +20,7 @@ import pytest
 from flax import nnx
 
 from jaxgrpo.models import Decoder, DecoderConfig, attention
-from jaxgrpo.models.attention import AttentionLayout, pallas_gpu
+from jaxgrpo.models.attention import AttentionLayout, flash_common, pallas_gpu
 from jaxgrpo.models.partitioning import batch_sharding, shard_model
 from tests.models.test_attention_impl import _branch_row
 from tests.support.tiny_models import llama_and_gemma3
@@ -139,6 +139,46 @@ def test_packed_prompt_groups_with_a_window_counted_in_positions_and_soft_cap_ma
 def test_bfloat16_matches_xla_to_bfloat16_precision():
     layout = _prompt_groups(np.random.default_rng(7), 2, 48)
     _assert_matches_xla([layout], kv_heads=2, groups=2, window=7, soft_cap=3.0, head_dim=16, dtype=jnp.bfloat16)
+
+
+def test_one_call_writes_its_gradients_in_the_inputs_dtype_rounded_once():
+    """One call (padded rows) in bfloat16: the dq and dk/dv kernels write bfloat16 gradients (no float32 copy for
+    XLA to convert), equal to the kernels' float32 gradients rounded once; the union of two calls (packed prompt
+    groups) asks its kernels for float32, to be summed."""
+    rng = np.random.default_rng(3)
+    batch, length, kv_heads, groups, head_dim = 2, 48, 2, 2, 16
+    settings = pallas_gpu.CallSettings(scale=0.5, logit_soft_cap=None, window=None, length=length, groups=groups,
+                                       tiling=SMALL, interpret=True)
+    rows, slots = length * groups, length  # whole blocks of 16: no padding
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim)).astype(jnp.bfloat16)
+    k, v = (jax.random.normal(key, (batch, kv_heads, slots, head_dim)).astype(jnp.bfloat16) for key in keys[1:3])
+    d_out = jax.random.normal(keys[3], q.shape).astype(jnp.bfloat16)
+    layout, _, valid = _padded(rng, batch, length)
+    ids = flash_common.segment_ids(layout)
+    call = {"query": jnp.repeat(ids["query"], groups, axis=1), "key": ids["key"]}
+    out, lse = pallas_gpu._forward(q, k, v, call, settings=settings)
+    wide = pallas_gpu._backward(q, k, v, call, out, lse, d_out, jnp.float32, settings=settings)
+    narrow = pallas_gpu._backward(q, k, v, call, out, lse, d_out, jnp.bfloat16, settings=settings)
+    for name, a, b in zip("qkv", narrow, wide):
+        assert a.dtype == jnp.bfloat16 and b.dtype == jnp.float32, name
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b.astype(jnp.bfloat16), np.float32),
+                                      err_msg=f"d{name}")
+
+    asked = []
+
+    def forward(q, k, v, ids):
+        return q, jnp.zeros(q.shape[:-1], jnp.float32)
+
+    def backward(q, k, v, ids, out, lse, d_out, grad_dtype):
+        asked.append(grad_dtype)
+        return (jnp.zeros(q.shape, grad_dtype), jnp.zeros(k.shape, grad_dtype), jnp.zeros(v.shape, grad_dtype))
+
+    union = flash_common.lse_union(forward, backward)
+    for calls in ([call], [call, call]):
+        asked.clear()
+        jax.grad(lambda q: union(q, k, v, calls).astype(jnp.float32).sum())(q)
+        assert asked == ([jnp.bfloat16] if len(calls) == 1 else [jnp.float32] * 2), asked
 
 
 def test_blocks_visited_are_those_segments_causality_and_a_window_allow():

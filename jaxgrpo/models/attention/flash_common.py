@@ -61,10 +61,12 @@ def lse_union(forward, backward):
 
     `forward(q, k, v, ids) -> (out, lse)` is one call over the keys that `ids` (a pytree of its segment
     ids) selects, `lse` its log-sum-exp with out's shape less the last axis; `backward(q, k, v, ids, out,
-    lse, d_out) -> (dq, dk, dv)` is that call's flash backward run with given `out` and `lse`. The union of
-    calls is out = sum_c exp(lse_c - lse) out_c with lse = logsumexp_c lse_c; its backward is each call's
-    backward with the union's out and lse (so with the union's probabilities), summed. With one call this
-    is the call itself. Returns `attention(q, k, v, [ids, ...]) -> out`, differentiable in q, k and v."""
+    lse, d_out, grad_dtype) -> (dq, dk, dv)` is that call's flash backward run with given `out` and `lse`,
+    its gradients in `grad_dtype` where the kernel can choose: q's dtype for one call (so the kernel writes
+    them as the model takes them: a float32 copy to convert afterwards is memory traffic), float32 for
+    several, to be summed. The union of calls is out = sum_c exp(lse_c - lse) out_c with lse =
+    logsumexp_c lse_c; its backward is each call's backward with the union's out and lse (so with the union's
+    probabilities), summed. With one call this is the call itself. Returns `attention(q, k, v, [ids, ...]) -> out`, differentiable in q, k and v."""
 
     def merged(q, k, v, id_sets):
         calls = [forward(q, k, v, ids) for ids in id_sets]
@@ -87,8 +89,9 @@ def lse_union(forward, backward):
     def attention_bwd(residuals, d_out):
         q, k, v, id_sets, out, lse = residuals
         dq, dk, dv = 0, 0, 0
+        grad_dtype = q.dtype if len(id_sets) == 1 else jnp.float32
         for ids in id_sets:
-            grads = backward(q, k, v, ids, out, lse, d_out)
+            grads = backward(q, k, v, ids, out, lse, d_out, grad_dtype)
             dq, dk, dv = dq + grads[0], dk + grads[1], dv + grads[2]
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), jax.tree.map(lambda _: None, id_sets)
 

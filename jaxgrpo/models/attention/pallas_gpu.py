@@ -212,7 +212,7 @@ def _dq_kernel(*refs, settings: CallSettings):
                                     preferred_element_type=jnp.float32)
 
     dq = lax.fori_loop(first_ref[i], stop_ref[i], visit, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = dq * settings.scale
+    dq_ref[...] = (dq * settings.scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(*refs, settings: CallSettings):
@@ -239,8 +239,8 @@ def _dkv_kernel(*refs, settings: CallSettings):
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(first_ref[j], stop_ref[j], visit, (zeros, zeros))
-    dk_ref[...] = dk * settings.scale
-    dv_ref[...] = dv
+    dk_ref[...] = (dk * settings.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 # The calls: arrays [B, kv, rows or slots, D] padded to whole blocks; XLA computes which blocks each visits.
@@ -343,8 +343,9 @@ def _forward(q, k, v, ids, *, settings: CallSettings):
     return out, lse
 
 
-def _backward(q, k, v, ids, out, lse, d_out, *, settings: CallSettings):
-    """One call's (dq, dk, dv) in float32 run with the (union's) `out` and `lse` (`flash_common.lse_union`)."""
+def _backward(q, k, v, ids, out, lse, d_out, grad_dtype, *, settings: CallSettings):
+    """One call's (dq, dk, dv) in `grad_dtype` run with the (union's) `out` and `lse` (`flash_common.lse_union`);
+    the kernels accumulate in float32 and round once, as they write."""
     batch, heads, rows, head_dim = q.shape
     slots = k.shape[2]
     block_q, block_k = settings.tiling.block_q, settings.tiling.block_k
@@ -352,14 +353,12 @@ def _backward(q, k, v, ids, out, lse, d_out, *, settings: CallSettings):
     visited = visited_blocks(ids, settings, rows, slots)
     (q_ids, k_ids), positions = _id_inputs(ids, settings)
     inputs = (q, k, v, d_out, lse, delta, q_ids, k_ids)
-    f32 = jnp.float32
-
     query_blocks = rows // block_q
     first, stop = _spans(visited, axis=2)
     in_specs = _operand_specs(True, rows=rows, slots=slots, block=block_q, head_dim=head_dim,
                               num_blocks=query_blocks, gradients=True, positions=len(positions))
     dq = _pallas_call(_dq_kernel, (batch, heads, query_blocks), in_specs, _spec((block_q, head_dim), True, True),
-                      jax.ShapeDtypeStruct(q.shape, f32), settings, "flash_attention_dq")(
+                      jax.ShapeDtypeStruct(q.shape, grad_dtype), settings, "flash_attention_dq")(
         *inputs, first, stop, *positions)
 
     key_blocks = slots // block_k
@@ -368,7 +367,7 @@ def _backward(q, k, v, ids, out, lse, d_out, *, settings: CallSettings):
                               num_blocks=key_blocks, gradients=True, positions=len(positions))
     kv_spec = _spec((block_k, head_dim), True, True)
     dk, dv = _pallas_call(_dkv_kernel, (batch, heads, key_blocks), in_specs, [kv_spec, kv_spec],
-                          [jax.ShapeDtypeStruct(k.shape, f32), jax.ShapeDtypeStruct(v.shape, f32)], settings,
+                          [jax.ShapeDtypeStruct(k.shape, grad_dtype), jax.ShapeDtypeStruct(v.shape, grad_dtype)], settings,
                           "flash_attention_dkv")(*inputs, first, stop, *positions)
     return dq, dk, dv
 

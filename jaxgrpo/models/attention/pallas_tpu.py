@@ -192,7 +192,7 @@ def _union(kernel):
             out, (lse,) = kernel(q, k, v, segment_ids=segment_ids)
         return out, lse
 
-    def backward(q, k, v, segment_ids, out, lse, d_out):
+    def backward(q, k, v, segment_ids, out, lse, d_out, grad_dtype):
         options = kernel.kwargs
         saved = (q, k, v, segment_ids, None, out, lse, _flat_blocks(kernel.dq_mask_info),
                  _flat_blocks(kernel.dkv_mask_info))
@@ -200,6 +200,7 @@ def _union(kernel):
             grads = splash._splash_attention_bwd(
                 False, options["mask_value"], options["is_mqa"], options["block_sizes"], None,
                 options["mask_function"], options["attn_logits_soft_cap"], options["interpret"], saved, d_out)
+        del grad_dtype  # splash writes its gradients in q's dtype (one call's are as asked; the sum's as before)
         return grads[3], grads[4], grads[5]
 
     return flash_common.lse_union(forward, backward)
