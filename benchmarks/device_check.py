@@ -367,8 +367,9 @@ class DecodeVariant:
     """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `options`, XLA compiler
     options its decode chunks are compiled with (only XLA:GPU reads these); `stacked`, a GPU's decode runs on the
     plain memory forms instead of the GPU's (`memory_forms.GPU`): it scans the stacked layer weights instead of
-    splitting them per layer before the loop (`memory_forms.split_layers`), and rotates RoPE's halves by a
-    concatenate (`memory_forms.rotate_half`, not `swap_halves`);
+    splitting them per layer before the loop (`memory_forms.split_layers`), rotates RoPE's halves by a
+    concatenate (`memory_forms.rotate_half`, not `swap_halves`), and its products return float32 (not
+    `memory_forms.product_in_dtype`);
     `writes_each`, a GPU's paged decode writes its new positions one at a time instead of with a scatter
     (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07.
     `shared_prefixes` False: each row reads its prompt's blocks itself, instead of the samples of a prompt reading

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxgrpo.models import cpu_matmul
 from jaxgrpo.models.config import PROJECTIONS
-from jaxgrpo.models.memory_forms import PLAIN, MemoryForms, rotate_half
+from jaxgrpo.models.memory_forms import MemoryForms, float32_product, rotate_half
 from jaxgrpo.models.partitioning import active_mesh
 
 
@@ -206,7 +206,7 @@ def _product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
     which contracts x's trailing axes as every `spec` of the decoder does; float32 either way."""
     if isinstance(weight, cpu_matmul.PackedWeight):
         return weight.product(x)
-    return PLAIN.product(spec, x, weight, dtype)
+    return float32_product(spec, x, weight, dtype)
 
 
 def _plain_products(model) -> bool:

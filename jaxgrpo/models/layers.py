@@ -92,10 +92,10 @@ def _projection_weight(module: nnx.Module, name: str):
 
 
 def _product(spec: str, x: jax.Array, weight, dtype, forms: memory_forms.MemoryForms) -> jax.Array:
-    """`einsum(spec, x, weight)` in `dtype`, accumulated and returned by the kernel in float32, then cast:
-    XLA:CPU runs a bfloat16 x bfloat16 -> float32 product natively (AVX512-BF16), but converts both
-    operands to float32 for a bfloat16 result. The same rounding as a bfloat16 product on accelerators.
-    A decode's packed weight multiplies through its kernel (`forms.product`)."""
+    """`einsum(spec, x, weight)` in `dtype`, accumulated in float32 and rounded once: `forms.product` returns
+    `dtype` on accelerators (`memory_forms.product_in_dtype`: the backward's products stay bfloat16 GEMMs) and
+    float32 on CPUs (`memory_forms.float32_product`, what XLA:CPU multiplies natively), cast here. A decode's
+    packed weight multiplies through its kernel."""
     return forms.product(spec, x, weight, dtype).astype(dtype)
 
 

@@ -6,7 +6,8 @@ than they cost an accelerator (bfloat16 slices and gathers run through float32, 
 are hoisted out of loops into whole copies, weight products stream slowly), so for programs that run on
 CPUs they are written differently. The decoder makes those accesses through a `MemoryForms`:
 
-* `PLAIN`: the plain `lax` / `jax.numpy` operations, for TPU programs;
+* `PLAIN`: the plain `lax` / `jax.numpy` operations, for TPU programs; products returned in the model's dtype
+  (`product_in_dtype`, so that their backward products are bfloat16 GEMMs too);
 * `GPU`: the plain operations, and a decode loop's weights split into one array per layer before the loop
   (`split_layers`): the layer scan slices a layer's weights out of the stacked arrays, which XLA:GPU copies
   before a Triton GEMM reads them, every step; RoPE's half rotation as the halves swapped (`swap_halves`), which
@@ -38,8 +39,8 @@ class MemoryForms(NamedTuple):
     layer_weights: (params, stacks, index, packed) -> layer `index`'s weights, from `params` (the layer scan's
       slices of the stacked weights `stacks`), with those named in `packed` (packed weights' layers, or None)
       replaced by their packed stack at `index`.
-    product: (spec, x, weight, dtype) -> einsum(spec, x, weight in `dtype`) accumulated in float32 (a packed
-      weight multiplies by its kernel).
+    product: (spec, x, weight, dtype) -> einsum(spec, x, weight in `dtype`) accumulated in float32, returned in
+      float32 or in `dtype` (the caller casts to `dtype`; a packed weight multiplies by its kernel).
     read_slots: (buffer, start, sizes) -> lax.dynamic_slice of a cache;
     write_slots: (buffer, update, start) -> lax.dynamic_update_slice into a cache (in place when donated).
     cache_chunk: capacity -> the slots a decode step reads per iteration when the live length is only known
@@ -101,14 +102,33 @@ def split_layers(model) -> LayerWeights:
     return LayerWeights(tuple(jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(model.config.num_layers)))
 
 
+def product_in_dtype(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
+    """einsum(spec, x, weight in `dtype`) returned in `dtype`: the GEMM accumulates in float32 and rounds once, as
+    it writes (a float32 result cast afterwards, `float32_product`'s, rounds the same). What differs is the
+    backward pass: differentiating a float32 result gives float32 cotangents, and JAX multiplies a float32
+    cotangent by a bfloat16 operand as two float32 operands, so every backward product of a bfloat16 model ran
+    as a float32 GEMM (TF32 at best on a GPU, half the bfloat16 rate) over float32 copies of its operands.
+    Here the cotangents stay in `dtype` and the backward products are bfloat16 GEMMs accumulating in float32,
+    as the forward's are. Compiled for an H100 (`benchmarks/gpu_programs.py --update`, Qwen3-0.6B): the
+    update's float32 products went from 173 to none of its 413 TFLOP; for a TPU (`jaxgrpo-compile`, Qwen3-1.7B on
+    v5e:2x4) the update's memory-bound estimate from 1.57 to 1.48 s. The CPU forms keep `float32_product`."""
+    return jnp.einsum(spec, x, _as_dtype(weight, dtype), preferred_element_type=dtype)
+
+
+def float32_product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
+    """einsum(spec, x, weight in `dtype`) returned in float32 (the caller casts): XLA:CPU multiplies bfloat16 x
+    bfloat16 -> float32 natively (AVX512-BF16) but converts both operands to float32 for a bfloat16 result, so the
+    CPU forms (`cpu_forms`) multiply so."""
+    return jnp.einsum(spec, x, _as_dtype(weight, dtype), preferred_element_type=jnp.float32)
+
+
 PLAIN = MemoryForms(
     name="plain",
     to_carry=lambda cache: cache,
     from_carry=lambda cache, dtype: cache,
     take_rows=lambda table, ids: table[ids],
     layer_weights=_layer_weights,
-    product=lambda spec, x, weight, dtype: jnp.einsum(spec, x, _as_dtype(weight, dtype),
-                                                      preferred_element_type=jnp.float32),
+    product=product_in_dtype,
     read_slots=jax.lax.dynamic_slice,
     write_slots=jax.lax.dynamic_update_slice,
     # A TPU reads the whole cache in one masked block: its vector units gain nothing from smaller steps.
