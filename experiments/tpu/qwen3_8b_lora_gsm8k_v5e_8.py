@@ -7,7 +7,7 @@ reference with the adapters off. The learning rate is 10x the full fine-tune's (
 Thinking Machines 2025). `--set lora.quantize_base=nf4` makes it QLoRA (the base in 4-bit NormalFloat).
 `jaxgrpo-compile experiments/tpu/qwen3_8b_lora_gsm8k_v5e_8.py --topology v5e:2x4` shows what it takes per chip:
 docs/tpu.md gives it with LoRA, with QLoRA nf4 and as a full fine-tune (`--set lora=none`) of the same model on the
-same slice (update 5.92, 4.67 and 13.70 of 16 GiB per chip; the full fine-tune also keeps a 1.91 GiB reference
+same slice (update 5.30, 4.18 and 13.25 of 16 GiB per chip; the full fine-tune also keeps a 1.91 GiB reference
 copy a chip); launch it with
 `launch/tpu_pod.sh --experiment experiments/tpu/qwen3_8b_lora_gsm8k_v5e_8.py --accelerator-type v5litepod-8 --name NAME --zone ZONE`.
 The weights are read from `$JAXGRPO_MODELS/qwen3-8b` (see docs/models.md).
