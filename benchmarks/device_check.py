@@ -3,7 +3,8 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants engine,engine-unshared,engine-graphs,engine-stacked-writes-each] [--trace-dir DIR]
+        [--decode-variants engine,engine-unshared,engine-graphs,engine-no-split-k,engine-stacked-writes-each]
+        [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
@@ -24,7 +25,8 @@ it measured):
 * `decode_loop`: the same through the engine's decode variants side by side (`--decode-variants`): "engine", as
   jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-unshared",
   without shared prefixes (each row reads its prompt's blocks itself); "engine-graphs", its decode chunk
-  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-stacked-writes-each",
+  compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-no-split-k", with no
+  GEMM split over its contraction (`NO_SPLIT_K`); "engine-stacked-writes-each",
   a GPU's decode as it was before 2026-12-07 (the stacked layer weights scanned, the pool written one position at a
   time; `DECODE_VARIANTS` has more); with `--trace-dir`, a
   jax.profiler trace of one short run of the engine and the device's busy share of it;
@@ -386,20 +388,31 @@ class DecodeVariant:
 #: XLA command buffers with WHILE and CONDITIONAL nodes: a decode chunk's whole `lax.while_loop` as CUDA graphs.
 GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
 
+#: XLA:GPU splits a small-M GEMM over its contraction (split-K: float32 partial sums, reduced by its consumers). Compiled
+#: for an H100 (`benchmarks/gpu_programs.py`, its heuristics standing in for the autotuner), a decode step's QKV and
+#: MLP products are split so, and each consumer (the q and k norms, the pool's scatter, the MLP's activation) reads
+#: and reduces the float32 partial sums itself: 2.03 GB a step outside the GEMMs, 0.77 GB without the split (434
+#: operations instead of 476). The autotuner times a GEMM alone, not the reads its split adds to its consumers.
+NO_SPLIT_K = {"xla_gpu_experimental_force_split_k": 1}
+
 #: The engine's decode variants the `decode_loop` section can time side by side: "engine" as jaxgrpo runs it (the
 #: backend chooses: on a GPU its paged kernel reads the pool in place, the layers' weights split per layer before
 #: the loop), "engine-views" through dense views gathered once a chunk (the form the paged kernel replaces),
-#: "engine-graphs" its decode chunks compiled with `GRAPH_OPTIONS`, "engine-stacked" scanning the stacked layer
-#: weights, and "engine-stacked-writes-each" also writing the pool one position at a time (a GPU's decode before
-#: 2026-12-07: `benchmarks/gpu_programs.py` counts what each launches); "engine-unshared" with no shared prefixes
-#: (each row reads its whole context).
+#: "engine-graphs" its decode chunks compiled with `GRAPH_OPTIONS`, "engine-no-split-k" with `NO_SPLIT_K`
+#: ("engine-graphs-no-split-k" with both), "engine-stacked" scanning the stacked layer weights, and
+#: "engine-stacked-writes-each" also writing the pool one position at a time (a GPU's decode before 2026-12-07:
+#: `benchmarks/gpu_programs.py` counts what each launches); "engine-unshared" with no shared prefixes (each row reads
+#: its whole context).
 DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_place=False),
                    "engine-graphs": DecodeVariant(options=tuple(GRAPH_OPTIONS.items())),
                    "engine-stacked": DecodeVariant(stacked=True),
                    "engine-stacked-writes-each": DecodeVariant(stacked=True, writes_each=True),
-                   "engine-unshared": DecodeVariant(shared_prefixes=False)}
+                   "engine-unshared": DecodeVariant(shared_prefixes=False),
+                   "engine-no-split-k": DecodeVariant(options=tuple(NO_SPLIT_K.items())),
+                   "engine-graphs-no-split-k": DecodeVariant(options=tuple({**GRAPH_OPTIONS, **NO_SPLIT_K}.items()))}
 #: The variants `--decode-variants` times unless told.
-DEFAULT_DECODE_VARIANTS = ("engine", "engine-unshared", "engine-graphs", "engine-stacked-writes-each")
+DEFAULT_DECODE_VARIANTS = ("engine", "engine-unshared", "engine-graphs", "engine-no-split-k",
+                           "engine-stacked-writes-each")
 
 
 @contextlib.contextmanager

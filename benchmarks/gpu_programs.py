@@ -29,7 +29,8 @@ layer instead of two); "engine-stacked" on the plain memory forms (the layer sca
 halves concatenated: before `memory_forms.split_layers` and `swap_halves`); "engine-stacked-writes-each" also
 writing the pool's new positions one at a time (`paged_writes_each`: the decode as it was before 2026-12-07);
 "engine-graphs" with XLA command buffers for WHILE and CONDITIONAL (what a step launches stays; whether it runs
-from a CUDA graph is decided at run time). `--update` also compiles the trainer's update
+from a CUDA graph is decided at run time); "engine-no-split-k" with no GEMM split over its contraction
+(`device_check.NO_SPLIT_K`). `--update` also compiles the trainer's update
 at those shapes (micro-batches of 16, packing off as on a GPU) and counts its device operations and the bytes they
 read and write outside the GEMMs (`_traffic`: estimated from shapes), with its temporaries, that traffic by where it
 comes from (`scope`: the named scopes of each operation's metadata, "backward: " for a gradient's) and the GEMMs'
@@ -385,7 +386,7 @@ def decode_step_counts(text: str) -> dict:
 BLOCK_SIZE = 16
 
 #: The variants counted unless told (`device_check.DECODE_VARIANTS` has them all).
-DEFAULT_VARIANTS = ("engine", "engine-unshared", "engine-stacked", "engine-stacked-writes-each")
+DEFAULT_VARIANTS = ("engine", "engine-unshared", "engine-no-split-k", "engine-stacked", "engine-stacked-writes-each")
 
 
 def compile_decode(model: str, mesh, steps: int, variant: str):

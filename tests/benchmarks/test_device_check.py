@@ -20,7 +20,8 @@ def result(tmp_path_factory):
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
                "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_off_save_projections_unrolled,"
                "packing_on_one_step_off",
-               "--decode-variants", "engine,engine-views,engine-graphs,engine-stacked-writes-each,engine-unshared"]
+               "--decode-variants",
+               "engine,engine-views,engine-graphs,engine-no-split-k,engine-stacked-writes-each,engine-unshared"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=processes.child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -71,7 +72,8 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
     decode = result["decode_loop"]
     # A CPU accepts the GPU's compiler options and ignores them; "engine" (the backend's choice: dense views on a CPU)
     # and "engine-views" (dense views asked for) are the same program here.
-    variants = ("engine", "engine-views", "engine-graphs", "engine-stacked-writes-each", "engine-unshared")
+    variants = ("engine", "engine-views", "engine-graphs", "engine-no-split-k", "engine-stacked-writes-each",
+                "engine-unshared")
     assert set(decode) == {*variants, "profile"}
     for name in variants:
         assert "error" not in decode[name], (name, decode[name])
