@@ -388,11 +388,11 @@ class DecodeVariant:
 #: XLA command buffers with WHILE and CONDITIONAL nodes: a decode chunk's whole `lax.while_loop` as CUDA graphs.
 GRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"}
 
-#: XLA:GPU splits a small-M GEMM over its contraction (split-K: float32 partial sums, reduced by its consumers). Compiled
-#: for an H100 (`benchmarks/gpu_programs.py`, its heuristics standing in for the autotuner), a decode step's QKV and
-#: MLP products are split so, and each consumer (the q and k norms, the pool's scatter, the MLP's activation) reads
-#: and reduces the float32 partial sums itself: 2.03 GB a step outside the GEMMs, 0.77 GB without the split (434
-#: operations instead of 476). The autotuner times a GEMM alone, not the reads its split adds to its consumers.
+#: XLA:GPU splits a small-M GEMM over its contraction (split-K: float32 partial sums, reduced by its consumers).
+#: Compiled for an H100 (`benchmarks/gpu_programs.py`, its heuristics standing in for the autotuner), a decode step's
+#: QKV and MLP products are split so, and each consumer (the q and k norms, the pool's scatter, the MLP's activation)
+#: reads and reduces the float32 partial sums itself: 2.03 GB a step outside the GEMMs, 0.77 GB without the split
+#: (434 operations instead of 476). The autotuner times a GEMM alone, not the reads its split adds to its consumers.
 NO_SPLIT_K = {"xla_gpu_experimental_force_split_k": 1}
 
 #: The engine's decode variants the `decode_loop` section can time side by side: "engine" as jaxgrpo runs it (the

@@ -1,9 +1,9 @@
 """The rollout engine's decode chunk compiled for an NVIDIA GPU on a machine without one: what a decode step launches.
 
     python benchmarks/gpu_programs.py [--chip h100] [--model qwen3-0.6b]
-        [--variants engine,engine-stacked,engine-stacked-writes-each]
-        [--steps 8] [--update] [--update-remat full,save_projections] [--out benchmarks/results/gpu_programs_<chip>.json]
-        [--dump DIR]
+        [--variants engine,engine-unshared,engine-no-split-k,engine-stacked,engine-stacked-writes-each]
+        [--steps 8] [--update] [--update-remat full,save_projections]
+        [--out benchmarks/results/gpu_programs_<chip>.json] [--dump DIR]
 
 Needs the CUDA build of jax (`pip install -e ".[gpu]"`), not a GPU: XLA:GPU compiles for a description of the chip
 (its compute capability, SMs, memory and caches: `TARGETS`) through `jax.experimental.topologies`, as

@@ -154,7 +154,7 @@ def test_one_call_writes_its_gradients_in_the_inputs_dtype_rounded_once():
     q = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim)).astype(jnp.bfloat16)
     k, v = (jax.random.normal(key, (batch, kv_heads, slots, head_dim)).astype(jnp.bfloat16) for key in keys[1:3])
     d_out = jax.random.normal(keys[3], q.shape).astype(jnp.bfloat16)
-    layout, _, valid = _padded(rng, batch, length)
+    layout, _, _ = _padded(rng, batch, length)
     ids = flash_common.segment_ids(layout)
     call = {"query": jnp.repeat(ids["query"], groups, axis=1), "key": ids["key"]}
     out, lse = pallas_gpu._forward(q, k, v, call, settings=settings)

@@ -66,7 +66,8 @@ def lse_union(forward, backward):
     them as the model takes them: a float32 copy to convert afterwards is memory traffic), float32 for
     several, to be summed. The union of calls is out = sum_c exp(lse_c - lse) out_c with lse =
     logsumexp_c lse_c; its backward is each call's backward with the union's out and lse (so with the union's
-    probabilities), summed. With one call this is the call itself. Returns `attention(q, k, v, [ids, ...]) -> out`, differentiable in q, k and v."""
+    probabilities), summed. With one call this is the call itself. Returns `attention(q, k, v, [ids, ...]) ->
+    out`, differentiable in q, k and v."""
 
     def merged(q, k, v, id_sets):
         calls = [forward(q, k, v, ids) for ids in id_sets]

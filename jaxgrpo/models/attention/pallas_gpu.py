@@ -366,8 +366,8 @@ def _backward(q, k, v, ids, out, lse, d_out, grad_dtype, *, settings: CallSettin
     in_specs = _operand_specs(False, rows=rows, slots=slots, block=block_k, head_dim=head_dim,
                               num_blocks=key_blocks, gradients=True, positions=len(positions))
     kv_spec = _spec((block_k, head_dim), True, True)
-    dk, dv = _pallas_call(_dkv_kernel, (batch, heads, key_blocks), in_specs, [kv_spec, kv_spec],
-                          [jax.ShapeDtypeStruct(k.shape, grad_dtype), jax.ShapeDtypeStruct(v.shape, grad_dtype)], settings,
+    kv_shapes = [jax.ShapeDtypeStruct(k.shape, grad_dtype), jax.ShapeDtypeStruct(v.shape, grad_dtype)]
+    dk, dv = _pallas_call(_dkv_kernel, (batch, heads, key_blocks), in_specs, [kv_spec, kv_spec], kv_shapes, settings,
                           "flash_attention_dkv")(*inputs, first, stop, *positions)
     return dq, dk, dv
 
