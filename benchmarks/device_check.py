@@ -5,7 +5,7 @@
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
         [--decode-variants engine,engine-unshared,engine-graphs,engine-no-split-k,engine-stacked-writes-each]
         [--trace-dir DIR]
-        [--train-runs packing_on,packing_off,packing_on_one_step_off]
+        [--train-runs packing_on,packing_off,packing_off_float32_products,packing_on_one_step_off]
 
 Everything runs on random weights of a published architecture (`jaxgrpo.models.architectures`, Qwen3-0.6B
 by default) in bfloat16, from a checkout with only the core install and the platform's jax; nothing is
@@ -33,7 +33,8 @@ it measured):
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized whole, not at all or keeping what a remat policy names (`_remat_off`, `_save_attention`,
-  `_save_projections`), scanned or one after another (`_unrolled`), synchronous or one-step-off (`--train-runs`;
+  `_save_projections`), scanned or one after another (`_unrolled`), the products returning bfloat16 or, as before
+  2026-12-07, float32 (`_float32_products`: `float32_products`), synchronous or one-step-off (`--train-runs`;
   `_one_step_off`: `max_staleness=1` on the one device, the next step's sampling, rewards included, overlapping the
   update; its step time beside the synchronous run's of the same packing as `step_speedup_over_sync`): seconds per
   step and per update, update tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by:
@@ -493,6 +494,22 @@ def _remat_suffix(remat: bool | str) -> str:
     return "" if remat is True else "_remat_off" if remat is False else f"_{remat}"
 
 
+@contextlib.contextmanager
+def float32_products(enabled: bool = True):
+    """Within it (when `enabled`), the accelerators' memory forms return their products in float32
+    (`memory_forms.float32_product`) instead of the model's dtype, as before 2026-12-07: the backward pass's
+    products then multiply float32 cotangents, a float32 GEMM each (`memory_forms.product_in_dtype`)."""
+    from jaxgrpo.models import memory_forms
+
+    saved = memory_forms.PLAIN, memory_forms.GPU
+    if enabled:
+        memory_forms.PLAIN, memory_forms.GPU = (forms._replace(product=memory_forms.float32_product) for forms in saved)
+    try:
+        yield
+    finally:
+        memory_forms.PLAIN, memory_forms.GPU = saved
+
+
 def train_config(model_name: str, shapes: Shapes, packing: bool, attention: str, remat: bool | str = True,
                  max_staleness: int = 0, scan_layers: bool = True):
     """The trainer's config for a train run; `remat`: False, True ("full") or a policy of `Config.remat_policy`;
@@ -543,10 +560,19 @@ def update_estimate(cfg, mesh, peak: float, bandwidth: float) -> dict:
 
 
 def train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
-                  remat: bool | str = True, max_staleness: int = 0, scan_layers: bool = True) -> dict:
+                  remat: bool | str = True, max_staleness: int = 0, scan_layers: bool = True,
+                  float32: bool = False) -> dict:
     """Seconds of the GRPO step (`Trainer.step`: sample, score, update; the first step compiles, the
     ones after it are timed) and of its update alone (`Trainer.update` repeated on one step's batch: the
-    median), with MFU and the compile report's estimate of the same update."""
+    median), with MFU and the compile report's estimate of the same update; `float32`: within
+    `float32_products`."""
+    with float32_products(float32):
+        return _train_section(model_name, shapes, packing, attention, peak, bandwidth, remat, max_staleness,
+                              scan_layers) | {"float32_products": float32}
+
+
+def _train_section(model_name: str, shapes: Shapes, packing: bool, attention: str, peak: float, bandwidth: float,
+                   remat: bool | str, max_staleness: int, scan_layers: bool) -> dict:
     import jax
 
     from jaxgrpo.distributed import gather_rows
@@ -713,8 +739,8 @@ def main(argv=None) -> dict:
                         help="comma-separated train runs, each packing_on or packing_off, with _remat_off to keep the "
                              "layers' activations instead of recomputing them (more memory, less compute) or "
                              "_save_attention or _save_projections for that remat policy (Config.remat_policy), "
-                             "_unrolled for scan_layers=false, and/or _one_step_off for max_staleness=1 (in that "
-                             "order)")
+                             "_unrolled for scan_layers=false, _float32_products for the products in float32 (as "
+                             "before 2026-12-07), and/or _one_step_off for max_staleness=1 (in that order)")
     parser.add_argument("--decode-variants", default=",".join(DEFAULT_DECODE_VARIANTS),
                         help=f"comma-separated, of {', '.join(DECODE_VARIANTS)}")
     parser.add_argument("--trace-dir", default=None,
@@ -732,13 +758,14 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     train_runs = []
-    known = {p + _remat_suffix(r) + u + o: (p == "packing_on", r, int(bool(o)), not u)
+    known = {p + _remat_suffix(r) + u + f + o: (p == "packing_on", r, int(bool(o)), not u, bool(f))
              for p in ("packing_on", "packing_off") for r in REMAT_RUNS for u in ("", "_unrolled")
-             for o in ("", "_one_step_off")}
+             for f in ("", "_float32_products") for o in ("", "_one_step_off")}
     for run in (r.strip() for r in args.train_runs.split(",") if r.strip()):
         if run not in known:
             parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with "
-                         f"{', '.join(_remat_suffix(r) for r in REMAT_RUNS[1:])}, _unrolled and/or _one_step_off "
+                         f"{', '.join(_remat_suffix(r) for r in REMAT_RUNS[1:])}, _unrolled, _float32_products "
+                         "and/or _one_step_off "
                          "(in that order)")
         train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
@@ -814,13 +841,13 @@ def main(argv=None) -> dict:
         section("attention", attention_layouts, shapes, config)
 
     def train(packing: bool, attention_name: str, remat: bool | str = True, max_staleness: int = 0,
-              scan_layers: bool = True) -> None:
+              scan_layers: bool = True, float32: bool = False) -> None:
         key = (f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
-               + _remat_suffix(remat) + ("" if scan_layers else "_unrolled")
+               + _remat_suffix(remat) + ("" if scan_layers else "_unrolled") + ("_float32_products" if float32 else "")
                + ("_one_step_off" if max_staleness else ""))
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
-                                                                bandwidth, remat, max_staleness, scan_layers)
+                                                                bandwidth, remat, max_staleness, scan_layers, float32)
         except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
             traceback.print_exc()
             result.setdefault("train", {})[key] = {"error": _one_line(error)}
@@ -841,8 +868,8 @@ def main(argv=None) -> dict:
             section("decode_loop", decode_section, model, shapes, bandwidth, args.trace_dir, variants)
         del model
     if "train" in sections:
-        for packing, remat, max_staleness, scan_layers in train_runs:
-            train(packing, trained_attention, remat, max_staleness, scan_layers)
+        for packing, remat, max_staleness, scan_layers, float32 in train_runs:
+            train(packing, trained_attention, remat, max_staleness, scan_layers, float32)
     if anchor is not None:
         result["torch"] = anchor
         result.setdefault("section_seconds", {})["torch"] = anchor_seconds

@@ -19,7 +19,7 @@ def result(tmp_path_factory):
     # One device, as on one accelerator (the suite's conftest gives the process eight CPU devices).
     command = [sys.executable, SCRIPT, "--small", "--out", str(out), "--trace-dir", str(out.parent / "trace"),
                "--train-runs", "packing_on,packing_off,packing_off_remat_off,packing_off_save_projections_unrolled,"
-               "packing_on_one_step_off",
+               "packing_off_float32_products,packing_on_one_step_off",
                "--decode-variants",
                "engine,engine-views,engine-graphs,engine-no-split-k,engine-stacked-writes-each,engine-unshared"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=processes.child_env())
@@ -83,12 +83,31 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
 
 
 def test_the_layers_are_timed_unrematerialized_and_under_a_remat_policy_unscanned(result):
-    for key, remat, scanned in (("packing_off", True, True), ("packing_off_remat_off", False, True),
-                                ("packing_off_save_projections_unrolled", "save_projections", False)):
+    for key, remat, scanned, float32 in (("packing_off", True, True, False),
+                                         ("packing_off_remat_off", False, True, False),
+                                         ("packing_off_save_projections_unrolled", "save_projections", False, False),
+                                         ("packing_off_float32_products", True, True, True)):
         run = result["train"][key]
         assert "error" not in run, (key, run)
         assert run["remat"] == remat and run["scan_layers"] is scanned, (key, run)
+        assert run["float32_products"] is float32, (key, run)
         assert run["update_seconds"] > 0 and 0 < run["mfu"] < 1, (key, run)
+
+
+def test_float32_products_swaps_the_accelerators_products_and_restores_them():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import device_check
+
+    from jaxgrpo.models import memory_forms
+
+    before = memory_forms.PLAIN, memory_forms.GPU
+    with device_check.float32_products():
+        assert memory_forms.PLAIN.product is memory_forms.GPU.product is memory_forms.float32_product
+        assert memory_forms.GPU.pack_weights is before[1].pack_weights  # the rest of the forms as they were
+    with device_check.float32_products(False):
+        assert (memory_forms.PLAIN, memory_forms.GPU) == before
+    assert (memory_forms.PLAIN, memory_forms.GPU) == before
+    assert before[0].product is before[1].product is memory_forms.product_in_dtype
 
 
 def test_the_torch_anchor_ran_in_its_own_processes(result):
