@@ -3,7 +3,7 @@
     python benchmarks/device_check.py [--out benchmarks/results/device_check_<chip>.json] [--small]
         [--model qwen3-0.6b] [--prompts 16] [--samples 8] [--prompt-len 256] [--new-tokens 512]
         [--steps 3] [--micro-batch 16] [--sections env,matmul,attention,sampler,decode_loop,train,torch]
-        [--decode-variants engine,engine-unshared,engine-graphs,engine-no-split-k,engine-stacked-writes-each]
+        [--decode-variants engine,engine-unshared,engine-graphs,engine-no-split-k,engine-graphs-no-split-k]
         [--trace-dir DIR]
         [--train-runs packing_on,packing_off,packing_off_float32_products,packing_on_one_step_off]
 
@@ -26,9 +26,9 @@ it measured):
   jaxgrpo runs it (the backend chooses: on a GPU the paged kernel reads the pool in place); "engine-unshared",
   without shared prefixes (each row reads its prompt's blocks itself); "engine-graphs", its decode chunk
   compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-no-split-k", with no
-  GEMM split over its contraction (`NO_SPLIT_K`); "engine-stacked-writes-each",
-  a GPU's decode as it was before 2026-12-07 (the stacked layer weights scanned, the pool written one position at a
-  time; `DECODE_VARIANTS` has more); with `--trace-dir`, a
+  GEMM split over its contraction (`NO_SPLIT_K`); "engine-graphs-no-split-k", both (`DECODE_VARIANTS` has more:
+  "engine-stacked-writes-each" is a GPU's decode as it was before 2026-12-07, the stacked layer weights scanned, the
+  pool written one position at a time); with `--trace-dir`, a
   jax.profiler trace of one short run of the engine and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
@@ -413,7 +413,7 @@ DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_p
                    "engine-graphs-no-split-k": DecodeVariant(options=tuple({**GRAPH_OPTIONS, **NO_SPLIT_K}.items()))}
 #: The variants `--decode-variants` times unless told.
 DEFAULT_DECODE_VARIANTS = ("engine", "engine-unshared", "engine-graphs", "engine-no-split-k",
-                           "engine-stacked-writes-each")
+                           "engine-graphs-no-split-k")
 
 
 @contextlib.contextmanager
