@@ -370,9 +370,8 @@ class DecodeVariant:
     """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `options`, XLA compiler
     options its decode chunks are compiled with (only XLA:GPU reads these); `stacked`, a GPU's decode runs on the
     plain memory forms instead of the GPU's (`memory_forms.GPU`): it scans the stacked layer weights instead of
-    splitting them per layer before the loop (`memory_forms.split_layers`), rotates RoPE's halves by a
-    concatenate (`memory_forms.rotate_half`, not `swap_halves`), and its products return float32 (not
-    `memory_forms.product_in_dtype`);
+    splitting them per layer before the loop (`memory_forms.split_layers`), and rotates RoPE's halves by a
+    concatenate (`memory_forms.rotate_half`, not `swap_halves`);
     `writes_each`, a GPU's paged decode writes its new positions one at a time instead of with a scatter
     (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07.
     `shared_prefixes` False: each row reads its prompt's blocks itself, instead of the samples of a prompt reading
@@ -492,6 +491,15 @@ REMAT_RUNS = (True, False, "save_attention", "save_projections")
 
 def _remat_suffix(remat: bool | str) -> str:
     return "" if remat is True else "_remat_off" if remat is False else f"_{remat}"
+
+
+def run_name(packing: bool, remat: bool | str = True, scan_layers: bool = True, float32: bool = False,
+             max_staleness: int = 0, attention: str = "") -> str:
+    """A train run's name, as `--train-runs` takes it and the JSON keys it: packing_on or packing_off, then
+    `_<attention>` where it is not the run's default, then the suffixes of its settings in their order."""
+    return (f"packing_{'on' if packing else 'off'}" + (f"_{attention}" if attention else "") + _remat_suffix(remat)
+            + ("" if scan_layers else "_unrolled") + ("_float32_products" if float32 else "")
+            + ("_one_step_off" if max_staleness else ""))
 
 
 @contextlib.contextmanager
@@ -758,15 +766,13 @@ def main(argv=None) -> dict:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     train_runs = []
-    known = {p + _remat_suffix(r) + u + f + o: (p == "packing_on", r, int(bool(o)), not u, bool(f))
-             for p in ("packing_on", "packing_off") for r in REMAT_RUNS for u in ("", "_unrolled")
-             for f in ("", "_float32_products") for o in ("", "_one_step_off")}
+    known = {run_name(p, r, s, f, o): (p, r, o, s, f) for p in (True, False) for r in REMAT_RUNS
+             for s in (True, False) for f in (False, True) for o in (0, 1)}
     for run in (r.strip() for r in args.train_runs.split(",") if r.strip()):
         if run not in known:
             parser.error(f"unknown train run {run!r}: write packing_on or packing_off, optionally with "
                          f"{', '.join(_remat_suffix(r) for r in REMAT_RUNS[1:])}, _unrolled, _float32_products "
-                         "and/or _one_step_off "
-                         "(in that order)")
+                         "and/or _one_step_off (in that order)")
         train_runs.append(known[run])
     variants = tuple(v.strip() for v in args.decode_variants.split(",") if v.strip())
     unknown = sorted(set(variants) - set(DECODE_VARIANTS))
@@ -842,9 +848,8 @@ def main(argv=None) -> dict:
 
     def train(packing: bool, attention_name: str, remat: bool | str = True, max_staleness: int = 0,
               scan_layers: bool = True, float32: bool = False) -> None:
-        key = (f"packing_{'on' if packing else 'off'}" + ("" if attention_name == trained_attention else f"_{attention_name}")
-               + _remat_suffix(remat) + ("" if scan_layers else "_unrolled") + ("_float32_products" if float32 else "")
-               + ("_one_step_off" if max_staleness else ""))
+        key = run_name(packing, remat, scan_layers, float32, max_staleness,
+                       "" if attention_name == trained_attention else attention_name)
         try:
             result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
                                                                 bandwidth, remat, max_staleness, scan_layers, float32)

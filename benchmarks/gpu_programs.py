@@ -215,12 +215,16 @@ def _through_bitcasts(name: str, lines: dict[str, str]) -> str:
     return name
 
 
+def _shape(rest: str) -> tuple[str, list[int]] | None:
+    """(element type, dimensions) of an instruction's result (the first array of a tuple), or None."""
+    shape = re.search(r"(\w+)\[([\d,]*)\]", rest)
+    return (shape.group(1), [int(d) for d in shape.group(2).split(",") if d]) if shape else None
+
+
 def _bytes(rest: str) -> int:
     """Bytes of an instruction's result (the first array of a tuple)."""
-    shape = re.search(r"(\w+)\[([\d,]*)\]", rest)
-    if not shape:
-        return 0
-    return _ITEMSIZE.get(shape.group(1), 4) * int(np.prod([int(d) for d in shape.group(2).split(",") if d]))
+    shape = _shape(rest)
+    return _ITEMSIZE.get(shape[0], 4) * int(np.prod(shape[1])) if shape else 0
 
 
 def _kind(program: Program, opcode: str, rest: str) -> str:
@@ -299,12 +303,10 @@ def _dot_flops(program: Program, rest: str) -> dict[str, int]:
     for _, opcode, line in inside:
         if opcode != "dot":
             continue
-        shapes = [re.search(r"(\w+)\[([\d,]*)\]", lines[o]) for o in _operands(line)[:2]]
+        (lhs_type, lhs_dims), (rhs_type, _) = (_shape(lines[o]) for o in _operands(line)[:2])
         contracted = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line).group(1)
-        lhs_dims = [int(d) for d in shapes[0].group(2).split(",") if d]
         depth = int(np.prod([lhs_dims[int(i)] for i in contracted.split(",") if i]))
-        found[f"{shapes[0].group(1)} x {shapes[1].group(1)}"] += 2 * _bytes(line) // _ITEMSIZE.get(
-            re.search(r"(\w+)\[", line).group(1), 4) * depth
+        found[f"{lhs_type} x {rhs_type}"] += 2 * int(np.prod(_shape(line)[1])) * depth
     return found
 
 

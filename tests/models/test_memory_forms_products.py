@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.extend.core import jaxprs_in_params
 
 from jaxgrpo.models import Decoder, DecoderConfig, backend, cpu_forms, memory_forms
 from jaxgrpo.models.layers import _product
@@ -38,8 +39,8 @@ def _product_operand_dtypes(forms, monkeypatch) -> set[tuple[str, ...]]:
     `forms` and the GPU's attention (`pallas_gpu`, whose kernels' products are in it too, as are the log-prob
     head's)."""
     monkeypatch.setattr(backend, "memory_for_program", lambda: forms)
-    graphdef, params = nnx.split(Decoder(QWEN3, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16,
-                                                attention="pallas_gpu", rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(Decoder(QWEN3, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, attention="pallas_gpu",
+                                         rngs=nnx.Rngs(0)))
     tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, QWEN3.vocab_size)
 
     def loss(p):
@@ -53,11 +54,8 @@ def _product_operand_dtypes(forms, monkeypatch) -> set[tuple[str, ...]]:
         for equation in jaxpr.eqns:
             if equation.primitive.name == "dot_general":
                 found.add(tuple(str(v.aval.dtype) for v in equation.invars))
-            for value in equation.params.values():
-                for sub in value if isinstance(value, (list, tuple)) else [value]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if isinstance(inner, jax.extend.core.Jaxpr):
-                        walk(inner)
+            for inner in jaxprs_in_params(equation.params):
+                walk(inner)
 
     walk(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
     return found
