@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxgrpo.models import cpu_matmul
 from jaxgrpo.models.config import PROJECTIONS
-from jaxgrpo.models.memory_forms import MemoryForms, float32_product, rotate_half
+from jaxgrpo.models.memory_forms import MemoryForms, float32_product, rotate_half, two_pass_online_softmax
 from jaxgrpo.models.partitioning import active_mesh
 
 
@@ -240,4 +240,5 @@ def pack_weights(model) -> PackedWeights | None:
 FORMS = MemoryForms(
     name="cpu", to_carry=to_carry, from_carry=from_carry, take_rows=_take_rows, layer_weights=_layer_weights,
     product=_product, read_slots=_read_slots, write_slots=_write_slots, cache_chunk=cache_chunk,
-    unembedding_table=_unembedding_table, pack_weights=pack_weights, rotate_half=rotate_half)
+    unembedding_table=_unembedding_table, pack_weights=pack_weights, rotate_half=rotate_half,
+    online_softmax=two_pass_online_softmax, logits_block_positions=lambda rows, length: 128)

@@ -504,7 +504,7 @@ class Decoder(nnx.Module):
         attention_mask: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         temperature: float = 1.0,
-        sequence_chunk: int = 128,
+        sequence_chunk: int | None = None,
         vocab_chunk: int = 8192,
     ) -> tuple[jax.Array, jax.Array]:
         """(log p(targets[b, t] | tokens[b, :t+1]), entropy) [B, T] each, chunked (see `logprobs`).

@@ -23,6 +23,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxgrpo.models import backend
+
 # Logit of vocabulary padding columns; finite so that 0 * logit stays 0 in values and gradients.
 _PADDING_LOGIT = -1e30
 
@@ -71,7 +73,7 @@ def token_logprobs_and_entropy(
     *,
     temperature: float = 1.0,
     logit_softcap: float | None = None,
-    sequence_chunk: int = 128,
+    sequence_chunk: int | None = None,
     vocab_chunk: int = 8192,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probability of each target token and the entropy of each next-token distribution.
@@ -82,7 +84,9 @@ def token_logprobs_and_entropy(
       targets: int token ids [B, T] whose log-probabilities to return.
       temperature: divides the logits (1.0 = the model's own distribution); must be > 0.
       logit_softcap: Gemma's final soft-capping `cap * tanh(z / cap)`, applied before temperature.
-      sequence_chunk, vocab_chunk: block sizes; T and V need not be multiples.
+      sequence_chunk, vocab_chunk: block sizes; T and V need not be multiples. `sequence_chunk` None: the
+        program's memory forms choose (`MemoryForms.logits_block_positions`: 128 positions on a CPU, up to 8192
+        tokens a block on an accelerator).
 
     Returns:
       (log_probs [B, T], entropy [B, T]), float32.
@@ -94,7 +98,8 @@ def token_logprobs_and_entropy(
     vocab = unembedding.shape[1]
     if unembedding.shape[0] != width:
         raise ValueError(f"unembedding is {unembedding.shape} but hidden states have width {width}")
-    sequence_chunk = min(sequence_chunk, length)
+    forms = backend.memory_for_program()
+    sequence_chunk = min(sequence_chunk or forms.logits_block_positions(hidden.shape[0], length), length)
     vocab_chunk = min(vocab_chunk, vocab)
     num_sequence_chunks = -(-length // sequence_chunk)
     num_vocab_chunks = -(-vocab // vocab_chunk)
@@ -109,7 +114,7 @@ def token_logprobs_and_entropy(
         unembedding = jnp.pad(unembedding, ((0, 0), (0, padded_vocab - vocab)))
 
     log_probs, entropy = _chunked_logprobs(hidden, unembedding, targets, jnp.asarray(temperature, jnp.float32),
-                                           logit_softcap, sequence_chunk, vocab_chunk, vocab)
+                                           logit_softcap, sequence_chunk, vocab_chunk, vocab, forms.online_softmax)
     return log_probs[:, :length], entropy[:, :length]
 
 
@@ -121,10 +126,12 @@ def _logits(h, w, start, temperature, logit_softcap, vocab):
     return jnp.where(column < vocab, _softcapped_scaled(a, temperature, logit_softcap), _PADDING_LOGIT), a
 
 
-def _forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab):
+def _forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab,
+             online_softmax):
     """(log p, entropy, logsumexp, mean logit) [B, T] of chunk-tiled inputs: each sequence chunk against each
     vocabulary chunk in turn, with an online logsumexp, so the largest block alive is [B, sequence_chunk,
-    vocab_chunk]."""
+    vocab_chunk]. `online_softmax` takes in a block (the memory forms': `memory_forms.one_pass_online_softmax` or
+    `two_pass_online_softmax`)."""
     starts = jnp.arange(unembedding.shape[1] // vocab_chunk) * vocab_chunk
 
     def sequence_block(position):
@@ -132,21 +139,17 @@ def _forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_
         y = jax.lax.dynamic_slice_in_dim(targets, position, sequence_chunk, axis=1)  # [B, chunk]
 
         def vocab_block(carry, start):
-            running_max, normalizer, weighted_sum, target_logit = carry
+            softmax, target_logit = carry
             w = jax.lax.dynamic_slice_in_dim(unembedding, start, vocab_chunk, axis=1)
             z, _ = _logits(h, w, start, temperature, logit_softcap, vocab)
-            new_max = jnp.maximum(running_max, z.max(axis=-1))
-            rescale = jnp.exp(running_max - new_max)
-            p = jnp.exp(z - new_max[..., None])
-            normalizer = normalizer * rescale + p.sum(axis=-1)
-            weighted_sum = weighted_sum * rescale + (p * z).sum(axis=-1)
+            softmax = online_softmax(softmax, z)
             column = start + jnp.arange(vocab_chunk)
             target_logit = target_logit + jnp.where(column == y[..., None], z, 0.0).sum(axis=-1)
-            return (new_max, normalizer, weighted_sum, target_logit), None
+            return (softmax, target_logit), None
 
         zeros = jnp.zeros(y.shape, jnp.float32)
-        init = (jnp.full(y.shape, _PADDING_LOGIT), zeros, zeros, zeros)
-        (running_max, normalizer, weighted_sum, target_logit), _ = jax.lax.scan(vocab_block, init, starts)
+        init = ((jnp.full(y.shape, _PADDING_LOGIT), zeros, zeros), zeros)
+        ((running_max, normalizer, weighted_sum), target_logit), _ = jax.lax.scan(vocab_block, init, starts)
         log_normalizer = running_max + jnp.log(normalizer)
         mean_logit = weighted_sum / normalizer
         return target_logit - log_normalizer, log_normalizer - mean_logit, log_normalizer, mean_logit
@@ -156,25 +159,28 @@ def _forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_
     return tuple(unchunk(x) for x in jax.lax.map(sequence_block, positions))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _chunked_logprobs(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _chunked_logprobs(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab,
+                      online_softmax):
     """(log p, entropy) [B, T] of chunk-tiled inputs (`_forward`), with a backward pass of its own
     (`_chunked_backward`): differentiating the chunk loops would store every vocabulary chunk's logits and masks
     for the backward pass, [vocab chunks, B, sequence_chunk, vocab_chunk] float32 for each sequence chunk, and
     read them back through several passes (compiled for an H100, most of an update's memory traffic outside its
     products)."""
     log_probs, entropy, _, _ = _forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk,
-                                        vocab_chunk, vocab)
+                                        vocab_chunk, vocab, online_softmax)
     return log_probs, entropy
 
 
-def _chunked_forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab):
+def _chunked_forward(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab,
+                     online_softmax):
     log_probs, entropy, log_normalizer, mean_logit = _forward(hidden, unembedding, targets, temperature,
-                                                              logit_softcap, sequence_chunk, vocab_chunk, vocab)
+                                                              logit_softcap, sequence_chunk, vocab_chunk, vocab,
+                                                              online_softmax)
     return (log_probs, entropy), (hidden, unembedding, targets, temperature, log_normalizer, mean_logit)
 
 
-def _chunked_backward(logit_softcap, sequence_chunk, vocab_chunk, vocab, residuals, cotangents):
+def _chunked_backward(logit_softcap, sequence_chunk, vocab_chunk, vocab, online_softmax, residuals, cotangents):
     """Gradients of (log p, entropy) by recomputing each block's logits z: with p = softmax(z) and g, k the
     cotangents of log p(y) and of the entropy, dz = g (onehot(y) - p) - k p (z - E_p[z]); through the soft cap
     and temperature, da = dz (1 - tanh(a / cap)^2) / temperature; dh = da W^T, dW = h^T da. Outer loop over

@@ -50,6 +50,11 @@ class MemoryForms(NamedTuple):
     pack_weights: model -> the weights a decode loop's calls multiply by, prepared once before the loop: packed
       for a CPU kernel (`cpu_forms.PackedWeights`), split per layer on a GPU (`LayerWeights`), or None.
     rotate_half: x -> [-x2, x1], x's halves along its last axis (RoPE's rotation, `rotate_half`).
+    online_softmax: ((m, s, w), z) -> (m, s, w) after the float32 logits block z [..., chunk]: the log-prob head's
+      online logsumexp (`jaxgrpo.models.logprobs`), m the running maximum, s = sum exp(z - m), w = sum exp(z - m) z;
+      `one_pass_online_softmax` or `two_pass_online_softmax`.
+    logits_block_positions: (rows, length) -> the positions of each of `rows` rows the log-prob head's logits
+      block covers (its sequence chunk; the vocabulary chunk is the head's own).
     """
 
     name: str
@@ -64,6 +69,8 @@ class MemoryForms(NamedTuple):
     unembedding_table: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
     pack_weights: Callable[[Any], Any]
     rotate_half: Callable[[jax.Array], jax.Array]
+    online_softmax: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+    logits_block_positions: Callable[[int, int], int]
 
 
 def rotate_half(x: jax.Array) -> jax.Array:
@@ -122,6 +129,50 @@ def float32_product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
     return jnp.einsum(spec, x, _as_dtype(weight, dtype), preferred_element_type=jnp.float32)
 
 
+def two_pass_online_softmax(state, z: jax.Array):
+    """The online logsumexp's state (m, s, w) after the logits block `z` [..., chunk]: m the running maximum,
+    s = sum exp(z - m) and w = sum exp(z - m) z over the blocks so far. The block's maximum first, then its sums
+    against the new maximum: two passes over `z`. What the CPU forms take: on a CPU the block's exponentials are the
+    cost, one an element here against two in `one_pass_online_softmax` (the log-prob head's forward 1.6x slower
+    with that)."""
+    running_max, normalizer, weighted_sum = state
+    new_max = jnp.maximum(running_max, z.max(axis=-1))
+    rescale = jnp.exp(running_max - new_max)
+    p = jnp.exp(z - new_max[..., None])
+    return new_max, normalizer * rescale + p.sum(axis=-1), weighted_sum * rescale + (p * z).sum(axis=-1)
+
+
+def one_pass_online_softmax(state, z: jax.Array):
+    """`two_pass_online_softmax` reading `z` once: one reduction whose elements are (maximum, sum, weighted sum)
+    triples, combined as the online logsumexp combines blocks, then combined with `state`. A float32 logits block
+    is read from memory once instead of twice: compiled for an H100 (`benchmarks/gpu_programs.py --update`,
+    Qwen3-0.6B), the log-prob head's forward moved 41 GB less an update (two exponentials an element, which a
+    memory-bound pass on an accelerator hides)."""
+    def combine(a, b):
+        m = jnp.maximum(a[0], b[0])
+        scale_a, scale_b = jnp.exp(a[0] - m), jnp.exp(b[0] - m)
+        return m, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a + b[2] * scale_b
+
+    zero = jnp.zeros((), z.dtype)
+    lowest = jnp.asarray(jnp.finfo(z.dtype).min, z.dtype)  # finite: exp(lowest - lowest) is 1, never NaN
+    block = jax.lax.reduce((z, jnp.ones_like(z), z), (lowest, zero, zero), combine, (z.ndim - 1,))
+    return combine(tuple(state), block)
+
+
+#: Tokens (rows x positions) an accelerator's log-prob head block covers: [8192, 8192] float32 logits, 268 MB.
+LOGITS_BLOCK_TOKENS = 8192
+
+
+def logits_block_positions(rows: int, length: int) -> int:
+    """Positions of each row in an accelerator's log-prob head block: up to `LOGITS_BLOCK_TOKENS` tokens over the
+    rows, the length split into that many chunks as evenly as it goes (the fewest padded positions). Each block
+    slices the unembedding's vocabulary chunk afresh (a copy on a GPU) and adds its loop's launches: compiled for
+    an H100 (Qwen3-0.6B, device_check's update, 16 rows of 512 completion tokens), whole rows (512 positions)
+    against 128 moved 39 GB less an update in 10,272 fewer device operations."""
+    chunks = -(-length // max(1, min(LOGITS_BLOCK_TOKENS // rows, length)))
+    return -(-length // chunks)
+
+
 PLAIN = MemoryForms(
     name="plain",
     to_carry=lambda cache: cache,
@@ -136,6 +187,8 @@ PLAIN = MemoryForms(
     unembedding_table=lambda table, hidden: (table, hidden),
     pack_weights=lambda model: None,
     rotate_half=rotate_half,
+    online_softmax=one_pass_online_softmax,
+    logits_block_positions=logits_block_positions,
 )
 
 def swap_halves(x: jax.Array) -> jax.Array:

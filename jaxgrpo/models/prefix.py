@@ -68,7 +68,7 @@ def shared_prefix_token_logprobs(
     completion_tokens: jax.Array,
     *,
     temperature: float = 1.0,
-    sequence_chunk: int = 128,
+    sequence_chunk: int | None = None,
     vocab_chunk: int = 8192,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probabilities and entropies [N, G, S] of each completion token given prompt and earlier tokens.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgrpo.models import Decoder, DecoderConfig
+from jaxgrpo.models import Decoder, DecoderConfig, backend, cpu_forms, logprobs, memory_forms
 from jaxgrpo.models.logprobs import token_logprobs_and_entropy, token_logprobs_and_entropy_reference
 
 
@@ -95,3 +95,59 @@ def test_bfloat16_gradients_equal_naive_to_bfloat16_precision():
         assert g.dtype == jnp.bfloat16
         scale = float(jnp.abs(w).max())
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w), atol=2e-2 * scale)
+
+
+def test_one_pass_online_softmax_equals_two_passes():
+    """The accelerators' one-pass reduction of a logits block against the maximum first, from a running state: the
+    head's padding logit (-1e30) in whole rows and part of one, large and equal logits, a running maximum above and
+    below the block's."""
+    z = 30.0 * jax.random.normal(jax.random.key(1), (3, 5, 777))
+    z = z.at[0, 1, 700:].set(-1e30).at[1, 2].set(-1e30).at[2, 3].set(88.0).at[2, 4, ::2].set(1e4)
+    state = (jnp.full((3, 5), -1e30).at[0].set(200.0).at[1, :3].set(-5.0), jnp.ones((3, 5)).at[2].set(0.0),
+             jnp.full((3, 5), 2.0).at[2].set(0.0))
+    got = jax.jit(memory_forms.one_pass_online_softmax)(state, z)
+    want = jax.jit(memory_forms.two_pass_online_softmax)(state, z)
+    for g, w in zip(got, want):
+        assert g.shape == (3, 5) and np.isfinite(np.asarray(g)).all()
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
+
+
+@pytest.mark.parametrize("forms", [memory_forms.PLAIN, memory_forms.GPU, cpu_forms.FORMS], ids=lambda f: f.name)
+def test_each_programs_forms_equal_naive(forms, monkeypatch):
+    """The head as each backend's program runs it (its block's positions and its softmax sums, the default
+    chunking) against the full logits, values and gradients."""
+    monkeypatch.setattr(backend, "memory_for_program", lambda: forms)
+    hidden, unembedding, targets = _inputs(batch=3, length=45, vocab=700)
+
+    def loss(fn, hidden, unembedding):
+        log_probs, entropy = fn(hidden, unembedding, targets)
+        return jnp.sum(log_probs * jnp.linspace(-1, 1, 45)) + 0.3 * jnp.sum(entropy), (log_probs, entropy)
+
+    chunked = functools.partial(token_logprobs_and_entropy, temperature=0.8, logit_softcap=5.0, vocab_chunk=256)
+    naive = functools.partial(token_logprobs_and_entropy_reference, temperature=0.8, logit_softcap=5.0)
+    got, want = (jax.jit(jax.grad(functools.partial(loss, fn), argnums=(0, 1), has_aux=True))(hidden, unembedding)
+                 for fn in (chunked, naive))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, length, chunk", [(16, 512, 512), (32, 512, 256), (2, 4352, 2176), (3, 1000, 1000),
+                                                 (16, 520, 260), (8192, 4, 1), (1, 20000, 6667)])
+def test_accelerator_blocks_cover_8192_tokens_balanced(rows, length, chunk, monkeypatch):
+    """On an accelerator a logits block covers up to 8192 tokens (rows x positions), the length split as evenly
+    as it goes into the fewest chunks that allows (the least padding for their number); a CPU keeps 128
+    positions."""
+    seen = []
+
+    def spy(hidden, unembedding, targets, temperature, logit_softcap, sequence_chunk, vocab_chunk, vocab, online):
+        seen.append((sequence_chunk, online))
+        return jnp.zeros(hidden.shape[:2]), jnp.zeros(hidden.shape[:2])
+
+    monkeypatch.setattr(logprobs, "_chunked_logprobs", spy)
+    for forms, want in ((memory_forms.GPU, (chunk, memory_forms.one_pass_online_softmax)),
+                        (cpu_forms.FORMS, (min(128, length), memory_forms.two_pass_online_softmax))):
+        monkeypatch.setattr(backend, "memory_for_program", lambda forms=forms: forms)
+        hidden = jax.ShapeDtypeStruct((rows, length, 8), jnp.bfloat16)
+        jax.eval_shape(lambda h: token_logprobs_and_entropy(h, jnp.zeros((8, 64), jnp.bfloat16),
+                                                            jnp.zeros((rows, length), jnp.int32)), hidden)
+        assert seen.pop() == want
