@@ -9,6 +9,8 @@ reads its keys; its weights multiply through the program's memory forms (`jaxgrp
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +55,54 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, rotate=memory_forms
     return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
 
 
+def rms_normalize(x: jax.Array, weight: jax.Array, eps: float, gemma: bool) -> tuple[jax.Array, jax.Array]:
+    """(RMSNorm of x over its last axis scaled by `weight`, in x's dtype; the reciprocal root mean square
+    r [..., 1], float32): Gemma scales by `(1 + w)` in float32 before casting back, Llama casts first, then scales
+    by `w`."""
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    normed = x32 * r
+    if gemma:
+        return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype), r
+    return weight.astype(x.dtype) * normed.astype(x.dtype), r
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def normalized_rope(x: jax.Array, weight: jax.Array, cos: jax.Array, sin: jax.Array, eps: float, gemma: bool,
+                    rotate=memory_forms.rotate_half) -> jax.Array:
+    """`apply_rope(RMSNorm(x))`, the per-head q and k norms and RoPE of Qwen3 and Gemma 3, x [B, T, heads,
+    head_dim], with a backward pass of its own: the same values, the gradients written out in float32
+    (`_normalized_rope_backward`). Differentiated as written, the norm's and the rotation's backward passes
+    are several element-wise passes over bfloat16 intermediates that XLA:GPU runs apart: compiled for an H100
+    (`benchmarks/gpu_programs.py --update`, Qwen3-0.6B), the update's q and k backward moved 234 GB; written
+    out, 166 GB (the update 1.17 -> 1.10 TB outside its GEMMs)."""
+    return apply_rope(rms_normalize(x, weight, eps, gemma)[0], cos, sin, rotate)
+
+
+def _normalized_rope_forward(x, weight, cos, sin, eps, gemma, rotate):
+    normed, r = rms_normalize(x, weight, eps, gemma)
+    return apply_rope(normed, cos, sin, rotate), (x, weight, cos, sin, r)
+
+
+def _normalized_rope_backward(eps, gemma, rotate, residuals, d_out):
+    """With n = s * x r (s the weight, or 1 + the weight in Gemma; r = 1 / rms(x)) and out = n cos + rotate(n) sin:
+    dn = d_out cos - rotate(d_out sin) (the rotation's transpose is its negation), dx = r (g - x r mean(g x r))
+    with g = s dn, and ds = the sum of dn x r over every position and head."""
+    del eps  # r is a residual
+    x, weight, cos, sin, r = residuals
+    d_out = d_out.astype(jnp.float32)
+    d_normed = d_out * cos[:, :, None, :] - rotate(d_out * sin[:, :, None, :])
+    normed = x.astype(jnp.float32) * r
+    scale = weight.astype(jnp.float32) + (1.0 if gemma else 0.0)
+    g = d_normed * scale
+    d_x = r * (g - normed * jnp.mean(g * normed, axis=-1, keepdims=True))
+    d_weight = jnp.sum(d_normed * normed, axis=tuple(range(x.ndim - 1)))
+    return d_x.astype(x.dtype), d_weight.astype(weight.dtype), None, None
+
+
+normalized_rope.defvjp(_normalized_rope_forward, _normalized_rope_backward)
+
+
 def param(rngs: nnx.Rngs | None, shape, axes, param_dtype, init: str = "normal") -> nnx.Param:
     """A parameter with `logical_axes` metadata; `init` is normal(0.02), zeros or ones."""
     if init == "normal":
@@ -76,11 +126,11 @@ class RMSNorm(nnx.Module):
 
     @jax.named_scope("norm")
     def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        if self.gemma:
-            return (normed * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
-        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+        return rms_normalize(x, self.weight[...], self.eps, self.gemma)[0]
+
+    def with_rope(self, x: jax.Array, cos: jax.Array, sin: jax.Array, rotate=memory_forms.rotate_half) -> jax.Array:
+        """`apply_rope(self(x), cos, sin, rotate)`, differentiated by `normalized_rope`'s backward pass."""
+        return normalized_rope(x, self.weight[...], cos, sin, self.eps, self.gemma, rotate)
 
 
 def _projection_weight(module: nnx.Module, name: str):
@@ -139,8 +189,10 @@ class Attention(nnx.Module):
         with jax.named_scope("attention"), jax.named_scope("qkv"):
             q, k, v = self._project(x, "q", forms), self._project(x, "k", forms), self._project(x, "v", forms)
             if c.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, cos, sin, forms.rotate_half), apply_rope(k, cos, sin, forms.rotate_half)
+                q = self.q_norm.with_rope(q, cos, sin, forms.rotate_half)
+                k = self.k_norm.with_rope(k, cos, sin, forms.rotate_half)
+            else:
+                q, k = apply_rope(q, cos, sin, forms.rotate_half), apply_rope(k, cos, sin, forms.rotate_half)
             q, k, v = heads(q, "heads"), heads(k, "kv_heads"), heads(v, "kv_heads")
         batch, length = q.shape[:2]
         with jax.named_scope("attention"), jax.named_scope("core"):
