@@ -149,14 +149,12 @@ def test_one_call_writes_its_gradients_in_the_inputs_dtype_rounded_once():
     batch, length, kv_heads, groups, head_dim = 2, 48, 2, 2, 16
     settings = pallas_gpu.CallSettings(scale=0.5, logit_soft_cap=None, window=None, length=length, groups=groups,
                                        tiling=SMALL, interpret=True)
-    rows, slots = length * groups, length  # whole blocks of 16: no padding
-    keys = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(keys[0], (batch, kv_heads, rows, head_dim)).astype(jnp.bfloat16)
-    k, v = (jax.random.normal(key, (batch, kv_heads, slots, head_dim)).astype(jnp.bfloat16) for key in keys[1:3])
+    keys = jax.random.split(jax.random.key(0), 4)  # the model's layout; whole blocks of 16: no padding
+    q = jax.random.normal(keys[0], (batch, length, kv_heads * groups, head_dim)).astype(jnp.bfloat16)
+    k, v = (jax.random.normal(key, (batch, length, kv_heads, head_dim)).astype(jnp.bfloat16) for key in keys[1:3])
     d_out = jax.random.normal(keys[3], q.shape).astype(jnp.bfloat16)
     layout, _, _ = _padded(rng, batch, length)
-    ids = flash_common.segment_ids(layout)
-    call = {"query": jnp.repeat(ids["query"], groups, axis=1), "key": ids["key"]}
+    call = flash_common.segment_ids(layout)
     out, lse = pallas_gpu._forward(q, k, v, call, settings=settings)
     wide = pallas_gpu._backward(q, k, v, call, out, lse, d_out, jnp.float32, settings=settings)
     narrow = pallas_gpu._backward(q, k, v, call, out, lse, d_out, jnp.bfloat16, settings=settings)
@@ -193,7 +191,7 @@ def test_blocks_visited_are_those_segments_causality_and_a_window_allow():
         settings = pallas_gpu.CallSettings(scale=1.0, logit_soft_cap=None, window=window, length=128, groups=1,
                                            tiling=SMALL, interpret=True)
         visited = pallas_gpu.visited_blocks({"query": ids, "key": ids, "query_position": slots,
-                                             "key_position": slots}, settings, rows=128, slots=128)
+                                             "key_position": slots}, settings, slots=128)
         segment = (blocks[:, None] >= blocks[None, :]) & (blocks[:, None] - blocks[None, :] < bands)
         expected = np.kron(np.eye(2, dtype=bool), segment)
         assert expected.sum() == {None: 20, 8: 14}[window]

@@ -86,9 +86,10 @@ def test_each_policy_keeps_the_activations_it_names(attention, capsys):
         assert sum(name == remat.MLP_HIDDEN for _, name in kept) == (2 if remat.MLP_HIDDEN in names else 0)
         attention_kept = [shape for shape, name in kept if name == remat.ATTENTION]
         if names and attention == "pallas_gpu":
-            # the flash kernels' residuals, the output [B, kv, rows, D] and its log-sum-exp [B, kv, rows] in
-            # float32, so the backward runs the dq and dk/dv kernels without the forward's; and the output
-            assert attention_kept == ["f32[2,2,64,16]", "f32[2,2,64]", "f32[2,8,2,2,16]"], attention_kept
+            # the flash kernels' residuals, the output [B, slots, heads, D] (8 slots padded to a block of 64) and
+            # its log-sum-exp [B, slots, heads] in float32, so the backward runs the dq and dk/dv kernels without
+            # the forward's; and the output
+            assert attention_kept == ["f32[2,64,4,16]", "f32[2,64,4]", "f32[2,8,2,2,16]"], attention_kept
         elif names:
             assert attention_kept == ["f32[2,8,2,2,16]"]  # the output; the probabilities are recomputed
 

@@ -100,19 +100,21 @@ def lse_union(forward, backward):
     return attention
 
 
-def per_shard(fn, q, k, v, masks, mesh):
+def per_shard(fn, q, k, v, masks, mesh, heads_axis: int = 1):
     """`fn(q, k, v, masks)` run per shard of rows and key/value heads on `mesh` (as is without one), for
-    q [B, kv, ...] (5 axes), k and v [B, kv, ...] (4 axes) and masks with a leading batch axis.
+    q (5 axes) and k and v (4 axes), rows first and key/value heads at `heads_axis` ([B, kv, ...] or the model's
+    [B, T, kv, ...]), and masks with a leading batch axis.
 
     A Pallas call cannot be partitioned by XLA, so on a mesh it always runs inside a `shard_map`: rows
     over the batch axes (padded with rows of `PAD_QUERY` ids to a multiple of their size when they do not
     divide, e.g. 4 packed rows on 8 chips), key/value heads with their query heads over `model` where it
     divides them."""
-    spec = None if mesh is None else activation_spec(
-        ("batch", "kv_heads", None, None, None), (q.shape[0] * mesh.size,) + q.shape[1:], mesh)
+    logical = ["batch", None, None, None, None]
+    logical[heads_axis] = "kv_heads"
+    spec = None if mesh is None else activation_spec(tuple(logical), (q.shape[0] * mesh.size,) + q.shape[1:], mesh)
     if spec is None:
         return fn(q, k, v, masks)
-    rows, heads = (None if axes is PartitionSpec.UNCONSTRAINED else axes for axes in spec[:2])
+    rows, heads = (None if axes is PartitionSpec.UNCONSTRAINED else axes for axes in (spec[0], spec[heads_axis]))
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     shards = math.prod(sizes[a] for a in ((rows,) if isinstance(rows, str) else rows or ()))
     batch = q.shape[0]
@@ -120,7 +122,8 @@ def per_shard(fn, q, k, v, masks, mesh):
     if padded != batch:
         q, k, v = (pad(x, 0, padded) for x in (q, k, v))
         masks = jax.tree.map(lambda x: pad(x, 0, padded, PAD_QUERY), masks)
-    q_spec, kv_spec = PartitionSpec(rows, heads, None, None, None), PartitionSpec(rows, heads, None, None)
+    q_spec, kv_spec = ([rows] + [heads if axis == heads_axis else None for axis in range(1, n)] for n in (5, 4))
+    q_spec, kv_spec = PartitionSpec(*q_spec), PartitionSpec(*kv_spec)
     mask_specs = jax.tree.map(lambda x: PartitionSpec(rows, *(None,) * (x.ndim - 1)), masks)
     out = jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, mask_specs), out_specs=q_spec,
                         check_vma=False)(q, k, v, masks)

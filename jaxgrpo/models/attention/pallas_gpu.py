@@ -7,9 +7,13 @@ float32 (a running max, a running sum of exponentials, an unnormalised output), 
 in T. It returns the log-sum-exp of each query's scores with its output; the backward recomputes the
 probabilities from it, block by block: dq per block of queries, dk and dv per block of keys.
 
-Grouped-query attention natively: a program's query block is `BLOCK_Q` rows of one key/value head's
-queries, slot-major (row t G + g is slot t's g-th query head), so the G heads that share the key/value
-head read each key and value block once, and dk, dv sum over them inside the kernel.
+The kernels read and write the model's layout where it keeps it: q, the output and dq [B, T, heads, D], k, v,
+dk and dv [B, T, kv heads, D], the log-sum-exp [B, T, heads]; no transposed copy of any of them is made around
+the calls. A forward or dq program takes `BLOCK_Q` slots of one query head and streams its key/value head's
+blocks (the G query heads sharing one read the same blocks, which the GPU's L2 serves); a dk/dv program takes
+`BLOCK_K` slots of one key/value head and sums over the query blocks of its G query heads. Compiled for an H100
+(`benchmarks/gpu_programs.py --update`, Qwen3-0.6B), reading the model's layout instead of a [B, kv, T G, D]
+copy took the update's traffic outside its GEMMs from 1.10 to 1.01 TB.
 
 A query sees a key when their segment ids are equal, the key is not after it (causal in slot order),
 and, in a sliding layer, fewer than `window` apart (q - w < s <= q; in packed prompt groups the window
@@ -29,8 +33,9 @@ loop bounds. Pairs inside a range that hold no visible pair (none in the layouts
 blocks are contiguous) are computed and fully masked, not skipped: a `lax.cond` in the loop body would
 keep Triton from pipelining its loads.
 
-Rows are padded to a multiple of the blocks with segment ids no real slot has, and the head dimension to
-a power of two of at least 16 (what Triton's matrix products take). Scores are soft-capped
+Where T is not a multiple of the blocks, the slots are padded with segment ids no real slot has, and where the
+head dimension is not a power of two of at least 16 (what Triton's matrix products take), it is padded: copies
+only then. Scores are soft-capped
 (c tanh(s / c), Gemma 2) when `logit_soft_cap` is given, with the cap's derivative in the backward.
 Inputs are float32 or bfloat16; products accumulate in float32 (a float32 product is IEEE float32 in
 Triton, not TF32). On a mesh the kernels run per shard (`flash_common.per_shard`); on a CPU they run
@@ -60,7 +65,7 @@ from jaxgrpo.models.attention import (AttentionImplementation, AttentionLayout, 
                                       paged_at_windows, pallas_gpu_decode, target_platform, with_window)
 from jaxgrpo.models.attention.flash_common import PAD_KEY, PAD_QUERY
 
-#: Query rows (slots x query heads of one key/value head) per block.
+#: Query slots (of one query head) per block.
 BLOCK_Q = 64
 #: Key slots per block.
 BLOCK_K = 64
@@ -79,7 +84,7 @@ _INT_MAX, _INT_MIN = np.iinfo(np.int32).max, np.iinfo(np.int32).min
 
 
 class Tiling(NamedTuple):
-    """The kernels' static choices: rows per query block and slots per key block (powers of two, at least
+    """The kernels' static choices: query slots per block and slots per key block (powers of two, at least
     16), and Triton's warps per program and pipelining stages."""
 
     block_q: int = BLOCK_Q
@@ -113,8 +118,8 @@ def prepare(layout: AttentionLayout, positions: jax.Array, window: int | None) -
     return masks
 
 
-# The kernels. Refs hold one (row, key/value head)'s arrays; a block of rows is `block_q` query rows
-# (slot = row // groups), a block of keys `block_k` slots.
+# The kernels. The forward and dq kernels' refs hold one (row, query head)'s arrays, the dk/dv kernel's one (row,
+# key/value head)'s with its G query heads; a query block is `block_q` slots, a key block `block_k` slots.
 
 
 def _scores(q, k, *, scale, logit_soft_cap):
@@ -147,30 +152,24 @@ def _score_gradients(q, k, v, d_out, lse, delta, mask, *, scale, logit_soft_cap)
     return p, ds
 
 
-def _query_slots(block, settings):
-    """Slots i32[block_q] of query block `block`'s rows."""
-    block_q = settings.tiling.block_q
-    return lax.div(block * block_q + jnp.arange(block_q, dtype=jnp.int32), jnp.int32(settings.groups))
-
-
-def _key_slots(block, settings):
-    block_k = settings.tiling.block_k
-    return block * block_k + jnp.arange(block_k, dtype=jnp.int32)
+def _slots(block, size):
+    """Slots i32[size] of the `size`-slot block `block`."""
+    return block * size + jnp.arange(size, dtype=jnp.int32)
 
 
 def _forward_kernel(*refs, settings: CallSettings):
     """One query block's output and log-sum-exp over the key blocks in [first, stop) (online softmax)."""
     q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, first_ref, stop_ref, *position_refs, out_ref, lse_ref = refs
-    block_k, window = settings.tiling.block_k, settings.window
+    block_q, block_k, window = settings.tiling.block_q, settings.tiling.block_k, settings.window
     i = pl.program_id(2)
-    q, q_ids, q_slots = q_ref[...], q_ids_ref[...], _query_slots(i, settings)
+    q, q_ids, q_slots = q_ref[...], q_ids_ref[...], _slots(i, block_q)
     q_positions = position_refs[0][...] if window else None
 
     def visit(j, carry):
         out, row_max, row_sum = carry
         keys = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
         k_positions = position_refs[1][keys] if window else None
-        mask = _visible(q_ids, q_slots, q_positions, k_ids_ref[keys], _key_slots(j, settings), k_positions, window)
+        mask = _visible(q_ids, q_slots, q_positions, k_ids_ref[keys], _slots(j, block_k), k_positions, window)
         s, _ = _scores(q, k_ref[keys, :], scale=settings.scale, logit_soft_cap=settings.logit_soft_cap)
         s = jnp.where(mask, s * _LOG2E, _NO_KEY)
         new_max = jnp.maximum(row_max, jnp.max(s, axis=1))
@@ -195,16 +194,16 @@ def _dq_kernel(*refs, settings: CallSettings):
     """One query block's dq over the key blocks in [first, stop)."""
     (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, q_ids_ref, k_ids_ref, first_ref, stop_ref,
      *position_refs, dq_ref) = refs
-    block_k, window = settings.tiling.block_k, settings.window
+    block_q, block_k, window = settings.tiling.block_q, settings.tiling.block_k, settings.window
     i = pl.program_id(2)
     q, d_out, lse, delta = q_ref[...], d_out_ref[...], lse_ref[...], delta_ref[...]
-    q_ids, q_slots = q_ids_ref[...], _query_slots(i, settings)
+    q_ids, q_slots = q_ids_ref[...], _slots(i, block_q)
     q_positions = position_refs[0][...] if window else None
 
     def visit(j, dq):
         keys = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
         k_positions = position_refs[1][keys] if window else None
-        mask = _visible(q_ids, q_slots, q_positions, k_ids_ref[keys], _key_slots(j, settings), k_positions, window)
+        mask = _visible(q_ids, q_slots, q_positions, k_ids_ref[keys], _slots(j, block_k), k_positions, window)
         k = k_ref[keys, :]
         _, ds = _score_gradients(q, k, v_ref[keys, :], d_out, lse, delta, mask, scale=settings.scale,
                                  logit_soft_cap=settings.logit_soft_cap)
@@ -216,25 +215,26 @@ def _dq_kernel(*refs, settings: CallSettings):
 
 
 def _dkv_kernel(*refs, settings: CallSettings):
-    """One key block's dk and dv over the query blocks in [first, stop) (all G heads of its kv head)."""
+    """One key block's dk and dv over the query blocks in [first, stop) of each of its kv head's G query heads."""
     (q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, q_ids_ref, k_ids_ref, first_ref, stop_ref,
      *position_refs, dk_ref, dv_ref) = refs
-    block_q, window = settings.tiling.block_q, settings.window
+    block_q, block_k, window = settings.tiling.block_q, settings.tiling.block_k, settings.window
     j = pl.program_id(2)
-    k, v, k_ids, k_slots = k_ref[...], v_ref[...], k_ids_ref[...], _key_slots(j, settings)
+    k, v, k_ids, k_slots = k_ref[...], v_ref[...], k_ids_ref[...], _slots(j, block_k)
     k_positions = position_refs[1][...] if window else None
 
     def visit(i, carry):
         dk, dv = carry
         rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
         q_positions = position_refs[0][rows] if window else None
-        mask = _visible(q_ids_ref[rows], _query_slots(i, settings), q_positions, k_ids, k_slots, k_positions, window)
-        q, d_out = q_ref[rows, :], d_out_ref[rows, :]
-        p, ds = _score_gradients(q, k, v, d_out, lse_ref[rows], delta_ref[rows], mask, scale=settings.scale,
-                                 logit_soft_cap=settings.logit_soft_cap)
+        mask = _visible(q_ids_ref[rows], _slots(i, block_q), q_positions, k_ids, k_slots, k_positions, window)
         transposed = (((0,), (0,)), ((), ()))  # P^T dO and dS^T q
-        dv = dv + lax.dot_general(p.astype(d_out.dtype), d_out, transposed, preferred_element_type=jnp.float32)
-        dk = dk + lax.dot_general(ds.astype(q.dtype), q, transposed, preferred_element_type=jnp.float32)
+        for g in range(settings.groups):  # the query heads sharing this key/value head
+            q, d_out = q_ref[rows, g, :], d_out_ref[rows, g, :]
+            p, ds = _score_gradients(q, k, v, d_out, lse_ref[rows, g], delta_ref[rows, g], mask,
+                                     scale=settings.scale, logit_soft_cap=settings.logit_soft_cap)
+            dv = dv + lax.dot_general(p.astype(d_out.dtype), d_out, transposed, preferred_element_type=jnp.float32)
+            dk = dk + lax.dot_general(ds.astype(q.dtype), q, transposed, preferred_element_type=jnp.float32)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
@@ -243,7 +243,8 @@ def _dkv_kernel(*refs, settings: CallSettings):
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-# The calls: arrays [B, kv, rows or slots, D] padded to whole blocks; XLA computes which blocks each visits.
+# The calls: q [B, T, H, D], k and v [B, T, kv, D] (the model's layout; T a whole number of blocks); XLA computes
+# which blocks each visits.
 
 
 def _block_extremes(x, real, block):
@@ -254,23 +255,21 @@ def _block_extremes(x, real, block):
             real.any(axis=1))
 
 
-def visited_blocks(ids, settings: CallSettings, rows: int, slots: int) -> jax.Array:
-    """bool[B, query blocks, key blocks]: the pairs of blocks that may hold a visible (query, key) pair
-    (module docstring): ids' intervals overlap, a key block starts at or before the query block's last
+def visited_blocks(ids, settings: CallSettings, slots: int) -> jax.Array:
+    """bool[B, query blocks, key blocks] over `slots` slots: the pairs of blocks that may hold a visible (query,
+    key) pair (module docstring): ids' intervals overlap, a key block starts at or before the query block's last
     slot, and with a window the query block's first position minus the key block's last is below it."""
     block_q, block_k = settings.tiling.block_q, settings.tiling.block_k
-    real_rows = np.arange(rows) < settings.length * settings.groups
-    real_keys = np.arange(slots) < settings.length
-    q_min, q_max, q_any = _block_extremes(ids["query"], real_rows, block_q)
-    k_min, k_max, k_any = _block_extremes(ids["key"], real_keys, block_k)
-    last_query_slot = np.minimum((np.arange(1, rows // block_q + 1) * block_q - 1) // settings.groups,
-                                 settings.length - 1)
+    real = np.arange(slots) < settings.length
+    q_min, q_max, q_any = _block_extremes(ids["query"], real, block_q)
+    k_min, k_max, k_any = _block_extremes(ids["key"], real, block_k)
+    last_query_slot = np.minimum(np.arange(1, slots // block_q + 1) * block_q - 1, settings.length - 1)
     causal = np.arange(slots // block_k)[None, :] * block_k <= last_query_slot[:, None]
     visited = (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None]) & causal
     visited &= q_any[:, None] & k_any[None, :]
     if settings.window is not None:
-        q_first, _, _ = _block_extremes(ids["query_position"], real_rows, block_q)
-        _, k_last, _ = _block_extremes(ids["key_position"], real_keys, block_k)
+        q_first, _, _ = _block_extremes(ids["query_position"], real, block_q)
+        _, k_last, _ = _block_extremes(ids["key_position"], real, block_k)
         visited &= q_first[:, :, None] - k_last[:, None, :] < settings.window
     return visited
 
@@ -300,92 +299,87 @@ def _pallas_call(kernel, grid, in_specs, out_specs, out_shape, settings: CallSet
         compiler_params=_COMPILER_PARAMS(num_warps=tiling.num_warps, num_stages=tiling.num_stages))
 
 
-def _spec(block_shape, heads: bool, blocked: bool):
-    """BlockSpec of an array [B, (kv,) n, (D)] whose axis n is split into `block_shape[0]`-blocks along the
-    grid's third axis when `blocked`, else read whole."""
-    def index(b, h, n):
-        return (b,) + ((h,) if heads else ()) + ((n if blocked else 0),) + (0,) * (len(block_shape) - 1)
-    return pl.BlockSpec((None,) + ((None,) if heads else ()) + tuple(block_shape), index)
+def _id_specs(by_query: bool, block: int, slots: int, num_blocks: int, positions: int) -> list:
+    """BlockSpecs of a call's id operands on the grid (row, head, block): q ids, k ids, first, stop, [q and k
+    positions], each i32[B, slots] (first and stop [B, blocks]); the side the grid walks (`by_query`: the
+    queries) read per block, the other whole."""
+    def side(blocked):
+        return pl.BlockSpec((None, block if blocked else slots), lambda b, h, n: (b, n if blocked else 0))
 
-
-def _operand_specs(by_query: bool, *, rows: int, slots: int, block: int, head_dim: int, num_blocks: int,
-                   gradients: bool, positions: int) -> list:
-    """BlockSpecs of a call's operands: q, k, v, [d_out, lse, delta,] q_ids, k_ids, first, stop, [q and k
-    positions]. The grid walks `block`-blocks of the queries (`by_query`: the forward and dq) or of the keys
-    (dk/dv); each step reads its block of that side and the whole of the other."""
-    def query_side(*tail, heads=True):
-        return _spec(((block if by_query else rows),) + tail, heads, by_query)
-
-    def key_side(*tail, heads=True):
-        return _spec(((slots if by_query else block),) + tail, heads, not by_query)
-
-    specs = [query_side(head_dim), key_side(head_dim), key_side(head_dim)]
-    if gradients:
-        specs += [query_side(head_dim), query_side(), query_side()]
-    specs += [query_side(heads=False), key_side(heads=False)] + [_spec((num_blocks,), False, False)] * 2
-    return specs + [query_side(heads=False), key_side(heads=False)][:positions]
+    whole = pl.BlockSpec((None, num_blocks), lambda b, h, n: (b, 0))
+    ids = [side(by_query), side(not by_query), whole, whole]
+    return ids + [side(by_query), side(not by_query)][:positions]
 
 
 def _forward(q, k, v, ids, *, settings: CallSettings):
-    """One call's (out [B, kv, R, Dp] in q's dtype, log-sum-exp f32[B, kv, R]) over the keys `ids` allow."""
-    batch, heads, rows, head_dim = q.shape
-    slots = k.shape[2]
-    block_q = settings.tiling.block_q
-    first, stop = _spans(visited_blocks(ids, settings, rows, slots), axis=2)
+    """One call's (out [B, T, H, D] in q's dtype, log-sum-exp f32[B, T, H]) over the keys `ids` allow: a program
+    per (row, query head, query block), reading its kv head's keys and values."""
+    batch, slots, heads, head_dim = q.shape
+    block_q, groups = settings.tiling.block_q, settings.groups
+    first, stop = _spans(visited_blocks(ids, settings, slots), axis=2)
     (q_ids, k_ids), positions = _id_inputs(ids, settings)
-    blocks = rows // block_q
-    in_specs = _operand_specs(True, rows=rows, slots=slots, block=block_q, head_dim=head_dim, num_blocks=blocks,
-                              gradients=False, positions=len(positions))
-    out_specs = [_spec((block_q, head_dim), True, True), _spec((block_q,), True, True)]
+    blocks = slots // block_q
+    query = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, n: (b, n, h, 0))
+    keys = pl.BlockSpec((None, slots, None, head_dim), lambda b, h, n: (b, 0, h // groups, 0))
+    in_specs = [query, keys, keys] + _id_specs(True, block_q, slots, blocks, len(positions))
+    out_specs = [query, pl.BlockSpec((None, block_q, None), lambda b, h, n: (b, n, h))]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q.shape[:3], jnp.float32)]
-    out, lse = _pallas_call(_forward_kernel, (batch, heads, blocks), in_specs, out_specs, out_shape, settings,
-                            "flash_attention_forward")(q, k, v, q_ids, k_ids, first, stop, *positions)
-    return out, lse
+    return _pallas_call(_forward_kernel, (batch, heads, blocks), in_specs, out_specs, out_shape, settings,
+                        "flash_attention_forward")(q, k, v, q_ids, k_ids, first, stop, *positions)
 
 
 def _backward(q, k, v, ids, out, lse, d_out, grad_dtype, *, settings: CallSettings):
     """One call's (dq, dk, dv) in `grad_dtype` run with the (union's) `out` and `lse` (`flash_common.lse_union`);
-    the kernels accumulate in float32 and round once, as they write."""
-    batch, heads, rows, head_dim = q.shape
-    slots = k.shape[2]
+    the kernels accumulate in float32 and round once, as they write. dq: a program per (row, query head, query
+    block); dk and dv: per (row, kv head, key block), summing its G query heads."""
+    batch, slots, heads, head_dim = q.shape
+    kv_heads, groups = k.shape[2], settings.groups
     block_q, block_k = settings.tiling.block_q, settings.tiling.block_k
-    delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
-    visited = visited_blocks(ids, settings, rows, slots)
+    delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)  # [B, T, H]
+    visited = visited_blocks(ids, settings, slots)
     (q_ids, k_ids), positions = _id_inputs(ids, settings)
     inputs = (q, k, v, d_out, lse, delta, q_ids, k_ids)
-    query_blocks = rows // block_q
+
+    query_blocks = slots // block_q
     first, stop = _spans(visited, axis=2)
-    in_specs = _operand_specs(True, rows=rows, slots=slots, block=block_q, head_dim=head_dim,
-                              num_blocks=query_blocks, gradients=True, positions=len(positions))
-    dq = _pallas_call(_dq_kernel, (batch, heads, query_blocks), in_specs, _spec((block_q, head_dim), True, True),
+    query = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, n: (b, n, h, 0))
+    keys = pl.BlockSpec((None, slots, None, head_dim), lambda b, h, n: (b, 0, h // groups, 0))
+    statistics = pl.BlockSpec((None, block_q, None), lambda b, h, n: (b, n, h))
+    in_specs = [query, keys, keys, query, statistics, statistics] + _id_specs(True, block_q, slots, query_blocks,
+                                                                              len(positions))
+    dq = _pallas_call(_dq_kernel, (batch, heads, query_blocks), in_specs, query,
                       jax.ShapeDtypeStruct(q.shape, grad_dtype), settings, "flash_attention_dq")(
         *inputs, first, stop, *positions)
 
+    # The dk/dv kernel reads its kv head's G query heads: q, d_out [B, T, kv, G, D], lse and delta [B, T, kv, G].
     key_blocks = slots // block_k
     first, stop = _spans(visited, axis=1)
-    in_specs = _operand_specs(False, rows=rows, slots=slots, block=block_k, head_dim=head_dim,
-                              num_blocks=key_blocks, gradients=True, positions=len(positions))
-    kv_spec = _spec((block_k, head_dim), True, True)
+    grouped = lambda x: x.reshape(batch, slots, kv_heads, groups, *x.shape[3:])  # noqa: E731
+    queries = pl.BlockSpec((None, slots, None, groups, head_dim), lambda b, h, n: (b, 0, h, 0, 0))
+    statistics = pl.BlockSpec((None, slots, None, groups), lambda b, h, n: (b, 0, h, 0))
+    key = pl.BlockSpec((None, block_k, None, head_dim), lambda b, h, n: (b, n, h, 0))
+    in_specs = [queries, key, key, queries, statistics, statistics] + _id_specs(False, block_k, slots, key_blocks,
+                                                                               len(positions))
     kv_shapes = [jax.ShapeDtypeStruct(k.shape, grad_dtype), jax.ShapeDtypeStruct(v.shape, grad_dtype)]
-    dk, dv = _pallas_call(_dkv_kernel, (batch, heads, key_blocks), in_specs, [kv_spec, kv_spec], kv_shapes, settings,
-                          "flash_attention_dkv")(*inputs, first, stop, *positions)
+    dk, dv = _pallas_call(_dkv_kernel, (batch, kv_heads, key_blocks), in_specs, [key, key], kv_shapes, settings,
+                          "flash_attention_dkv")(grouped(q), k, v, grouped(d_out), grouped(lse), grouped(delta),
+                                                 q_ids, k_ids, first, stop, *positions)
     return dq, dk, dv
 
 
 def _flash_rows(q, k, v, masks, settings: CallSettings):
-    """Flash attention of q [B, kv, T, G, D] over k, v [B, kv, T, D] with `prepare`'s masks; [B, kv, T, G, D].
+    """Flash attention of q [B, T, kv, G, D] over k, v [B, T, kv, D] with `prepare`'s masks; [B, T, kv, G, D].
 
-    Queries become rows [B, kv, T G, D] (slot-major); rows, slots and D are padded to the kernels' shapes
-    (`PAD_QUERY`, `PAD_KEY` ids), and each call's ids are laid out per row and per slot."""
-    batch, heads, length, groups, head_dim = q.shape
+    The kernels read q as [B, T, H, D] (a view); T is padded to a whole number of blocks and D to the kernels'
+    width only where they are not (`PAD_QUERY`, `PAD_KEY` ids on added slots), and each call's ids are laid out
+    per slot."""
+    batch, length, kv_heads, groups, head_dim = q.shape
     tiling = settings.tiling
-    rows, slots = round_up(length * groups, tiling.block_q), round_up(length, tiling.block_k)
+    slots = round_up(length, max(tiling.block_q, tiling.block_k))
     padded_dim = max(16, pl.next_power_of_2(head_dim))
-    q = flash_common.pad(flash_common.pad(q.reshape(batch, heads, length * groups, head_dim), 2, rows), 3, padded_dim)
-    k, v = (flash_common.pad(flash_common.pad(x, 2, slots), 3, padded_dim) for x in (k, v))
-
-    def per_row(x, fill):
-        return flash_common.pad(jnp.repeat(x, groups, axis=1), 1, rows, fill)
+    q = q.reshape(batch, length, kv_heads * groups, head_dim)
+    if (slots, padded_dim) != (length, head_dim):
+        q, k, v = (flash_common.pad(flash_common.pad(x, 1, slots), 3, padded_dim) for x in (q, k, v))
 
     def per_slot(x, fill):
         return flash_common.pad(x, 1, slots, fill)
@@ -393,15 +387,15 @@ def _flash_rows(q, k, v, masks, settings: CallSettings):
     calls = []
     for prefix in ("", "trunk_"):
         if prefix + "query" in masks:
-            call = {"query": per_row(masks[prefix + "query"], PAD_QUERY), "key": per_slot(masks[prefix + "key"], PAD_KEY)}
+            call = {"query": per_slot(masks[prefix + "query"], PAD_QUERY),
+                    "key": per_slot(masks[prefix + "key"], PAD_KEY)}
             if settings.window is not None:
-                call["query_position"] = per_row(masks["window_positions"], 0)
-                call["key_position"] = per_slot(masks["window_positions"], 0)
+                call["query_position"] = call["key_position"] = per_slot(masks["window_positions"], 0)
             calls.append(call)
     attention = flash_common.lse_union(functools.partial(_forward, settings=settings),
                                        functools.partial(_backward, settings=settings))
     out = attention(q, k, v, calls)
-    return out[:, :, :length * groups, :head_dim].reshape(batch, heads, length, groups, head_dim)
+    return out[:, :length, :, :head_dim].reshape(batch, length, kv_heads, groups, head_dim)
 
 
 def _check_tiling(tiling: Tiling) -> None:
@@ -422,15 +416,13 @@ def attend(q, k, v, masks, sliding, *, window=None, scale: float, logit_soft_cap
     if interpret is None:
         interpret = target_platform(mesh) == "cpu"
     length, groups = q.shape[1], q.shape[3]
-    q = jnp.transpose(q, (0, 2, 1, 3, 4))  # [B, kv, T, G, D]
-    k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))  # [B, kv, T, D]
 
     def run(window):
         settings = CallSettings(scale=float(scale), logit_soft_cap=None if logit_soft_cap is None else float(logit_soft_cap),
                              window=window, length=length, groups=groups, tiling=tiling, interpret=interpret)
         used = {name: x for name, x in masks.items() if window or name != "window_positions"}
-        out = flash_common.per_shard(functools.partial(_flash_rows, settings=settings), q, k, v, used, mesh)
-        return jnp.transpose(out, (0, 2, 1, 3, 4))
+        return flash_common.per_shard(functools.partial(_flash_rows, settings=settings), q, k, v, used, mesh,
+                                      heads_axis=2)
 
     return with_window(run, sliding, window)
 
