@@ -153,8 +153,8 @@ def _traffic(program: Program, rest: str) -> int:
     An operation that calls no computation (a Triton or library call, a copy): twice its result (its operands, such
     as a whole KV pool a kernel reads a few blocks of, say nothing of what it reads). A fusion: its result, and each
     parameter of its computation, by what is read of it: a parameter that is only sliced (`slice`, `dynamic-slice`,
-    `gather`, directly or through bitcasts, as a backward pass reads a layer of its stacked residuals) by the
-    slices' bytes. A fusion that updates its first operand in place (its root a `dynamic-update-slice` or `scatter`
+    `gather`, directly or through bitcasts and pads, as a backward pass reads a layer of its stacked residuals, or
+    the sampler one block of its padded logits) by the slices' bytes. A fusion that updates its first operand in place (its root a `dynamic-update-slice` or `scatter`
     of a parameter, as a decode step writes its new tokens into the pool) writes its update, not the operand."""
     called = re.search(r"calls=%([\w.\-]+)", rest)
     if not called:
@@ -171,8 +171,9 @@ def _traffic(program: Program, rest: str) -> int:
         """The bytes of `name`'s slices where it is only sliced (directly or through bitcasts), else None."""
         uses, found = users[name], 0
         for user, opcode, line in uses:
-            part = sliced_bytes(user) if opcode == "bitcast" else \
-                _bytes(line) if opcode in ("slice", "dynamic-slice", "gather") and _operands(line)[0] == name else None
+            first = _operands(line)[0] == name
+            part = sliced_bytes(user) if opcode == "bitcast" or (opcode == "pad" and first) else \
+                _bytes(line) if opcode in ("slice", "dynamic-slice", "gather") and first else None
             if part is None:
                 return None
             found += part

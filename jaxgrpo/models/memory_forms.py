@@ -50,9 +50,10 @@ class MemoryForms(NamedTuple):
     pack_weights: model -> the weights a decode loop's calls multiply by, prepared once before the loop: packed
       for a CPU kernel (`cpu_forms.PackedWeights`), split per layer on a GPU (`LayerWeights`), or None.
     rotate_half: x -> [-x2, x1], x's halves along its last axis (RoPE's rotation, `rotate_half`).
-    online_softmax: ((m, s, w), z) -> (m, s, w) after the float32 logits block z [..., chunk]: the log-prob head's
-      online logsumexp (`jaxgrpo.models.logprobs`), m the running maximum, s = sum exp(z - m), w = sum exp(z - m) z;
-      `one_pass_online_softmax` or `two_pass_online_softmax`.
+    online_softmax: ((m, s[, w]), z) -> (m, s[, w]) after the float32 logits block z [..., chunk]: the online
+      logsumexp of the log-prob head (`jaxgrpo.models.logprobs`) and of the sampler's blocks, m the running
+      maximum, s = sum exp(z - m), w (when the state has it) = sum exp(z - m) z; `one_pass_online_softmax` or
+      `two_pass_online_softmax`.
     logits_block_positions: (rows, length) -> the positions of each of `rows` rows the log-prob head's logits
       block covers (its sequence chunk; the vocabulary chunk is the head's own).
     """
@@ -130,16 +131,18 @@ def float32_product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
 
 
 def two_pass_online_softmax(state, z: jax.Array):
-    """The online logsumexp's state (m, s, w) after the logits block `z` [..., chunk]: m the running maximum,
-    s = sum exp(z - m) and w = sum exp(z - m) z over the blocks so far. The block's maximum first, then its sums
+    """The online logsumexp's state (m, s[, w]) after the logits block `z` [..., chunk]: m the running maximum,
+    s = sum exp(z - m) and (where the state has it) w = sum exp(z - m) z over the blocks so far, every entry of
+    `state` shaped as z less its last axis. The block's maximum first, then its sums
     against the new maximum: two passes over `z`. What the CPU forms take: on a CPU the block's exponentials are the
     cost, one an element here against two in `one_pass_online_softmax` (the log-prob head's forward 1.6x slower
     with that)."""
-    running_max, normalizer, weighted_sum = state
+    running_max, normalizer, *weighted_sum = state
     new_max = jnp.maximum(running_max, z.max(axis=-1))
     rescale = jnp.exp(running_max - new_max)
     p = jnp.exp(z - new_max[..., None])
-    return new_max, normalizer * rescale + p.sum(axis=-1), weighted_sum * rescale + (p * z).sum(axis=-1)
+    sums = (normalizer * rescale + p.sum(axis=-1),)
+    return (new_max, *sums, *(w * rescale + (p * z).sum(axis=-1) for w in weighted_sum))
 
 
 def one_pass_online_softmax(state, z: jax.Array):
@@ -151,12 +154,12 @@ def one_pass_online_softmax(state, z: jax.Array):
     def combine(a, b):
         m = jnp.maximum(a[0], b[0])
         scale_a, scale_b = jnp.exp(a[0] - m), jnp.exp(b[0] - m)
-        return m, a[1] * scale_a + b[1] * scale_b, a[2] * scale_a + b[2] * scale_b
+        return (m, *(x * scale_a + y * scale_b for x, y in zip(a[1:], b[1:])))
 
     zero = jnp.zeros((), z.dtype)
     lowest = jnp.asarray(jnp.finfo(z.dtype).min, z.dtype)  # finite: exp(lowest - lowest) is 1, never NaN
-    block = jax.lax.reduce((z, jnp.ones_like(z), z), (lowest, zero, zero), combine, (z.ndim - 1,))
-    return combine(tuple(state), block)
+    operands, inits = (z, jnp.ones_like(z), z)[:len(state)], (lowest, zero, zero)[:len(state)]
+    return combine(tuple(state), jax.lax.reduce(operands, inits, combine, (z.ndim - 1,)))
 
 
 #: Tokens (rows x positions) an accelerator's log-prob head block covers: [8192, 8192] float32 logits, 268 MB.

@@ -158,7 +158,8 @@ def test_an_unknown_remat_setting_is_refused_before_anything_compiles(capsys):
 
 # An in-place scatter of two rows into a bf16[100,8] pool (its indices and rows computed in the fusion), a
 # fusion that reads 4 rows of a float32[64,16] table through a dynamic slice and 16 bytes of another whole, and
-# one that reads a layer of a float32[8, 4, 16] stack through a bitcast.
+# one that reads a layer of a float32[8, 4, 16] stack through a bitcast, and one that gathers a block of 512 of
+# each row of float32[2, 1000] logits padded to 1024.
 TRAFFIC = """HloModule traffic, is_scheduled=true
 
 %write (pool: bf16[100,8], ids: s32[2,1], rows: f32[2,8]) -> bf16[100,8] {
@@ -189,7 +190,16 @@ TRAFFIC = """HloModule traffic, is_scheduled=true
   ROOT %row = f32[64]{0} bitcast(%one)
 }
 
-ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], s: f32[4], x: f32[8,4,16]) -> f32[4,16] {
+%block (logits: f32[2,1000], b: s32[2,1]) -> f32[2,1,512] {
+  %logits = f32[2,1000]{1,0} parameter(0)
+  %b = s32[2,1]{1,0} parameter(1)
+  %lowest = f32[] constant(-3.4e+38)
+  %padded = f32[2,1024]{1,0} pad(%logits, %lowest), padding=0_0x0_24
+  %blocks = f32[2,2,512]{2,1,0} bitcast(%padded)
+  ROOT %one = f32[2,1,512]{2,1,0} gather(%blocks, %b), offset_dims={1,2}, collapsed_slice_dims={}, start_index_map={1}, index_vector_dim=1, slice_sizes={1,1,512}
+}
+
+ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], s: f32[4], x: f32[8,4,16], l: f32[2,1000], c: s32[2,1]) -> f32[4,16] {
   %p = bf16[100,8]{1,0} parameter(0)
   %i = s32[2,1]{1,0} parameter(1)
   %r = f32[2,8]{1,0} parameter(2)
@@ -199,6 +209,9 @@ ENTRY %main (p: bf16[100,8], i: s32[2,1], r: f32[2,8], t: f32[64,16], a: s32[], 
   %written = bf16[100,8]{1,0} fusion(%p, %i, %r), kind=kInput, calls=%write
   %stacked = f32[8,4,16]{2,0,1} parameter(6)
   %sliced = f32[64]{0} fusion(%stacked, %a), kind=kLoop, calls=%layer
+  %logits = f32[2,1000]{1,0} parameter(7)
+  %chosen = s32[2,1]{1,0} parameter(8)
+  %gathered = f32[2,1,512]{2,1,0} fusion(%logits, %chosen), kind=kLoop, calls=%block
   ROOT %read = f32[4,16]{1,0} fusion(%t, %a, %s), kind=kLoop, calls=%read
 }
 """
@@ -214,3 +227,6 @@ def test_traffic_counts_an_in_place_update_by_its_update_and_a_sliced_operand_by
     assert gpu_programs._traffic(program, fusions["read"]) == 256 + 4 + 16 + 256
     # A stack read through a bitcast (a layout change) and a slice of one layer: that layer (256 B), not the stack.
     assert gpu_programs._traffic(program, fusions["sliced"]) == 256 + 4 + 256
+    # One block gathered per row from padded logits (the sampler's drawn block): the 2 blocks (4 KiB) and the
+    # block ids (8 B) read, the blocks written; not the whole logits (8,000 B).
+    assert gpu_programs._traffic(program, fusions["gathered"]) == 4096 + 8 + 4096

@@ -157,3 +157,36 @@ def test_the_fixed_batch_samplers_names_say_where_sampling_went(name, replacemen
     assert "the rollout engine is the only sampler" in message and replacement in message and "\n" not in message
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         sampler.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("forms", ["plain", "cpu"])
+def test_untruncated_draws_over_several_blocks_in_each_programs_forms(forms, monkeypatch):
+    """Temperature sampling over a vocabulary of several sampling blocks (the last padded), the blocks' maxima and
+    sums taken as each backend's program takes them (`MemoryForms.online_softmax`: one pass on accelerators, the
+    maximum first on CPUs): the reported log-prob is log_softmax's, the frequencies of the likeliest tokens are
+    their probabilities', and both forms draw the same tokens from the same keys (the same inverse CDF, up to
+    rounding at a block's edge)."""
+    from jaxgrpo.models import backend, cpu_forms, memory_forms
+
+    vocab, draws = 2 * sampler.distribution.SAMPLING_BLOCK + 452, 20_000
+    logits = jnp.asarray(np.random.default_rng(5).normal(scale=3.0, size=vocab), jnp.float32)
+    params = SamplingParams(temperature=0.8)
+    keys = jax.random.split(jax.random.key(11), draws)
+
+    def draw(chosen):
+        monkeypatch.setattr(backend, "memory_for_program", lambda: chosen)
+        jax.clear_caches()
+        return jax.device_get(jax.jit(lambda k: sampler.sample_tokens(k, jnp.broadcast_to(logits, (draws, vocab)),
+                                                                        params))(keys))
+
+    tokens, logprobs, policy_logprobs = draw(memory_forms.PLAIN if forms == "plain" else cpu_forms.FORMS)
+    expected = np.asarray(jax.nn.log_softmax(logits / 0.8))
+    np.testing.assert_allclose(logprobs, expected[tokens], atol=1e-5)
+    np.testing.assert_array_equal(policy_logprobs, logprobs)
+    probs = np.exp(expected)
+    likeliest = np.argsort(probs)[-10:]
+    frequencies = np.bincount(tokens, minlength=vocab)[likeliest] / draws
+    std = np.sqrt(probs[likeliest] * (1 - probs[likeliest]) / draws)
+    np.testing.assert_array_less(np.abs(frequencies - probs[likeliest]), 5 * std)
+    other, _, _ = draw(cpu_forms.FORMS if forms == "plain" else memory_forms.PLAIN)
+    assert (other == tokens).mean() > 0.999
