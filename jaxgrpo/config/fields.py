@@ -317,7 +317,7 @@ class Config(_Fields):
     #: Run the training and scoring forward as one `lax.scan` over the stacked layers (compile time independent of
     #: depth), or, false, the layers one after another (`Decoder(scan_layers=False)`). Compiled for an H100
     #: (Qwen3-0.6B, device_check's update, docs/gpu.md), with `remat_policy=save_projections` the update then
-    #: moves 1.08 TB outside the products, against 1.25 for the default and 1.48 scanned (XLA:GPU fills, copies
+    #: moves 0.89 TB outside the products, against 1.01 for the default and 1.23 scanned (XLA:GPU fills, copies
     #: and transposes a scan's stacks of kept activations), for about twice the compile time; not yet timed on a GPU.
     scan_layers: bool = True
 
