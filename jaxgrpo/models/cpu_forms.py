@@ -237,8 +237,13 @@ def pack_weights(model) -> PackedWeights | None:
     return PackedWeights(layers, unembedding)
 
 
+#: Positions of each row in the log-prob head's logits block on a CPU (the head's default before the accelerators
+#: took larger blocks; docs/models.md measures the head with it).
+LOGITS_BLOCK_POSITIONS = 128
+
+
 FORMS = MemoryForms(
     name="cpu", to_carry=to_carry, from_carry=from_carry, take_rows=_take_rows, layer_weights=_layer_weights,
     product=_product, read_slots=_read_slots, write_slots=_write_slots, cache_chunk=cache_chunk,
     unembedding_table=_unembedding_table, pack_weights=pack_weights, rotate_half=rotate_half,
-    online_softmax=two_pass_online_softmax, logits_block_positions=lambda rows, length: 128)
+    online_softmax=two_pass_online_softmax, logits_block_positions=lambda rows, length: LOGITS_BLOCK_POSITIONS)

@@ -133,16 +133,15 @@ def float32_product(spec: str, x: jax.Array, weight, dtype) -> jax.Array:
 def two_pass_online_softmax(state, z: jax.Array):
     """The online logsumexp's state (m, s[, w]) after the logits block `z` [..., chunk]: m the running maximum,
     s = sum exp(z - m) and (where the state has it) w = sum exp(z - m) z over the blocks so far, every entry of
-    `state` shaped as z less its last axis. The block's maximum first, then its sums
-    against the new maximum: two passes over `z`. What the CPU forms take: on a CPU the block's exponentials are the
-    cost, one an element here against two in `one_pass_online_softmax` (the log-prob head's forward 1.6x slower
-    with that)."""
+    `state` shaped as z less its last axis. The block's maximum first, then its sums against the new maximum: two
+    passes over `z`. What the CPU forms take: on a CPU the block's exponentials are the cost, one an element here
+    against two in `one_pass_online_softmax` (the log-prob head's forward 1.6x slower with that)."""
     running_max, normalizer, *weighted_sum = state
     new_max = jnp.maximum(running_max, z.max(axis=-1))
     rescale = jnp.exp(running_max - new_max)
     p = jnp.exp(z - new_max[..., None])
-    sums = (normalizer * rescale + p.sum(axis=-1),)
-    return (new_max, *sums, *(w * rescale + (p * z).sum(axis=-1) for w in weighted_sum))
+    normalizer = normalizer * rescale + p.sum(axis=-1)
+    return (new_max, normalizer, *(w * rescale + (p * z).sum(axis=-1) for w in weighted_sum))
 
 
 def one_pass_online_softmax(state, z: jax.Array):
