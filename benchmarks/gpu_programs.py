@@ -147,6 +147,12 @@ def _result_bytes_all(rest: str) -> int:
     return sum(_bytes(array) for array in re.findall(r"\w+\[[\d,]*\]", shape))
 
 
+def _called(rest: str) -> str | None:
+    """The computation an instruction calls (a fusion's, an async start's), or None."""
+    called = re.search(r"calls=%([\w.\-]+)", rest)
+    return called.group(1) if called else None
+
+
 def _traffic(program: Program, rest: str) -> int:
     """Bytes an operation reads and writes, estimated from shapes.
 
@@ -154,13 +160,14 @@ def _traffic(program: Program, rest: str) -> int:
     as a whole KV pool a kernel reads a few blocks of, say nothing of what it reads). A fusion: its result, and each
     parameter of its computation, by what is read of it: a parameter that is only sliced (`slice`, `dynamic-slice`,
     `gather`, directly or through bitcasts and pads, as a backward pass reads a layer of its stacked residuals, or
-    the sampler one block of its padded logits) by the slices' bytes. A fusion that updates its first operand in place (its root a `dynamic-update-slice` or `scatter`
-    of a parameter, as a decode step writes its new tokens into the pool) writes its update, not the operand."""
-    called = re.search(r"calls=%([\w.\-]+)", rest)
+    the sampler one block of its padded logits) by the slices' bytes. A fusion that updates its first operand in
+    place (its root a `dynamic-update-slice` or `scatter` of a parameter, as a decode step writes its new tokens
+    into the pool) writes its update, not the operand."""
+    called = _called(rest)
     if not called:
         return 2 * _result_bytes_all(rest)
-    inside = program.computations[called.group(1)]
-    root = program.roots[called.group(1)]
+    inside = program.computations[called]
+    root = program.roots[called]
     lines = {name: line for name, _, line in inside}
     users = collections.defaultdict(list)
     for name, opcode, line in inside:
@@ -168,7 +175,7 @@ def _traffic(program: Program, rest: str) -> int:
             users[operand].append((name, opcode, line))
 
     def sliced_bytes(name):
-        """The bytes of `name`'s slices where it is only sliced (directly or through bitcasts), else None."""
+        """The bytes of `name`'s slices where it is only sliced (directly or through bitcasts and pads), else None."""
         uses, found = users[name], 0
         for user, opcode, line in uses:
             first = _operands(line)[0] == name
@@ -239,13 +246,13 @@ def _kind(program: Program, opcode: str, rest: str) -> str:
         return "Triton call (Pallas)" if target.group(1) == "__gpu$xla.gpu.triton" else \
             "GEMM" if "gemm" in target.group(1) or "matmul" in target.group(1) else "library call"
     if opcode in ("fusion", "fusion-start"):
-        called = re.search(r"calls=%([\w.\-]+)", rest)
-        inside = program.computations.get(called.group(1), []) if called else []
+        called = _called(rest)
+        inside = program.computations.get(called, []) if called else []
         opcodes = {op for _, op, _ in inside}
         gemm = "dot" in opcodes or any(op == "custom-call" and re.search(r"gemm|matmul", r) for _, op, r in inside)
         if gemm:
             return "GEMM of a slice in place" if "dynamic-slice" in opcodes else "GEMM"
-        root = re.match(r"\S+ ([a-z-]+)\(", program.roots.get(called.group(1), "")) if called else None
+        root = re.match(r"\S+ ([a-z-]+)\(", program.roots.get(called, "")) if called else None
         if "dynamic-slice" in opcodes and root and root.group(1) in ("dynamic-slice", "copy", "bitcast"):
             return "slice of stacked weights or cache"
         return "fusion"
@@ -295,10 +302,10 @@ def _trips(rest: str) -> int | None:
 def _dot_flops(program: Program, rest: str) -> dict[str, int]:
     """{"<lhs dtype> x <rhs dtype>": FLOPs} of the matrix products inside a fusion (a GEMM fusion's `dot`s, as the
     GEMM multiplies them: an operand converted inside the fusion counts in the converted type)."""
-    called = re.search(r"calls=%([\w.\-]+)", rest)
+    called = _called(rest)
     if not called:
         return {}
-    inside = program.computations[called.group(1)]
+    inside = program.computations[called]
     lines = {name: line for name, _, line in inside}
     found = collections.Counter()
     for _, opcode, line in inside:
@@ -324,8 +331,8 @@ def per_iteration(program: Program, body: str) -> dict:
     by_scope, flops = collections.Counter(), collections.Counter()
 
     def result_bytes(rest):  # a fusion's result is its computation's root's (an async start's result is a tuple)
-        called = re.search(r"calls=%([\w.\-]+)", rest)
-        return _bytes(program.roots[called.group(1)] if called else rest)
+        called = _called(rest)
+        return _bytes(program.roots[called] if called else rest)
 
     def walk(name, times):
         for instruction, opcode, rest in found[name]:

@@ -131,7 +131,8 @@ def sample_tokens(keys: jax.Array, logits: jax.Array, params: SamplingParams) ->
         return tokens, logprobs, logprobs
     top = jnp.max(candidates, axis=-1, keepdims=True)
     weights = jnp.exp(candidates - top)  # unnormalized probabilities, 0 off the support
-    choice, total = _inverse_cdf(keys, *_blocks_of(weights))
+    blocks = _in_blocks(weights, 0.0)
+    choice, total = _inverse_cdf(keys, blocks.sum(axis=-1), lambda b: _block(blocks, b))
     logprobs = _take(candidates, choice) - top[:, 0] - jnp.log(total)
     tokens = choice if ids is None else _take(ids, choice)
     return tokens.astype(jnp.int32), logprobs, _log_prob_of(logits / params.policy_temperature, tokens)
@@ -144,33 +145,27 @@ def _draw_from_logits(keys: jax.Array, logits: jax.Array) -> tuple[jax.Array, ja
     the drawn block's weights are computed again. Compiled for an H100, the engine's decode step (128 rows of
     Qwen3's 151,936 words) read the float32 logits four times (the maximum, the blocks' masses, the normalizer,
     the drawn block); now once."""
-    rows, size = logits.shape
-    block = min(SAMPLING_BLOCK, size)
-    num_blocks = -(-size // block)
     lowest = jnp.finfo(jnp.float32).min  # finite padding: weight exp(lowest - top) = 0
-    blocks = jnp.pad(logits, ((0, 0), (0, num_blocks * block - size)), constant_values=lowest)
-    blocks = blocks.reshape(rows, num_blocks, block)
-    zeros = jnp.zeros((rows, num_blocks), jnp.float32)
-    block_max, block_sum = backend.memory_for_program().online_softmax(
-        (jnp.full((rows, num_blocks), lowest), zeros), blocks)
+    blocks = _in_blocks(logits, lowest)
+    zeros = jnp.zeros(blocks.shape[:2], jnp.float32)
+    block_max, block_sum = backend.memory_for_program().online_softmax((jnp.full(zeros.shape, lowest), zeros), blocks)
     top = block_max.max(axis=-1)
     mass = block_sum * jnp.exp(block_max - top[:, None])
-
-    def weights_of(b):
-        return jnp.exp(jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0] - top[:, None])
-
-    choice, total = _inverse_cdf(keys, mass, weights_of)
+    choice, total = _inverse_cdf(keys, mass, lambda b: jnp.exp(_block(blocks, b) - top[:, None]))
     return choice.astype(jnp.int32), _take(logits, choice) - top - jnp.log(total)
 
 
-def _blocks_of(weights: jax.Array):
-    """(block masses [R, blocks], weights_of(b) -> [R, block] the weights of block b[r] of each row r) of weights
-    [R, N] cut into blocks of SAMPLING_BLOCK (the last padded with zeros)."""
-    rows, size = weights.shape
+def _in_blocks(x: jax.Array, fill) -> jax.Array:
+    """x [R, N] cut into [R, blocks, SAMPLING_BLOCK] (at most N a block), the last padded with `fill`."""
+    rows, size = x.shape
     block = min(SAMPLING_BLOCK, size)
     num_blocks = -(-size // block)
-    weights = jnp.pad(weights, ((0, 0), (0, num_blocks * block - size))).reshape(rows, num_blocks, block)
-    return weights.sum(axis=-1), lambda b: jnp.take_along_axis(weights, b[:, None, None], axis=1)[:, 0]
+    return jnp.pad(x, ((0, 0), (0, num_blocks * block - size)), constant_values=fill).reshape(rows, num_blocks, block)
+
+
+def _block(blocks: jax.Array, b: jax.Array) -> jax.Array:
+    """blocks[r, b[r]] [R, block] of `_in_blocks`' blocks [R, blocks, block]."""
+    return jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0]
 
 
 def _take(x: jax.Array, index: jax.Array) -> jax.Array:
