@@ -63,6 +63,15 @@ class Backend(NamedTuple):
 
         return attention_implementations.with_window(run, sliding, window)
 
+    def paged_attention(self, q, k, v, new_mask, pools, layer, sliding, *, window, scale, mesh):
+        """A paged decode step's attention output [B, T, kv, G, D] over its new tokens (`new_mask` [B, T, T]: which
+        each sees) and `pools`' rows, all in the attention implementation's kernels (its `paged_attention`), or
+        None where it has none for this call: the decoder then merges `paged_state`'s states itself."""
+        if self.attention.paged_attention is None:
+            return None
+        return self.attention.paged_attention(q, k, v, new_mask, pools, layer, sliding, window=window, scale=scale,
+                                              mesh=mesh)
+
     def write_pages(self, rows: PagedRows, keys, values, valid, mesh) -> PagedKVCache:
         """The pool of `rows` with a paged step's new keys and values [L, R, kv, T, D] written where `valid` [R, T]
         (`paged_cache.write_new_tokens`), in the form the attention implementation asks for

@@ -268,18 +268,25 @@ def attend_paged(q, k, v, call: PagedCall, layer, sliding):
     """Attention output [B, T, kv, G, D] of a paged decode step's layer `layer` over the rows' cached positions
     (and their shared prefix) in the pool and the T new tokens, as `attend_cached` over a dense cache: each block
     of keys an online-softmax state, the pool's read by the backend's paged reader (`Backend.paged_state`: in
-    place where the attention implementation has a kernel for it). New token t of row r sits at position
+    place where the attention implementation has a kernel for it), or the whole of it in the backend's kernels
+    where it has them for this call (`Backend.paged_attention`). New token t of row r sits at position
     `lengths[r] + t`."""
     dtype = q.dtype
     new_mask = jnp.where(sliding, call.new_masks[1], call.new_masks[0])
+    # the rows' own blocks, then their shared prefix's (whose queries sit after it: only a window reads positions)
+    pools = [(*rows.pool, rows.tables, rows.lengths, rows.starts) for rows in (call.rows, call.prefix)
+             if rows is not None]
+    fused = call.backend.paged_attention(q, k, v, new_mask, pools, layer, sliding, window=call.window,
+                                         scale=call.scale, mesh=call.pool_mesh)
+    if fused is not None:
+        return fused
     new_scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * call.scale
     new_scores = constrain_activation(new_scores, ("batch", "kv_heads", None, None, None), call.mesh)
     new_scores = jnp.where(new_mask[:, None, None], new_scores, _MASKED_SCORE)
     state = _softmax_block(new_scores, functools.partial(_new_values, v=v, dtype=dtype))
-    for rows in (call.rows, call.prefix):
-        if rows is not None:  # the prefix's queries sit after it: only a window would read their positions
-            block = call.backend.paged_state(q, *rows.pool, rows.tables, layer, rows.lengths, rows.starts, sliding,
-                                             window=call.window, scale=call.scale, query_positions=None,
-                                             mesh=call.pool_mesh)
-            state = _merge_blocks(state, block)
+    for pool_k, pool_v, tables, lengths, starts in pools:
+        block = call.backend.paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding,
+                                         window=call.window, scale=call.scale, query_positions=None,
+                                         mesh=call.pool_mesh)
+        state = _merge_blocks(state, block)
     return _finish(state, dtype)

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo.models import Decoder
 from jaxgrpo.models.attention import pallas_gpu, pallas_gpu_decode
-from jaxgrpo.models.attention.pallas_decode import xla_paged_attention_state
+from jaxgrpo.models.attention.pallas_decode import MASKED_SCORE, xla_paged_attention_state
 from jaxgrpo.models.paged_cache import NULL_BLOCK, PagedKVCache, PagedRows, write_new_tokens
 from tests.models.test_attention_paged_decode import (HEAD_DIM, KV_HEADS, LAYERS, _assert_states_close, _pool,
                                                        assert_every_fill_level)
@@ -69,6 +69,84 @@ def test_a_shared_prefix_is_read_once_for_its_rows_and_bfloat16(share, length):
         _assert_states_close(got, want, tolerance)
 
 
+def _new_token_state(q, keys, values, visible):
+    """The decoder's online-softmax state of one new token a row [B, 1, kv, G, D] over its own key and value [B,
+    kv, D] (`cached_attention._softmax_block`, where a row that does not see it holds (MASKED_SCORE, 0, 0) as the
+    kernel's empty state does), and the products the kernel takes for it."""
+    products = jnp.einsum("bkgd,bkd->bkg", q[:, 0], keys, preferred_element_type=jnp.float32)
+    seen = visible[:, None, None, None]
+    top = jnp.where(seen, products[..., None] * SCALE, MASKED_SCORE)
+    total = jnp.where(seen, 1.0, 0.0) * jnp.ones_like(top)
+    out = total[..., None] * values.astype(jnp.float32)[:, :, None, None, :]
+    return (top, total, out), products
+
+
+@pytest.mark.parametrize("groups, share, window, dtype", [
+    (2, 2, None, jnp.float32),  # Qwen3's 2 query heads a kv head, 2 rows a prefix row: 4 queries, 4 copies
+    (1, 4, 12, jnp.float32),  # a window
+    (4, 1, None, jnp.bfloat16),  # no sharing; bfloat16 pool, queries and output
+])
+def test_the_kernel_takes_in_the_new_token_the_state_before_and_finishes(groups, share, window, dtype):
+    """A decode step's attention in two calls, as `pallas_gpu.paged_attention` runs it: the rows' own blocks with
+    their new token (`new`: its products with the queries, its value, whether the row sees it), then the shared
+    prefix continuing that state (`initial`) and writing the normalized output (`paged_attention`). Each equals the
+    decoder's merge of the reference states (`cached_attention._merge_blocks`, `_finish`), at every fill level
+    (empty rows, rows not running, partial and full blocks): the state at 2e-5 (float32), the output at the
+    model's dtype. A query that sees nothing gets zeros, not 0 / 0 (the engine's empty slots)."""
+    from jaxgrpo.models.cached_attention import _finish, _merge_blocks
+
+    rows, prefix_rows, tolerance = 4 * share, 4, 2e-5 if dtype == jnp.float32 else 2e-2
+    q, pool_k, pool_v, tables, _ = _pool(11, rows=rows, max_blocks=4, block_size=16, groups=groups, dtype=dtype)
+    prefix_tables = np.random.default_rng(1).permutation(pool_k.shape[1])[:prefix_rows * 2].reshape(prefix_rows, 2)
+    prefix_lengths = np.array([32, 17, 0, 5], np.int32)
+    keys, values = (jax.random.normal(jax.random.key(i), (rows, KV_HEADS, HEAD_DIM)).astype(dtype) for i in (5, 6))
+    visible = np.arange(rows) % 3 != 1
+    own_lengths = np.minimum(np.arange(rows, dtype=np.int32) * 7 + np.repeat(prefix_lengths, share), 64)
+    own_lengths[0], own_starts = 0, np.minimum(np.repeat(prefix_lengths, share), own_lengths)
+    empty = 2 * share  # a row of the empty prefix row, with nothing to read and its token unseen: an empty slot
+    own_lengths[empty], visible[empty] = own_starts[empty], False
+    new_state, products = _new_token_state(q, keys, values, visible)
+    own = functools.partial(pallas_gpu_decode.paged_attention_state, q, pool_k, pool_v, tables, 1, own_lengths,
+                            SCALE, starts=own_starts, window=window, interpret=True)
+    prefix = (q, pool_k, pool_v, prefix_tables, 1, prefix_lengths, SCALE)
+    state = jax.jit(lambda: own(new=(products, values, visible)))()
+    want = _merge_blocks(new_state, _reference(q, pool_k, pool_v, tables, 1, own_lengths, own_starts, window=window))
+    _assert_states_close(state, want, 2e-5)
+    out = pallas_gpu_decode.paged_attention(*prefix, starts=np.zeros(prefix_rows, np.int32), window=window,
+                                            initial=state, interpret=True)
+    assert out.shape == (rows, KV_HEADS, groups, 1, HEAD_DIM) and out.dtype == dtype
+    repeat = lambda x: np.repeat(x, share, axis=0)  # noqa: E731
+    prefix_state = _reference(q, pool_k, pool_v, repeat(prefix_tables), 1, repeat(prefix_lengths),
+                              np.zeros(rows, np.int32), window=window)
+    seen = np.asarray(_merge_blocks(want, prefix_state)[1]) > 0
+    assert not seen[empty].any() and np.delete(seen, empty, axis=0).all()
+    expected = np.where(seen[..., None], np.asarray(_finish(_merge_blocks(want, prefix_state), jnp.float32)
+                                                    ).transpose(0, 2, 3, 1, 4), 0.0)
+    np.testing.assert_allclose(np.asarray(out, np.float32), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_the_kernel_refuses_to_take_in_what_it_cannot_in_one_line():
+    """Continuing a state, reading a new token or finishing needs one new token a row read where it sits (and, for
+    the new token, one cache row a query row): otherwise a one-line error, and `pallas_gpu.paged_attention` leaves
+    the merging to the decoder (None)."""
+    q, pool_k, pool_v, tables, _ = _pool(2, rows=2, batch=4, max_blocks=2, block_size=16)
+    keys = jnp.zeros((4, KV_HEADS, HEAD_DIM))
+    _, products = _new_token_state(q, keys, keys, np.ones(4, bool))
+    lengths = np.array([3, 9], np.int32)
+    assert not pallas_gpu_decode.fuses(q, 2, reads_new=True) and pallas_gpu_decode.fuses(q, 2)
+    with pytest.raises(ValueError, match="reads a new token or finishes only for one new token a row.*one query row "
+                                         "a cache row where it reads a new token; got q \\(4, 1, 2, 2, 16\\) over 2 "
+                                         "cache rows"):
+        pallas_gpu_decode.paged_attention(q, pool_k, pool_v, tables, 1, lengths, SCALE,
+                                          new=(products, keys, np.ones(4, bool)), interpret=True)
+    two = jnp.concatenate([q, q], axis=1)  # two new tokens a row
+    assert not pallas_gpu_decode.fuses(two, 2)
+    pools = [(pool_k, pool_v, tables, lengths, np.zeros(2, np.int32))]
+    mask = jnp.ones((4, 2, 2), bool)
+    assert pallas_gpu.paged_attention(two, keys[:, None].repeat(2, 1), keys[:, None].repeat(2, 1), mask, pools, 1,
+                                      False, scale=SCALE) is None
+
+
 def test_rows_and_their_blocks_sharded_over_devices_give_the_unsharded_state():
     """16 rows over a 4 x 2 data x fsdp mesh: each shard holds its rows' blocks and tables of ids local to it (as
     the rollout engine lays them out)."""
@@ -86,6 +164,15 @@ def test_rows_and_their_blocks_sharded_over_devices_give_the_unsharded_state():
     blocks = rows_per_shard * max_blocks + 1  # each shard's pool: its rows' blocks and a spare
     global_tables = tables + (np.arange(16) // rows_per_shard * blocks)[:, None]
     _assert_states_close(got, _reference(q, pool_k, pool_v, global_tables, 1, lengths, np.zeros(16, np.int32)), 1e-6)
+    # A new token a row taken in, a state continued and the output finished: split over the rows as the state is.
+    values = jax.random.normal(jax.random.key(3), (16, KV_HEADS, HEAD_DIM))
+    _, products = _new_token_state(q, values, values, lengths % 2 == 0)
+    new = (products, values, lengths % 2 == 0)
+    finished = functools.partial(pallas_gpu_decode.paged_attention, scale=SCALE, new=new, initial=got,
+                                 interpret=True)
+    sharded = jax.jit(lambda k, v: finished(q, k, v, tables, 1, lengths, mesh=mesh))(*pools)
+    whole = finished(q, pool_k, pool_v, global_tables, 1, lengths)
+    np.testing.assert_allclose(np.asarray(sharded), np.asarray(whole), rtol=1e-6, atol=1e-6)
 
 
 def test_the_pallas_gpu_attention_reads_pools_triton_cannot_tile_through_xla():
@@ -142,6 +229,34 @@ def test_lowers_for_an_h100_through_triton():
         assert results == ", ".join([f"tensor<{state}{f32}"] * 2 + [f"tensor<{state}x{head_dim}{f32}"]), results
         before = text[:text.index("stablehlo.custom_call @")]
         assert ("stablehlo.transpose" in before) == (length > 1), before
+
+
+def test_a_decode_steps_attention_lowers_for_an_h100_as_two_triton_calls():
+    """`pallas_gpu.paged_attention` at Qwen3-0.6B's decode shapes (128 rows of one new token, 8 kv heads of 2
+    query heads, D = 128, bfloat16, 16-position blocks; 16 shared prefix rows read by 8 rows each), lowered for a
+    CUDA target on this CPU: two Triton calls, the rows' own blocks with the new token (a float32 state out) and
+    the prefix's continuing it, which writes the output in bfloat16 [16 prefix rows, 8 rows, kv, G, D]."""
+    h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=h100)
+    bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)  # noqa: E731
+    ints = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    pool = bf16(28, 128 * 48 + 1, 8, 16, 128)
+
+    def attention(q, k, v, pool_k, pool_v, tables, lengths, starts, prefix_tables, prefix_lengths):
+        pools = [(pool_k, pool_v, tables, lengths, starts),
+                 (pool_k, pool_v, prefix_tables, prefix_lengths, jnp.zeros_like(prefix_lengths))]
+        mask = jnp.ones((128, 1, 1), bool)
+        return pallas_gpu.paged_attention(q, k, v, mask, pools, jnp.int32(3), False, scale=0.1, mesh=mesh)
+
+    with jax.sharding.use_abstract_mesh(mesh):
+        traced = jax.jit(attention).trace(bf16(128, 1, 8, 2, 128), bf16(128, 1, 8, 128), bf16(128, 1, 8, 128),
+                                          pool, pool, ints(128, 48), ints(128), ints(128), ints(16, 16), ints(16))
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert traced.out_info.shape == (128, 1, 8, 2, 128) and traced.out_info.dtype == jnp.bfloat16
+    assert set(re.findall(r"stablehlo.custom_call @([\w$.]+)", text)) == {"__gpu$xla.gpu.triton"}
+    assert re.findall(r'name = "(paged\w+)"', text) == ["paged_attention_state_gpu", "paged_attention_gpu"]
+    results = re.findall(r"stablehlo.custom_call @.*-> (.*)$", text, re.M)
+    assert results[-1] == "tensor<16x8x8x2x128xbf16>", results
 
 
 def test_the_pools_new_positions_are_written_the_same_by_a_scatter_and_one_at_a_time():

@@ -99,6 +99,12 @@ class AttentionImplementation(NamedTuple):
     `pallas_decode.paged_attention_state` defines it (`pallas_tpu`: that kernel; `pallas_gpu`: `pallas_gpu_decode`'s). Where it is None the decoder
     reads a paged pool with `pallas_decode.xla_paged_attention_state` (a gather of every row's blocks: the
     reference, which the rollout engine leaves for its dense views).
+    paged_attention: None, or a paged decode step's whole attention in the implementation's kernels, `(q, k, v,
+    new_mask, pools, layer, sliding, *, window, scale, mesh) -> output [B, T, kv, G, D] or None`: the queries over
+    the new tokens' keys and values (`new_mask` [B, T, T]: which each sees) and each of `pools`' rows ((pool_k, pool_v, tables,
+    lengths, starts), the rows' own first), merged and normalized where the decoder would merge `paged_state`'s
+    states and normalize them in launches of their own (`pallas_gpu`: its kernel continues a state, reads the new
+    key and finishes); None where it does not serve the call.
     paged_writes_each: how a paged step writes its new keys and values into the pool
     (`paged_cache.write_new_tokens`): one position at a time (True: `pallas_tpu`, since a scatter lets the TPU
     compiler give the pool the layout it prefers for a scatter, and its kernel then reads a relayout copy of
@@ -112,6 +118,7 @@ class AttentionImplementation(NamedTuple):
     attend: Callable[..., jax.Array]
     cache_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array] | None] | None = None
     paged_state: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
+    paged_attention: Callable[..., jax.Array | None] | None = None
     paged_writes_each: bool = False
 
 

@@ -400,10 +400,11 @@ def cache_attention_state(q, cache_k, cache_v, layer, cache_index, scale: float,
                           key_mask, rows, "the cache's", "a cache whose rows they divide")
 
 
-def _on_row_shards(kernel, mesh, operands, kinds, key_mask, rows, whose, fix):
+def _on_row_shards(kernel, mesh, operands, kinds, key_mask, rows, whose, fix, *, outputs: int = 3):
     """`kernel(*operands, key_mask)` whole (no mesh), or on each of the mesh's row shards: rows over its data and
     fsdp axes, kv heads over "model" where it divides them. `kinds` gives each operand's layout: "q" [B, T, kv,
-    ...], "cache" [L, rows or blocks, kv, ...], "rows" [R, ...] or "scalar"; the key mask is [R, ...]."""
+    ...], "cache" [L, rows or blocks, kv, ...], "rows" [R, ...], "state" [B, kv, ...] or "scalar"; the key mask is
+    [R, ...]; the kernel's `outputs` results are [B, kv, ...]."""
     if mesh is None or mesh.size == 1:
         return kernel(*operands, key_mask)
     row_axes = batch_axes(mesh) or None
@@ -412,15 +413,15 @@ def _on_row_shards(kernel, mesh, operands, kinds, key_mask, rows, whose, fix):
         raise ValueError(f"{whose} {rows} rows do not split over the mesh's {shards} row shards ({row_axes}); pass "
                          f"{fix}, or mesh=None")
     head_axis = "model" if "model" in mesh.axis_names and operands[0].shape[2] % mesh.shape["model"] == 0 else None
-    spec = {"q": PartitionSpec(row_axes, None, head_axis), "cache": PartitionSpec(None, row_axes, head_axis),
-            "rows": PartitionSpec(row_axes), "scalar": PartitionSpec()}
-    specs = tuple(spec[kind] for kind in kinds) + (() if key_mask is None else (spec["rows"],))
     state_spec = PartitionSpec(row_axes, head_axis)
+    spec = {"q": PartitionSpec(row_axes, None, head_axis), "cache": PartitionSpec(None, row_axes, head_axis),
+            "rows": PartitionSpec(row_axes), "state": state_spec, "scalar": PartitionSpec()}
+    specs = tuple(spec[kind] for kind in kinds) + (() if key_mask is None else (spec["rows"],))
 
     def shard(*args):
         return kernel(*args) if key_mask is not None else kernel(*args, None)
 
-    return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(state_spec, state_spec, state_spec),
+    return jax.shard_map(shard, mesh=mesh, in_specs=specs, out_specs=(state_spec,) * outputs,
                          check_vma=False)(*operands, *(() if key_mask is None else (key_mask,)))
 
 
@@ -535,19 +536,22 @@ def paged_attention_state(q, pool_k, pool_v, block_tables, layer, lengths, scale
 
 
 def paged_on_row_shards(kernel, q, pool_k, pool_v, block_tables, layer, lengths, starts, key_mask, window,
-                        query_positions, mesh):
+                        query_positions, mesh, *, extras=(), outputs: int = 3):
     """`kernel` (`_paged_shard`, `_xla_paged_shard`, or another backend's paged kernel on one shard) on the whole
     pool, or on each of the mesh's row shards (its rows, their tables of local ids and its blocks), kv heads over
-    "model" where it divides them."""
+    "model" where it divides them. `extras`: further operands, each [B, kv, ...] (split as the state is) or [B],
+    passed after `starts`; the kernel returns `outputs` arrays [B, kv, ...]."""
     _check_paged_inputs(q, pool_k, pool_v, block_tables, lengths, starts, query_positions, key_mask, window)
     rows = np.shape(block_tables)[0]
     lengths = jnp.asarray(lengths, jnp.int32)
     query_positions = lengths if query_positions is None else jnp.asarray(query_positions, jnp.int32)
     starts = jnp.zeros((rows,), jnp.int32) if starts is None else jnp.asarray(starts, jnp.int32)
     operands = [q, pool_k, pool_v, jnp.asarray(block_tables, jnp.int32), jnp.asarray(layer, jnp.int32), lengths,
-                query_positions, starts]
-    return _on_row_shards(kernel, mesh, operands, ("q", "cache", "cache", "rows", "scalar", "rows", "rows", "rows"),
-                          key_mask, rows, "the block tables'", "rows they divide")
+                query_positions, starts, *extras]
+    kinds = ("q", "cache", "cache", "rows", "scalar", "rows", "rows", "rows") + tuple(
+        "rows" if np.ndim(x) == 1 else "state" for x in extras)
+    return _on_row_shards(kernel, mesh, operands, kinds, key_mask, rows, "the block tables'", "rows they divide",
+                          outputs=outputs)
 
 
 def _paged_shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, starts, key_mask, *, scale, window,

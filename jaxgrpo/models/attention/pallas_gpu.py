@@ -443,5 +443,36 @@ def paged_state(q, pool_k, pool_v, tables, layer, lengths, starts, sliding, *, w
                             scale=scale, query_positions=query_positions)
 
 
+def paged_attention(q, k, v, new_mask, pools, layer, sliding, *, window=None, scale: float, mesh=None):
+    """A paged decode step's attention output [B, 1, kv, G, D] in q's dtype, all of it in `pallas_gpu_decode`'s
+    kernel, one call a pool: the queries q [B, 1, kv, G, D] over their own new key and value k, v [B, 1, kv, D]
+    (seen where `new_mask` bool [B, 1, 1]) and each pool's rows, `pools` a sequence of (pool_k, pool_v, tables,
+    lengths, starts) as `paged_state` reads them, the rows' own blocks first (one cache row a query row). The first
+    call takes in the new token, each next one the state of the one before, and the last writes the normalized
+    output. None where the kernel does not take them in (more than one new token a row, a pool it cannot tile, a
+    share or G not a power of two): the decoder then merges `paged_state`'s states itself."""
+    first = pools[0]
+    if q.shape[1] != 1 or not all(pallas_gpu_decode.supports(pool[0]) for pool in pools) or not all(
+            pallas_gpu_decode.fuses(q, pool[2].shape[0], reads_new=pool is first) for pool in pools):
+        return None
+    interpret = target_platform(mesh) == "cpu"
+    new = (jnp.einsum("bkgd,bkd->bkg", q[:, 0], k[:, 0], preferred_element_type=jnp.float32), v[:, 0],
+           new_mask[:, 0, 0])
+
+    def run(window):
+        state = None
+        for pool_k, pool_v, tables, lengths, starts in pools[:-1]:
+            state = pallas_gpu_decode.paged_attention_state(
+                q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts, window=window, mesh=mesh,
+                initial=state, new=new if state is None else None, interpret=interpret)
+        pool_k, pool_v, tables, lengths, starts = pools[-1]
+        return pallas_gpu_decode.paged_attention(q, pool_k, pool_v, tables, layer, lengths, scale, starts=starts,
+                                                 window=window, mesh=mesh, initial=state,
+                                                 new=new if state is None else None, interpret=interpret)
+
+    return jnp.transpose(with_window(run, sliding, window), (0, 3, 1, 2, 4))  # [B, kv, G, 1, D] -> [B, 1, kv, G, D]
+
+
 IMPLEMENTATION = AttentionImplementation(
-    name="pallas_gpu", platforms=("gpu", "cpu"), prepare=prepare, attend=attend, paged_state=paged_state)
+    name="pallas_gpu", platforms=("gpu", "cpu"), prepare=prepare, attend=attend, paged_state=paged_state,
+    paged_attention=paged_attention)
