@@ -28,8 +28,9 @@ it measured):
   compiled with XLA command buffers for WHILE and CONDITIONAL (CUDA graphs on a GPU); "engine-no-split-k", with no
   GEMM split over its contraction (`NO_SPLIT_K`); "engine-graphs-no-split-k", both (`DECODE_VARIANTS` has more:
   "engine-stacked-writes-each" is a GPU's decode as it was before 2026-12-07, the stacked layer weights scanned, the
-  pool written one position at a time); with `--trace-dir`, a
-  jax.profiler trace of one short run of the engine and the device's busy share of it;
+  pool written one position at a time; "engine-merged-outside" has XLA merge the attention's states, not the
+  paged kernel); where "engine" fails, "engine-merged-outside" and then "engine-views" run in its place until one
+  runs; with `--trace-dir`, a jax.profiler trace of one short run of the engine and the device's busy share of it;
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized whole, not at all or keeping what a remat policy names (`_remat_off`, `_save_attention`,
@@ -40,7 +41,9 @@ it measured):
   step and per update, update tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by:
   `compile.update_model_flops`; prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
   matmul peak measured here), with the compile report's roofline estimate of the same update
-  (`compile.count_products` at the measured peak and bandwidth) and the measured/estimate factor;
+  (`compile.count_products` at the measured peak and bandwidth) and the measured/estimate factor; a run that
+  fails inside the rollout engine its steps sample through is run again with the engine as the decode section's
+  fallbacks decode (`train_with_engine_fallbacks`), and names the one that ran (`engine_fallback`);
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
   accelerator (or with `--small` on a CPU): `generate`, and forward + backward + AdamW over the step's rows
   in micro-batches of 32 with gradient checkpointing: the anchor. They run first, before this process's
@@ -59,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -383,6 +387,7 @@ class DecodeVariant:
     stacked: bool = False
     writes_each: bool = False
     shared_prefixes: bool = True
+    merged_in_kernel: bool = True
 
 
 #: XLA command buffers with WHILE and CONDITIONAL nodes: a decode chunk's whole `lax.while_loop` as CUDA graphs.
@@ -402,17 +407,22 @@ NO_SPLIT_K = {"xla_gpu_experimental_force_split_k": 1}
 #: ("engine-graphs-no-split-k" with both), "engine-stacked" scanning the stacked layer weights, and
 #: "engine-stacked-writes-each" also writing the pool one position at a time (a GPU's decode before 2026-12-07:
 #: `benchmarks/gpu_programs.py` counts what each launches); "engine-unshared" with no shared prefixes (each row reads
-#: its whole context).
+#: its whole context); "engine-merged-outside" with the attention's states merged and normalized by XLA, not in the
+#: paged kernel (`AttentionImplementation.paged_attention` off: the decode before the late evening of 2026-12-07).
 DECODE_VARIANTS = {"engine": DecodeVariant(), "engine-views": DecodeVariant(in_place=False),
                    "engine-graphs": DecodeVariant(options=tuple(GRAPH_OPTIONS.items())),
                    "engine-stacked": DecodeVariant(stacked=True),
                    "engine-stacked-writes-each": DecodeVariant(stacked=True, writes_each=True),
                    "engine-unshared": DecodeVariant(shared_prefixes=False),
+                   "engine-merged-outside": DecodeVariant(merged_in_kernel=False),
                    "engine-no-split-k": DecodeVariant(options=tuple(NO_SPLIT_K.items())),
                    "engine-graphs-no-split-k": DecodeVariant(options=tuple({**GRAPH_OPTIONS, **NO_SPLIT_K}.items()))}
 #: The variants `--decode-variants` times unless told.
 DEFAULT_DECODE_VARIANTS = ("engine", "engine-unshared", "engine-graphs", "engine-no-split-k",
                            "engine-graphs-no-split-k")
+#: Where "engine" fails (a kernel Triton does not compile on this GPU, say), these run after the asked variants,
+#: each only where the one before failed too: the paged kernel without the merges it takes in, then no paged kernel.
+FALLBACK_DECODE_VARIANTS = ("engine-merged-outside", "engine-views")
 
 
 @contextlib.contextmanager
@@ -438,6 +448,8 @@ def decode_variant(variant: DecodeVariant):
         pallas_gpu.IMPLEMENTATION = pallas_gpu.IMPLEMENTATION._replace(paged_writes_each=True)
     if not variant.shared_prefixes:
         engine_module.Engine._chunk_rows = lambda self, running: (running, None, 0)
+    if not variant.merged_in_kernel:
+        pallas_gpu.IMPLEMENTATION = pallas_gpu.IMPLEMENTATION._replace(paged_attention=None)
     try:
         yield
     finally:
@@ -445,16 +457,31 @@ def decode_variant(variant: DecodeVariant):
          engine_module.Engine._chunk_rows) = saved
 
 
+@contextlib.contextmanager
+def engine_fallback(name: str):
+    """Within it, every rollout engine built (the trainer's too) decodes as the variant `name` of
+    `FALLBACK_DECODE_VARIANTS`: the paged kernel with XLA merging its states, or dense views (no paged kernel)."""
+    import jaxgrpo.engine.engine as engine_module
+
+    variant = DECODE_VARIANTS[name]
+    saved = engine_module.reads_pages_in_place
+    if variant.in_place is not None:
+        engine_module.reads_pages_in_place = lambda model, mesh: variant.in_place
+    try:
+        with decode_variant(variant):
+            yield
+    finally:
+        engine_module.reads_pages_in_place = saved
+
+
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,
                    variants=tuple(DECODE_VARIANTS)) -> dict:
-    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS`), and a jax.profiler trace of one short run
-    of the engine as jaxgrpo runs it: the device's busy share of its wall time."""
-    import jax
-
-    from jaxgrpo import profiling
-
+    """`sampler_section` for each of `variants` (of `DECODE_VARIANTS`), then, where "engine" failed, the first of
+    `FALLBACK_DECODE_VARIANTS` that runs; and a jax.profiler trace of one short run of the engine as jaxgrpo runs
+    it: the device's busy share of its wall time. A variant or trace that fails is recorded, the rest kept."""
     result = {}
-    for name in variants:
+
+    def timed(name):
         variant = DECODE_VARIANTS[name]
         with decode_variant(variant) if variant != DecodeVariant() else contextlib.nullcontext():
             try:
@@ -463,19 +490,60 @@ def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | Non
                 traceback.print_exc()
                 result[name] = {"error": _one_line(error)}
         print(f"  decode loop {name}: {result[name]}", flush=True)
+        return "error" not in result[name]
+
+    for name in variants:
+        timed(name)
+    if "error" in result.get("engine", {}):
+        for name in FALLBACK_DECODE_VARIANTS:
+            if (name in result and "error" not in result[name]) or (name not in result and timed(name)):
+                break
     if trace_dir:
-        generate = through_engine(model, shapes)
-        short = max(shapes.new_tokens // 8, 2)
-        generate(short, 0)  # compiled (or compiles) outside the trace
-        with jax.profiler.trace(trace_dir):
-            start = time.perf_counter()
-            generate(short, 1)
-            wall = time.perf_counter() - start
-        busy = profiling.device_busy_seconds(trace_dir)
-        result["profile"] = {"new_tokens": short, "wall_seconds": wall, "device_busy_seconds": busy,
-                             "device_busy_share": None if busy is None else busy / wall, "trace_dir": trace_dir}
+        try:
+            result["profile"] = _decode_profile(model, shapes, trace_dir)
+        except Exception as error:  # noqa: BLE001 — the variants' figures above are kept
+            traceback.print_exc()
+            result["profile"] = {"error": _one_line(error)}
         print(f"  decode loop profile: {result['profile']}", flush=True)
     return result
+
+
+def train_with_engine_fallbacks(run, fallbacks: list) -> dict:
+    """`run()`'s result, with the step's rollout engine as `fallbacks[0]` decodes (None: as jaxgrpo runs it, else
+    a variant of `FALLBACK_DECODE_VARIANTS`). Where it fails inside the engine (a paged kernel Triton does not
+    compile on this GPU, say), the next fallbacks are tried in turn; the first that runs is kept in `fallbacks[0]`
+    for the runs after it and named in the result (`engine_fallback`). A failure elsewhere, or in every form of the
+    engine, is recorded in one line."""
+    while True:
+        try:
+            with engine_fallback(fallbacks[0]) if fallbacks[0] else contextlib.nullcontext():
+                entry = run()
+            return entry | ({"engine_fallback": fallbacks[0]} if fallbacks[0] else {})
+        except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
+            traceback.print_exc()
+            in_engine = "jaxgrpo/engine/" in "".join(traceback.format_tb(error.__traceback__))
+            if not in_engine or len(fallbacks) == 1:
+                return {"error": _one_line(error)}
+            fallbacks.pop(0)
+            print(f"  the step's rollout engine failed; trying it as {fallbacks[0]}", flush=True)
+
+
+def _decode_profile(model, shapes: Shapes, trace_dir: str) -> dict:
+    """A jax.profiler trace of one short run of the engine as jaxgrpo runs it, and the device's busy share of it."""
+    import jax
+
+    from jaxgrpo import profiling
+
+    generate = through_engine(model, shapes)
+    short = max(shapes.new_tokens // 8, 2)
+    generate(short, 0)  # compiled (or compiles) outside the trace
+    with jax.profiler.trace(trace_dir):
+        start = time.perf_counter()
+        generate(short, 1)
+        wall = time.perf_counter() - start
+    busy = profiling.device_busy_seconds(trace_dir)
+    return {"new_tokens": short, "wall_seconds": wall, "device_busy_seconds": busy,
+            "device_busy_share": None if busy is None else busy / wall, "trace_dir": trace_dir}
 
 
 def nnx_state(model):
@@ -846,16 +914,15 @@ def main(argv=None) -> dict:
     if "attention" in sections:
         section("attention", attention_layouts, shapes, config)
 
+    engine_fallbacks = [None, *FALLBACK_DECODE_VARIANTS]  # the first is the engine as jaxgrpo runs it
+
     def train(packing: bool, attention_name: str, remat: bool | str = True, max_staleness: int = 0,
               scan_layers: bool = True, float32: bool = False) -> None:
         key = run_name(packing, remat, scan_layers, float32, max_staleness,
                        "" if attention_name == trained_attention else attention_name)
-        try:
-            result.setdefault("train", {})[key] = train_section(model_name, shapes, packing, attention_name, peak,
-                                                                bandwidth, remat, max_staleness, scan_layers, float32)
-        except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
-            traceback.print_exc()
-            result.setdefault("train", {})[key] = {"error": _one_line(error)}
+        run = functools.partial(train_section, model_name, shapes, packing, attention_name, peak, bandwidth, remat,
+                                max_staleness, scan_layers, float32)
+        result.setdefault("train", {})[key] = train_with_engine_fallbacks(run, engine_fallbacks)
         save()
 
     trained_attention = args.attention

@@ -132,3 +132,85 @@ def test_the_unshared_variant_plans_no_shared_prefixes_and_restores_the_engine()
         running = [object(), object()]  # two rows, in slot order
         assert engine_module.Engine._chunk_rows(None, running) == (running, None, 0)
     assert engine_module.Engine._chunk_rows is planned
+
+
+@pytest.mark.parametrize("fails, ran", [
+    ("the kernel's merges", ("engine", "engine-merged-outside")),
+    ("the paged kernel", ("engine", "engine-merged-outside", "engine-views")),
+    ("nothing", ("engine",)),
+])
+def test_a_failing_engine_decode_falls_back_to_the_merges_outside_then_to_the_views(monkeypatch, capsys, fails, ran):
+    """Where "engine" fails (a Triton kernel that does not compile on the GPU at hand), the decode section runs
+    "engine-merged-outside" (the paged kernel, its states merged by XLA) and, if that fails too, "engine-views" (no
+    paged kernel), so a GPU run keeps a figure; each failure is recorded in one line and the implementation is
+    restored after each variant."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import device_check
+
+    from jaxgrpo.models.attention import pallas_gpu
+
+    implementation = pallas_gpu.IMPLEMENTATION
+    monkeypatch.setattr(device_check, "through_engine", lambda model, shapes, in_place=None: (
+        in_place is not False, pallas_gpu.IMPLEMENTATION.paged_attention is not None))
+
+    def sampler_section(model, shapes, bandwidth, generate):
+        in_place, merges_in_kernel = generate
+        if (fails == "the paged kernel" and in_place) or (fails == "the kernel's merges" and merges_in_kernel):
+            raise RuntimeError(f"{fails} failed to compile\nTriton's long report")
+        return {"tokens_per_second": 1.0}
+
+    monkeypatch.setattr(device_check, "sampler_section", sampler_section)
+    shapes = device_check.Shapes(**device_check.SMALL_SHAPES)
+    result = device_check.decode_section(None, shapes, 1.0, None, variants=("engine",))
+    assert tuple(result) == ran
+    succeeded = [name for name, entry in result.items() if "error" not in entry]
+    assert succeeded == [ran[-1]]  # the failures before it recorded, nothing after it run
+    if fails != "nothing":
+        assert result["engine"] == {"error": f"RuntimeError: {fails} failed to compile"}
+    assert pallas_gpu.IMPLEMENTATION is implementation
+
+
+def test_a_train_run_whose_engine_fails_is_retried_with_the_engine_fallbacks_and_keeps_the_one_that_ran():
+    """The GRPO step samples through the rollout engine: where a train run fails inside the engine (here its
+    allocator refuses while the paged kernel merges the states, as a Triton kernel that does not compile would), it
+    is run again as "engine-merged-outside", whose figures carry `engine_fallback`, and the runs after it start
+    there. A failure outside the engine is recorded as it is, not retried; inside every form of it, recorded
+    too. The engine's reader and the GPU implementation are restored after each try."""
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import device_check
+
+    from jaxgrpo.engine import blocks
+    from jaxgrpo.engine import engine as engine_module
+    from jaxgrpo.models.attention import pallas_gpu
+
+    implementation, reader = pallas_gpu.IMPLEMENTATION, engine_module.reads_pages_in_place
+    tries = []
+
+    def run(fails_in_engine_while=lambda: pallas_gpu.IMPLEMENTATION.paged_attention is not None):
+        tries.append((pallas_gpu.IMPLEMENTATION.paged_attention is not None,
+                      engine_module.reads_pages_in_place is reader))
+        if fails_in_engine_while():
+            blocks.BlockAllocator(num_blocks=1, block_size=16)  # raises, inside jaxgrpo/engine/
+        return {"update_seconds": 1.0}
+
+    fallbacks = [None, *device_check.FALLBACK_DECODE_VARIANTS]
+    entry = device_check.train_with_engine_fallbacks(run, fallbacks)
+    assert entry == {"update_seconds": 1.0, "engine_fallback": "engine-merged-outside"}
+    assert tries == [(True, True), (False, True)] and fallbacks[0] == "engine-merged-outside"
+    assert device_check.train_with_engine_fallbacks(run, fallbacks)["engine_fallback"] == "engine-merged-outside"
+    assert (pallas_gpu.IMPLEMENTATION, engine_module.reads_pages_in_place) == (implementation, reader)
+
+    tries.clear()  # failing in every form: recorded in one line after trying each
+    entry = device_check.train_with_engine_fallbacks(lambda: run(lambda: True), [None, "engine-views"])
+    assert entry == {"error": "ValueError: num_blocks must be >= 2 (block 0 is the null block), got 1"}
+    assert tries == [(True, True), (True, False)]  # dense views: the engine's reader says no pages in place
+
+    def out_of_memory():
+        tries.append("update")
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+    tries.clear()
+    assert device_check.train_with_engine_fallbacks(out_of_memory, [None, "engine-views"]) == {
+        "error": "RuntimeError: RESOURCE_EXHAUSTED: out of memory"}
+    assert tries == ["update"]
+    assert (pallas_gpu.IMPLEMENTATION, engine_module.reads_pages_in_place) == (implementation, reader)
