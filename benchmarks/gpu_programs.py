@@ -396,7 +396,8 @@ def decode_step_counts(text: str) -> dict:
 BLOCK_SIZE = 16
 
 #: The variants counted unless told (`device_check.DECODE_VARIANTS` has them all).
-DEFAULT_VARIANTS = ("engine", "engine-unshared", "engine-no-split-k", "engine-stacked", "engine-stacked-writes-each")
+DEFAULT_VARIANTS = ("engine", "engine-unshared", "engine-no-split-k", "engine-merged-outside", "engine-stacked",
+                    "engine-stacked-writes-each")
 
 
 def compile_decode(model: str, mesh, steps: int, variant: str):

@@ -297,7 +297,7 @@ def paged_attention(q, pool_k, pool_v, block_tables, layer, lengths, scale: floa
     """`paged_attention_state`'s state normalized in the kernel: the attention output [B, kv, G, 1, D] in q's
     dtype (`out / total`, as the decoder finishes a state), for one new token a row read where it sits (`fuses`):
     the last call of a decode step's attention, written in the model's dtype with no float32 state for XLA to
-    read back and divide."""
+    read back and divide. A query that saw no key (a row not running, with nothing cached) gets zeros."""
     (out,) = _paged(q, pool_k, pool_v, block_tables, layer, lengths, scale, starts, window, query_positions, mesh,
                     initial, new, True, keys_per_step, num_warps, num_stages, interpret)
     return out
