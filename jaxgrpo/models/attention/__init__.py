@@ -101,10 +101,10 @@ class AttentionImplementation(NamedTuple):
     reference, which the rollout engine leaves for its dense views).
     paged_attention: None, or a paged decode step's whole attention in the implementation's kernels, `(q, k, v,
     new_mask, pools, layer, sliding, *, window, scale, mesh) -> output [B, T, kv, G, D] or None`: the queries over
-    the new tokens' keys and values (`new_mask` [B, T, T]: which each sees) and each of `pools`' rows ((pool_k, pool_v, tables,
-    lengths, starts), the rows' own first), merged and normalized where the decoder would merge `paged_state`'s
-    states and normalize them in launches of their own (`pallas_gpu`: its kernel continues a state, reads the new
-    key and finishes); None where it does not serve the call.
+    the new tokens' keys and values (`new_mask` [B, T, T]: which each sees) and each of `pools`' rows (each
+    (pool_k, pool_v, tables, lengths, starts), the rows' own first), merged and normalized where the decoder would
+    merge `paged_state`'s states and normalize them in launches of their own (`pallas_gpu`: its kernel takes in the
+    new token, continues a state and finishes); None where it does not serve the call.
     paged_writes_each: how a paged step writes its new keys and values into the pool
     (`paged_cache.write_new_tokens`): one position at a time (True: `pallas_tpu`, since a scatter lets the TPU
     compiler give the pool the layout it prefers for a scatter, and its kernel then reads a relayout copy of

@@ -42,7 +42,8 @@ Triton, not TF32). On a mesh the kernels run per shard (`flash_common.per_shard`
 interpreted (`interpret=True`): for tests, slowly. The block sizes, warps and stages are static
 (`Tiling`, defaults `BLOCK_Q`, `BLOCK_K`, `NUM_WARPS`, `NUM_STAGES`), to be tuned on a GPU.
 
-The rollout engine's paged decode reads its blocks in place through `pallas_gpu_decode`'s kernel (`paged_state`);
+The rollout engine's paged decode reads its blocks in place through `pallas_gpu_decode`'s kernel (`paged_state`;
+`paged_attention` where the kernel also takes in the new token and the merges, one new token a row);
 decode steps over dense cache views (`Engine(in_place=False)`) keep the decoder's XLA math on a GPU (no
 `cache_state`).
 """
