@@ -108,7 +108,6 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
     query = query_position + lax.rem(row, jnp.int32(length))  # t fastest
 
     def visit(j, carry):
-        out, top, total = carry
         blocks = tables_ref[pl.ds(j * pages, pages)]
         k = pool_k_ref[layer, blocks, h, :, :].reshape(keys, q.shape[1])
         v = pool_v_ref[layer, blocks, h, :, :].reshape(keys, q.shape[1])
@@ -117,13 +116,8 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
         if window is not None:
             allowed = allowed & (query[:, None] - positions[None, :] < window)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * (scale * _LOG2E)
-        s = jnp.where(allowed, s, MASKED_SCORE)
-        new_top = jnp.maximum(top, jnp.max(s, axis=1))
-        p = jnp.where(allowed, jnp.exp2(s - new_top[:, None]), 0.0)
-        decay = jnp.exp2(top - new_top)
-        out = out * decay[:, None] + lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                                                     preferred_element_type=jnp.float32)
-        return out, new_top, total * decay + jnp.sum(p, axis=1)
+        return _fold(carry, s, allowed, lambda p: lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                                                  preferred_element_type=jnp.float32))
 
     def repeated(x):  # each query's [given, ...] for each product row [rows, ...]
         return jnp.broadcast_to(x[None], (copies, *x.shape)).reshape(rows, *x.shape[1:]) if copies > 1 else x
@@ -135,16 +129,11 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
         top_in, total_in, out_in = (ref[...] for ref in initial)
         start = (repeated(out_in.reshape(given, head_dim)), repeated(top_in.reshape(given)) * _LOG2E,
                  repeated(total_in.reshape(given)))
-    if new is not None:  # the row's own new token, a key at the queries' own position (inside any window)
+    if new is not None:  # the row's own new token, one key at the queries' own position (inside any window)
         product_ref, value_ref, visible_ref = new
-        visible = visible_ref[r] != 0
-        s = jnp.where(visible, repeated(product_ref[...].reshape(given)) * (scale * _LOG2E), MASKED_SCORE)
-        out, top, total = start
-        new_top = jnp.maximum(top, s)
-        p = jnp.where(visible, jnp.exp2(s - new_top), 0.0)
-        decay = jnp.exp2(top - new_top)
-        start = (out * decay[:, None] + p[:, None] * value_ref[...].astype(jnp.float32)[None, :], new_top,
-                 total * decay + p)
+        s = repeated(product_ref[...].reshape(given))[:, None] * (scale * _LOG2E)
+        value = value_ref[...].astype(jnp.float32)[None, :]
+        start = _fold(start, s, visible_ref[r] != 0, lambda p: p * value)
     out, top, total = lax.fori_loop(first, stop, visit, start)
     if copies > 1:  # every copy holds the same state: keep the first
         out = _first_copy(out.reshape(copies, given, head_dim))
@@ -159,6 +148,18 @@ def _kernel(layer_ref, lengths_ref, query_positions_ref, starts_ref, tables_ref,
     top_ref[...] = jnp.where(seen, top / _LOG2E, MASKED_SCORE).reshape(top_ref.shape)  # natural-log units
     total_ref[...] = total.reshape(total_ref.shape)
     out_ref[...] = out.reshape(out_ref.shape)
+
+
+def _fold(state, s, allowed, weigh):
+    """The online-softmax state (out [rows, D], top and total [rows], top in log2 units) with a block of keys
+    folded in: their scores s [rows, K] in log2 units, read where `allowed`; `weigh(p)` is the values [rows, D] the
+    block's weights p [rows, K] give."""
+    out, top, total = state
+    s = jnp.where(allowed, s, MASKED_SCORE)
+    new_top = jnp.maximum(top, jnp.max(s, axis=1))
+    p = jnp.where(allowed, jnp.exp2(s - new_top[:, None]), 0.0)
+    decay = jnp.exp2(top - new_top)
+    return out * decay[:, None] + weigh(p), new_top, total * decay + jnp.sum(p, axis=1)
 
 
 def _first_copy(x: jax.Array) -> jax.Array:
@@ -207,10 +208,10 @@ def _shard(q, pool_k, pool_v, block_tables, layer, lengths, query_positions, sta
         operands += [products.reshape(queries.shape[:-1]).astype(jnp.float32), values.astype(pool_k.dtype),
                      visible.astype(jnp.int32)]
         specs += [state_spec, pl.BlockSpec((None, None, head_dim), lambda r, h: (r, h, 0)), whole(visible)]
-    state_shape = jax.ShapeDtypeStruct(queries.shape[:-1], jnp.float32)
     if finish:
         out_specs, out_shape = [query_spec], [jax.ShapeDtypeStruct(queries.shape, q.dtype)]
     else:
+        state_shape = jax.ShapeDtypeStruct(queries.shape[:-1], jnp.float32)
         out_specs = [state_spec, state_spec, query_spec]
         out_shape = [state_shape, state_shape, jax.ShapeDtypeStruct(queries.shape, jnp.float32)]
     results = pl.pallas_call(
