@@ -371,7 +371,8 @@ def sampler_section(model, shapes: Shapes, bandwidth: float, generate=None) -> d
 
 @dataclasses.dataclass(frozen=True)
 class DecodeVariant:
-    """How the engine decodes: `in_place` is `through_engine`'s (None: the backend's choice); `options`, XLA compiler
+    """How the engine decodes: `in_place`, whether it reads the pool's blocks in place (None: the backend's choice;
+    `through_engine`'s, and within `decode_variant` every engine's, the trainer's too); `options`, XLA compiler
     options its decode chunks are compiled with (only XLA:GPU reads these); `stacked`, a GPU's decode runs on the
     plain memory forms instead of the GPU's (`memory_forms.GPU`): it scans the stacked layer weights instead of
     splitting them per layer before the loop (`memory_forms.split_layers`), and rotates RoPE's halves by a
@@ -380,7 +381,8 @@ class DecodeVariant:
     (`AttentionImplementation.paged_writes_each`). The last two are the decode as it was before 2026-12-07.
     `shared_prefixes` False: each row reads its prompt's blocks itself, instead of the samples of a prompt reading
     them once as a shared prefix (`Engine._chunk_rows`): one paged kernel call a layer instead of two, each row's
-    whole context read (a GPU's L2 may serve the repeats)."""
+    whole context read (a GPU's L2 may serve the repeats). `merged_in_kernel` False: the decoder merges the paged
+    kernel's states and normalizes them itself (`AttentionImplementation.paged_attention` off)."""
 
     in_place: bool | None = None
     options: tuple[tuple[str, object], ...] = ()
@@ -429,7 +431,8 @@ FALLBACK_DECODE_VARIANTS = ("engine-merged-outside", "engine-views")
 def decode_variant(variant: DecodeVariant):
     """Within it, the engine's decode chunks are the library's decode program (`programs.engine_decode`, the same
     static and donated arguments) jitted anew (so nothing traced before is reused), with the variant's compiler
-    options, memory forms, pool writes and shared prefixes; its prefill and block copies are the library's."""
+    options, memory forms, pool writes, shared prefixes, merges and (for every engine built, the trainer's too)
+    reading in place or not; its prefill and block copies are the library's."""
     import jax
 
     import jaxgrpo.engine.engine as engine_module
@@ -437,7 +440,8 @@ def decode_variant(variant: DecodeVariant):
     from jaxgrpo.models import memory_forms
     from jaxgrpo.models.attention import pallas_gpu
 
-    saved = engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION, engine_module.Engine._chunk_rows
+    saved = (engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION,
+             engine_module.Engine._chunk_rows, engine_module.reads_pages_in_place)
     engine_module.decode_program = jax.jit(
         programs.engine_decode, static_argnames=("graphdef", "width", "steps", "samplings", "mesh", "prefix_width",
                                                  "in_place"),
@@ -450,28 +454,13 @@ def decode_variant(variant: DecodeVariant):
         engine_module.Engine._chunk_rows = lambda self, running: (running, None, 0)
     if not variant.merged_in_kernel:
         pallas_gpu.IMPLEMENTATION = pallas_gpu.IMPLEMENTATION._replace(paged_attention=None)
-    try:
-        yield
-    finally:
-        (engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION,
-         engine_module.Engine._chunk_rows) = saved
-
-
-@contextlib.contextmanager
-def engine_fallback(name: str):
-    """Within it, every rollout engine built (the trainer's too) decodes as the variant `name` of
-    `FALLBACK_DECODE_VARIANTS`: the paged kernel with XLA merging its states, or dense views (no paged kernel)."""
-    import jaxgrpo.engine.engine as engine_module
-
-    variant = DECODE_VARIANTS[name]
-    saved = engine_module.reads_pages_in_place
     if variant.in_place is not None:
         engine_module.reads_pages_in_place = lambda model, mesh: variant.in_place
     try:
-        with decode_variant(variant):
-            yield
+        yield
     finally:
-        engine_module.reads_pages_in_place = saved
+        (engine_module.decode_program, memory_forms.GPU, pallas_gpu.IMPLEMENTATION, engine_module.Engine._chunk_rows,
+         engine_module.reads_pages_in_place) = saved
 
 
 def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | None,
@@ -485,7 +474,8 @@ def decode_section(model, shapes: Shapes, bandwidth: float, trace_dir: str | Non
         variant = DECODE_VARIANTS[name]
         with decode_variant(variant) if variant != DecodeVariant() else contextlib.nullcontext():
             try:
-                result[name] = sampler_section(model, shapes, bandwidth, through_engine(model, shapes, variant.in_place))
+                generate = through_engine(model, shapes, variant.in_place)
+                result[name] = sampler_section(model, shapes, bandwidth, generate)
             except Exception as error:  # noqa: BLE001 — recorded; the other variants still run
                 traceback.print_exc()
                 result[name] = {"error": _one_line(error)}
@@ -516,7 +506,7 @@ def train_with_engine_fallbacks(run, fallbacks: list) -> dict:
     engine, is recorded in one line."""
     while True:
         try:
-            with engine_fallback(fallbacks[0]) if fallbacks[0] else contextlib.nullcontext():
+            with decode_variant(DECODE_VARIANTS[fallbacks[0]]) if fallbacks[0] else contextlib.nullcontext():
                 entry = run()
             return entry | ({"engine_fallback": fallbacks[0]} if fallbacks[0] else {})
         except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
