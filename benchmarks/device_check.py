@@ -30,7 +30,8 @@ it measured):
   "engine-stacked-writes-each" is a GPU's decode as it was before 2026-12-07, the stacked layer weights scanned, the
   pool written one position at a time; "engine-merged-outside" has XLA merge the attention's states, not the
   paged kernel); where "engine" fails, "engine-merged-outside" and then "engine-views" run in its place until one
-  runs; with `--trace-dir`, a jax.profiler trace of one short run of the engine and the device's busy share of it;
+  runs; with `--trace-dir`, a jax.profiler trace of one short run of the engine, the device's busy share of it and
+  what it ran per new token (kernels launched, their time, the idle gaps between them, the costliest kernels);
 * `train`: the trainer's GRPO step (`Trainer.step`: sample, score, update) on a task whose reward is
   the parity of each completion's token sum (so every group has signal), packing on and off, the layers
   rematerialized whole, not at all or keeping what a remat policy names (`_remat_off`, `_save_attention`,
@@ -63,6 +64,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import glob
 import json
 import os
 import platform
@@ -519,7 +521,12 @@ def train_with_engine_fallbacks(run, fallbacks: list) -> dict:
 
 
 def _decode_profile(model, shapes: Shapes, trace_dir: str) -> dict:
-    """A jax.profiler trace of one short run of the engine as jaxgrpo runs it, and the device's busy share of it."""
+    """A jax.profiler trace of one short run of the engine as jaxgrpo runs it: the device's busy share of it and
+    what it ran per new token (`profiling.device_kernels`: launches, kernel time, idle gaps, the costliest
+    kernels; the prefill spread over the tokens). The trace's files are also copied to `trace_dir` itself (the
+    profiler writes them four folders down), so a tool that returns shallow files brings them back."""
+    import shutil
+
     import jax
 
     from jaxgrpo import profiling
@@ -532,8 +539,12 @@ def _decode_profile(model, shapes: Shapes, trace_dir: str) -> dict:
         generate(short, 1)
         wall = time.perf_counter() - start
     busy = profiling.device_busy_seconds(trace_dir)
+    for pattern in ("*.xplane.pb", "*.trace.json.gz"):
+        for path in glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", pattern)):
+            shutil.copy(path, trace_dir)
     return {"new_tokens": short, "wall_seconds": wall, "device_busy_seconds": busy,
-            "device_busy_share": None if busy is None else busy / wall, "trace_dir": trace_dir}
+            "device_busy_share": None if busy is None else busy / wall,
+            "per_new_token": profiling.device_kernels(trace_dir, count=short), "trace_dir": trace_dir}
 
 
 def nnx_state(model):

@@ -181,24 +181,69 @@ def _trace_op_names(directory: str) -> dict[str, dict[str, str]]:
         return xplane_op_names(f.read())
 
 
+def _device_events(events: Sequence[dict]) -> dict[int, list[dict]]:
+    """The complete ("X") events of each "/device:GPU:i" or "/device:TPU:i" process (its streams or cores), by
+    process id; empty for a trace without an accelerator (a CPU run)."""
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and str(e.get("args", {}).get("name", "")).startswith(("/device:GPU", "/device:TPU"))}
+    by_device: dict[int, list[dict]] = {pid: [] for pid in devices}
+    for e in events:
+        if e.get("ph") == "X" and e.get("pid") in by_device:
+            by_device[e["pid"]].append(e)
+    return by_device
+
+
+def _busy_intervals(kernels: Sequence[dict]) -> list[tuple[float, float]]:
+    """The union of the kernels' [start, end) intervals, in microseconds, in order."""
+    union: list[tuple[float, float]] = []
+    for start, stop in sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in kernels):
+        if union and start <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], stop))
+        else:
+            union.append((start, stop))
+    return union
+
+
 def device_busy_seconds(directory: str) -> float | None:
     """Seconds some accelerator kernel ran in the trace in `directory`: the union of the intervals of the events
     on each "/device:GPU:i" or "/device:TPU:i" process (its streams or cores), summed over devices; None when
     the trace has no such process (a CPU run). Over the traced wall time it is the device's busy share."""
-    events = _trace_events(directory)
-    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-               and str(e.get("args", {}).get("name", "")).startswith(("/device:GPU", "/device:TPU"))}
-    if not devices:
+    by_device = _device_events(_trace_events(directory))
+    if not by_device:
         return None
-    busy = 0.0
-    for pid in devices:
-        intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events
-                           if e.get("pid") == pid and e.get("ph") == "X")
-        end = -float("inf")
-        for start, stop in intervals:
-            busy += max(0.0, stop - max(start, end))
-            end = max(end, stop)
-    return busy / 1e6
+    return sum(stop - start for kernels in by_device.values() for start, stop in _busy_intervals(kernels)) / 1e6
+
+
+def device_kernels(directory: str, count: int = 1, top: int = 15) -> dict | None:
+    """What the accelerator ran in the trace in `directory`, per one of `count` steps (or calls): how many
+    kernels and their summed time, the time some kernel ran (their union), the idle gaps between one kernel's end
+    and the next one's start (how many, their median and total: launch and host latency where a step launches
+    many short kernels), and the `top` kernels by time (by HLO instruction where the event names one, else by
+    kernel name: time and launches per step). Over every device of the trace; None without one (a CPU run)."""
+    by_device = _device_events(_trace_events(directory))
+    if not by_device:
+        return None
+    kernels = [e for events in by_device.values() for e in events]
+    busy = [_busy_intervals(events) for events in by_device.values()]
+    gaps = [later[0] - earlier[1] for union in busy for earlier, later in zip(union, union[1:])]
+    by_name: collections.Counter = collections.Counter()
+    launches: collections.Counter = collections.Counter()
+    for e in kernels:
+        name = e.get("args", {}).get("hlo_op") or e.get("name", "")
+        by_name[name] += e.get("dur", 0.0)
+        launches[name] += 1
+    per_step = lambda microseconds: microseconds / 1e3 / count  # noqa: E731  (milliseconds a step)
+    return {
+        "steps": count,
+        "kernels_per_step": len(kernels) / count,
+        "kernel_ms_per_step": per_step(sum(e.get("dur", 0.0) for e in kernels)),
+        "busy_ms_per_step": per_step(sum(stop - start for union in busy for start, stop in union)),
+        "gaps_per_step": len(gaps) / count,
+        "gap_ms_per_step": per_step(sum(gaps)),
+        "median_gap_us": sorted(gaps)[len(gaps) // 2] if gaps else 0.0,
+        "top_kernels_ms_per_step": {name: per_step(us) for name, us in by_name.most_common(top)},
+        "top_kernels_launches_per_step": {name: launches[name] / count for name, _ in by_name.most_common(top)},
+    }
 
 
 def exclusive_times(events: Sequence[dict]) -> collections.Counter:

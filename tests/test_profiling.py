@@ -31,25 +31,54 @@ def test_exclusive_times_subtract_nested_events_once():
                       ("m", "d"): 5, ("m", "e"): 70}
 
 
-def test_device_busy_seconds_is_the_union_of_a_devices_kernels(tmp_path):
-    """Overlapping kernels on two streams of one GPU count once; the host's events and a CPU-only trace do not."""
+def _write_trace(directory, events):
+    """A trace.json.gz of `events` where jax.profiler puts one (plugins/profile/<run>/)."""
     import gzip
     import json
 
-    def write(name, events):
-        directory = tmp_path / name / "plugins" / "profile" / "run"
-        directory.mkdir(parents=True)
-        with gzip.open(directory / "host.trace.json.gz", "wt") as f:
-            json.dump({"traceEvents": events}, f)
-        return str(tmp_path / name)
+    run = directory / "plugins" / "profile" / "run"
+    run.mkdir(parents=True)
+    with gzip.open(run / "host.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return str(directory)
 
-    meta = lambda pid, name: {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}  # noqa: E731
-    kernel = lambda pid, tid, ts, dur: {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": "k"}  # noqa: E731
-    gpu = write("gpu", [meta(1, "/device:GPU:0"), meta(2, "/host:CPU"),
-                        kernel(1, 1, 0, 10), kernel(1, 2, 5, 10), kernel(1, 1, 30, 5), kernel(2, 1, 0, 1000)])
+
+def _meta(pid, name):
+    return {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}
+
+
+def _kernel(pid, tid, ts, dur, name="k", hlo_op=None):
+    return {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name,
+            "args": {"hlo_op": hlo_op} if hlo_op else {}}
+
+
+def test_device_busy_seconds_is_the_union_of_a_devices_kernels(tmp_path):
+    """Overlapping kernels on two streams of one GPU count once; the host's events and a CPU-only trace do not."""
+    gpu = _write_trace(tmp_path / "gpu", [_meta(1, "/device:GPU:0"), _meta(2, "/host:CPU"), _kernel(1, 1, 0, 10),
+                                          _kernel(1, 2, 5, 10), _kernel(1, 1, 30, 5), _kernel(2, 1, 0, 1000)])
     assert profiling.device_busy_seconds(gpu) == pytest.approx(20e-6)  # [0, 15) and [30, 35)
-    cpu = write("cpu", [meta(1, "/device:CUSTOM:Megascale Trace"), meta(2, "/host:CPU"), kernel(2, 1, 0, 1000)])
+    cpu = _write_trace(tmp_path / "cpu", [_meta(1, "/device:CUSTOM:Megascale Trace"), _meta(2, "/host:CPU"),
+                                          _kernel(2, 1, 0, 1000)])
     assert profiling.device_busy_seconds(cpu) is None
+    assert profiling.device_kernels(cpu) is None
+
+
+def test_device_kernels_counts_launches_gaps_and_the_costliest_per_step(tmp_path):
+    """Two steps of three launches on one GPU (two streams, one overlap), a host event beside them: per step,
+    the launches and their time, the busy union, the idle gaps between kernels, the kernels by instruction."""
+    events = [_meta(1, "/device:GPU:0"), _meta(2, "/host:CPU"), _kernel(2, 1, 0, 500, "host work")]
+    for step in (0, 100):  # step 0 at 0 us, step 1 at 100 us
+        events += [_kernel(1, 1, step + 0, 10, "gemm", "dot.1"), _kernel(1, 2, step + 5, 10, "fusion.3"),
+                   _kernel(1, 1, step + 40, 20, "triton", "pallas_call.0")]
+    summary = profiling.device_kernels(_write_trace(tmp_path / "t", events), count=2, top=2)
+    assert summary["kernels_per_step"] == 3
+    assert summary["kernel_ms_per_step"] == pytest.approx(40e-3)
+    assert summary["busy_ms_per_step"] == pytest.approx(35e-3)  # [0, 15) and [40, 60)
+    # gaps [15, 40), [60, 100), [115, 140): three over two steps
+    assert summary["gaps_per_step"] == 1.5 and summary["median_gap_us"] == 25
+    assert summary["gap_ms_per_step"] == pytest.approx((25 + 40 + 25) / 2 / 1e3)
+    assert summary["top_kernels_ms_per_step"] == pytest.approx({"pallas_call.0": 20e-3, "dot.1": 10e-3})
+    assert summary["top_kernels_launches_per_step"] == {"pallas_call.0": 1, "dot.1": 1}
 
 
 @pytest.mark.parametrize("op_name, label", [

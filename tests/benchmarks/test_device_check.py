@@ -1,5 +1,6 @@
 """benchmarks/device_check.py runs end to end (`--small`, on this CPU) and writes every section it measures."""
 
+import glob
 import json
 import os
 import subprocess
@@ -80,6 +81,10 @@ def test_the_engines_decode_is_timed_in_each_variant(result):
         assert decode[name]["tokens_per_second"] > 0 and decode[name]["floor_ratio"] > 0, (name, decode[name])
     profile = decode["profile"]
     assert profile["wall_seconds"] > 0 and profile["device_busy_seconds"] is None  # no accelerator in the trace
+    assert profile["per_new_token"] is None
+    # the trace's files copied up beside their folder, where a tool returning shallow files finds them
+    assert glob.glob(os.path.join(profile["trace_dir"], "*.xplane.pb"))
+    assert glob.glob(os.path.join(profile["trace_dir"], "*.trace.json.gz"))
 
 
 def test_the_layers_are_timed_unrematerialized_and_under_a_remat_policy_unscanned(result):
