@@ -360,7 +360,9 @@ class StepProfile:
     phases: each host phase of the loop (`phase`): wall time, device work inside it included;
     programs: device time of each compiled program (HLO module), exclusive instruction time summed;
     parts: the same instructions under the model's scopes (`MODEL_SCOPES`);
-    instructions: the costliest instructions, "program/instruction [part]".
+    instructions: the costliest instructions, "program/instruction [part]";
+    device: what the accelerator ran per step (`device_kernels`: launches, busy time, idle gaps between
+      kernels), None on a CPU.
     """
 
     steps: tuple[int, int]  # first and last traced step, numbered as metrics.jsonl numbers them
@@ -369,6 +371,7 @@ class StepProfile:
     programs: dict[str, float]
     parts: dict[str, float]
     instructions: dict[str, float]
+    device: dict | None = None
 
     @property
     def num_steps(self) -> int:
@@ -388,7 +391,7 @@ def summarize_steps(directory: str, steps: tuple[int, int], wall_seconds: float,
     parts, programs, instructions = _attribute(directory, events, scopes, count)
     return StepProfile(steps=steps, wall_seconds=wall_seconds / count, phases=dict(phases.most_common()),
                        programs=dict(programs.most_common()), parts=dict(parts.most_common()),
-                       instructions=dict(instructions.most_common(top)))
+                       instructions=dict(instructions.most_common(top)), device=device_kernels(directory, count))
 
 
 def step_markdown(profile: StepProfile) -> str:
@@ -410,6 +413,13 @@ def step_markdown(profile: StepProfile) -> str:
     lines += [f"| {name} | {s:.3f} | {s / device:.1%} |" for name, s in profile.parts.items()]
     lines += ["", "| costliest instructions | device s per step |", "|---|---|"]
     lines += [f"| `{name}` | {s:.4f} |" for name, s in profile.instructions.items()]
+    if profile.device:  # an accelerator: is it busy, or waiting between many short kernels?
+        d = profile.device
+        lines += ["", f"The accelerator ran {d['kernels_per_step']:.0f} kernels a step ({d['kernel_ms_per_step']:.1f} ms "
+                  f"of kernel time), busy {d['busy_ms_per_step']:.1f} ms of the step's "
+                  f"{profile.wall_seconds * 1e3:.1f} ({d['busy_ms_per_step'] / 1e3 / wall:.0%}); between kernels it "
+                  f"waited {d['gaps_per_step']:.0f} times, {d['gap_ms_per_step']:.1f} ms in all (median gap "
+                  f"{d['median_gap_us']:.1f} us)."]
     return "\n".join(lines) + "\n"
 
 

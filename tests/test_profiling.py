@@ -163,3 +163,15 @@ def test_the_sampling_draw_is_labelled():
     compiled = jax.jit(lambda k, x: sampler.sample_tokens(k, x, params)).lower(keys, logits).compile()
     breakdown = profiling.time_by_scope(compiled, (keys, logits), calls=1)
     assert "sampling (temperature, truncation, draw)" in breakdown.seconds
+
+
+def test_a_step_profile_says_how_busy_the_accelerator_was():
+    """On an accelerator the step summary ends with the kernels a step launched and the gaps between them; on a
+    CPU (no device summary) it does not."""
+    profile = profiling.StepProfile(steps=(3, 4), wall_seconds=0.010, phases={"sample": 0.008},
+                                    programs={"jit_decode": 0.004}, parts={"other": 0.004}, instructions={})
+    assert "kernels a step" not in profiling.step_markdown(profile)
+    profile.device = {"kernels_per_step": 450, "kernel_ms_per_step": 4.0, "busy_ms_per_step": 4.0,
+                      "gaps_per_step": 449, "gap_ms_per_step": 6.0, "median_gap_us": 12.5}
+    assert ("The accelerator ran 450 kernels a step (4.0 ms of kernel time), busy 4.0 ms of the step's 10.0 (40%); "
+            "between kernels it waited 449 times, 6.0 ms in all (median gap 12.5 us).") in profiling.step_markdown(profile)
