@@ -84,7 +84,11 @@ def missing(root: str = "jaxgrpo", image=IMAGE) -> dict[str, str]:
         if name in seen:
             continue
         seen.add(name)
-        distribution = importlib.metadata.distribution(name)
+        try:
+            distribution = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise SystemExit(f"{name} is not installed here, so its version and requirements are unknown: install "
+                             f"jaxgrpo's core here first (pip install -e .), then run this again") from None
         if name != canonical(root):
             found[name] = distribution.version
         stack.extend(_requirement_name(r) for r in distribution.requires or () if _applies(r)

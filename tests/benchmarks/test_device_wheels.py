@@ -4,6 +4,8 @@ install here (nothing is downloaded)."""
 import os
 import sys
 
+import pytest
+
 from tests.support.paths import REPO_ROOT
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
@@ -37,3 +39,8 @@ def test_requirement_names_and_markers():
     assert device_wheels._applies("numpy>=1.26")
     assert not device_wheels._applies("importlib_resources; python_version < '3.9'")
     assert not device_wheels._applies("torch; extra == 'parity'")
+
+
+def test_a_requirement_not_installed_here_is_named_with_the_fix():
+    with pytest.raises(SystemExit, match="no-such-package is not installed here.*pip install -e ."):
+        device_wheels.missing(root="no-such-package")
