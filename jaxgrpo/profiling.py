@@ -181,15 +181,33 @@ def _trace_op_names(directory: str) -> dict[str, dict[str, str]]:
         return xplane_op_names(f.read())
 
 
+#: Lines of a device's trace that summarize others or span waits (a program's or a step's span, the framework's
+#: scopes, an asynchronous operation from its start to its end, counters), as the profiler names them: what an
+#: accelerator ran is on its other lines (a GPU's streams, a TPU's "XLA Ops").
+SUMMARY_LINES = frozenset({"XLA Modules", "Steps", "Framework Ops", "Framework Name Scope", "Source code",
+                           "XLA TraceMe", "TensorFlow Ops", "TensorFlow Name Scope", "Async XLA Ops",
+                           "Host Offload Ops", "Launch Stats", "Sparse Core Modules", "Sparse Core Steps",
+                           "Sparse Core Syncs", "_counters_"})
+
+
 def _device_events(events: Sequence[dict]) -> dict[int, list[dict]]:
-    """The complete ("X") events of each "/device:GPU:i" or "/device:TPU:i" process (its streams or cores), by
-    process id; empty for a trace without an accelerator (a CPU run)."""
+    """The complete ("X") events of what each "/device:GPU:i" or "/device:TPU:i" process ran, by process id: its
+    streams' kernels or cores' operations, not the lines that summarize them (`SUMMARY_LINES`), nor its "XLA Ops"
+    line where the process has stream lines too (the same kernels grouped by instruction); empty for a trace
+    without an accelerator (a CPU run)."""
     devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
                and str(e.get("args", {}).get("name", "")).startswith(("/device:GPU", "/device:TPU"))}
+    lines = {(e["pid"], e.get("tid")): str(e.get("args", {}).get("name", "")) for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") in devices}
+    streams = {pid for (pid, _), name in lines.items() if name.startswith("Stream")}
     by_device: dict[int, list[dict]] = {pid: [] for pid in devices}
     for e in events:
-        if e.get("ph") == "X" and e.get("pid") in by_device:
-            by_device[e["pid"]].append(e)
+        pid = e.get("pid")
+        if e.get("ph") != "X" or pid not in by_device:
+            continue
+        line = lines.get((pid, e.get("tid")), "")
+        if line not in SUMMARY_LINES and not (line == "XLA Ops" and pid in streams):
+            by_device[pid].append(e)
     return by_device
 
 
@@ -214,13 +232,15 @@ def device_busy_seconds(directory: str) -> float | None:
     return sum(stop - start for kernels in by_device.values() for start, stop in _busy_intervals(kernels)) / 1e6
 
 
-def device_kernels(directory: str, count: int = 1, top: int = 15) -> dict | None:
-    """What the accelerator ran in the trace in `directory`, per one of `count` steps (or calls): how many
-    kernels and their summed time, the time some kernel ran (their union), the idle gaps between one kernel's end
-    and the next one's start (how many, their median and total: launch and host latency where a step launches
-    many short kernels), and the `top` kernels by time (by HLO instruction where the event names one, else by
-    kernel name: time and launches per step). Over every device of the trace; None without one (a CPU run)."""
-    by_device = _device_events(_trace_events(directory))
+def device_kernels(directory: str, count: int = 1, top: int = 15, *,
+                   events: Sequence[dict] | None = None) -> dict | None:
+    """What the accelerator ran in the trace in `directory` (or its `events`, already read), per one of `count`
+    steps (or calls): how many kernels and their summed time, the time some kernel ran (their union), the idle gaps
+    between one kernel's end and the next one's start (how many, their median and total: launch and host latency
+    where a step launches many short kernels), and the `top` kernels by time (by HLO instruction where the event
+    names one, else by kernel name: time and launches per step). Over every device of the trace; None without one
+    (a CPU run)."""
+    by_device = _device_events(_trace_events(directory) if events is None else events)
     if not by_device:
         return None
     kernels = [e for events in by_device.values() for e in events]
@@ -391,7 +411,8 @@ def summarize_steps(directory: str, steps: tuple[int, int], wall_seconds: float,
     parts, programs, instructions = _attribute(directory, events, scopes, count)
     return StepProfile(steps=steps, wall_seconds=wall_seconds / count, phases=dict(phases.most_common()),
                        programs=dict(programs.most_common()), parts=dict(parts.most_common()),
-                       instructions=dict(instructions.most_common(top)), device=device_kernels(directory, count))
+                       instructions=dict(instructions.most_common(top)),
+                       device=device_kernels(directory, count, events=events))
 
 
 def step_markdown(profile: StepProfile) -> str:

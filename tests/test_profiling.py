@@ -165,6 +165,25 @@ def test_the_sampling_draw_is_labelled():
     assert "sampling (temperature, truncation, draw)" in breakdown.seconds
 
 
+def test_what_a_device_ran_is_read_from_its_streams_or_ops_not_the_lines_that_summarize_them(tmp_path):
+    """A GPU's kernels are on its stream lines (an "XLA Ops" line beside them groups the same kernels); a TPU's on
+    its "XLA Ops" line; a program's span ("XLA Modules") and a step's ("Steps") cover the gaps between them."""
+    thread = lambda pid, tid, name: {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,  # noqa: E731
+                                     "args": {"name": name}}
+    events = [_meta(1, "/device:GPU:0"), thread(1, 1, "Stream #7(Compute)"), thread(1, 2, "XLA Ops"),
+              thread(1, 3, "XLA Modules"), _meta(2, "/device:TPU:0"), thread(2, 1, "Steps"), thread(2, 2, "XLA Ops"),
+              thread(2, 3, "XLA Modules")]
+    for pid in (1, 2):  # on each: a program's span, two instructions in it
+        events += [_kernel(pid, 3, 0, 100, "jit_step"), _kernel(pid, 2, 0, 10, "fusion"), _kernel(pid, 2, 50, 10, "dot")]
+    events += [_kernel(1, 1, 0, 10, "fusion_kernel"), _kernel(1, 1, 50, 10, "gemm_kernel"),  # the GPU's kernels
+               _kernel(2, 1, 0, 100, "step 1")]  # the TPU's step
+    directory = _write_trace(tmp_path / "t", events)
+    assert profiling.device_busy_seconds(directory) == pytest.approx(40e-6)  # 20 us on each device, not 100
+    summary = profiling.device_kernels(directory)
+    assert summary["kernels_per_step"] == 4 and summary["gaps_per_step"] == 2 and summary["median_gap_us"] == 40
+    assert set(summary["top_kernels_ms_per_step"]) == {"fusion_kernel", "gemm_kernel", "fusion", "dot"}
+
+
 def test_a_step_profile_says_how_busy_the_accelerator_was():
     """On an accelerator the step summary ends with the kernels a step launched and the gaps between them; on a
     CPU (no device summary) it does not."""
