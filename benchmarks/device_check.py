@@ -47,8 +47,10 @@ it measured):
   fallbacks decode (`train_with_engine_fallbacks`), and names the one that ran (`engine_fallback`);
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
   accelerator (or with `--small` on a CPU): `generate`, and forward + backward + AdamW over the step's rows
-  in micro-batches of 32 with gradient checkpointing: the anchor. They run first, before this process's
-  jax claims the accelerator's memory.
+  in micro-batches of 32 with gradient checkpointing: the anchor (`generate` where the sampler or the decode loop
+  runs too, the training step where the train runs do, both where neither does; their ratios are written beside
+  the figures they anchor: `speedup_over_torch_generate`, `speedup_over_torch`). They run first, before this
+  process's jax claims the accelerator's memory.
 
 `--small` runs all of it on a tiny Qwen3-shaped model in seconds (on a CPU): a test runs it so the script
 cannot rot. Without `--small` the defaults are the shapes of the issue that asked for this (16 prompts x 8
@@ -752,8 +754,16 @@ def torch_anchor(kind: str, hf_config: dict, shapes: Shapes) -> dict:
             "completion_tokens_per_second": shapes.rows * shapes.new_tokens / statistics.median(seconds)}
 
 
-def torch_section(hf_config: dict, shapes: Shapes, small: bool) -> dict:
-    """Each anchor in a separate process (so torch and jax never share the accelerator's memory)."""
+def anchor_kinds(sections) -> tuple[str, ...]:
+    """The torch anchors a run with `sections` compares against: `generate` beside the sampler and the decode
+    loop, the training step beside the train runs; both where it runs neither (the torch section alone)."""
+    kinds = tuple(kind for kind, beside in (("generate", {"sampler", "decode_loop"}), ("update", {"train"}))
+                  if beside & set(sections))
+    return kinds or ("generate", "update")
+
+
+def torch_section(hf_config: dict, shapes: Shapes, small: bool, kinds=("generate", "update")) -> dict:
+    """Each anchor of `kinds` in a separate process (so torch and jax never share the accelerator's memory)."""
     try:
         import torch
     except ImportError:
@@ -761,7 +771,7 @@ def torch_section(hf_config: dict, shapes: Shapes, small: bool) -> dict:
     if not (torch.cuda.is_available() or small):
         return {"skipped": "torch does not see an accelerator"}
     results = {}
-    for kind in ("generate", "update"):
+    for kind in kinds:
         spec = json.dumps({"kind": kind, "hf_config": hf_config, "shapes": dataclasses.asdict(shapes)})
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--anchor", spec], capture_output=True,
                               text=True, timeout=900)
@@ -875,7 +885,7 @@ def main(argv=None) -> dict:
     anchor = None
     if "torch" in sections:
         try:
-            anchor = torch_section(hf_config, shapes, args.small)
+            anchor = torch_section(hf_config, shapes, args.small, anchor_kinds(sections))
         except Exception as error:  # noqa: BLE001 — recorded; the other sections still run
             anchor = {"error": _one_line(error)}
     anchor_seconds = time.perf_counter() - anchor_start
@@ -949,6 +959,10 @@ def main(argv=None) -> dict:
         save()
     if "train" in sections and args.compare_xla and jax.default_backend() != "cpu" and trained_attention != "xla":
         train(True, "xla")  # the dense attention the packed layout used before: a before/after in one run
+    generate = result.get("torch", {}).get("generate", {})
+    for entry in [result.get("sampler", {}), *result.get("decode_loop", {}).values()]:
+        if "tokens_per_second" in generate and "tokens_per_second" in entry:
+            entry["speedup_over_torch_generate"] = entry["tokens_per_second"] / generate["tokens_per_second"]
     anchor = result.get("torch", {}).get("update", {})
     runs = result.get("train", {})
     for key, run in runs.items():

@@ -2,8 +2,8 @@
 # One call of a lent GPU machine (docs/gpu.md): the carried wheels installed, then one half of the device check,
 # its JSON and log into $OUT (what the device tool brings back).
 #
-#   bash benchmarks/device_run.sh decode    # env, matmul, sampler, the decode variants and a profile of the engine
-#   bash benchmarks/device_run.sh train     # env, matmul, attention, the train runs, the transformers + torch anchor
+#   bash benchmarks/device_run.sh decode    # the sampler, the decode variants, a profile; transformers' generate
+#   bash benchmarks/device_run.sh train     # attention, the train runs; a transformers + torch training step
 #   bash benchmarks/device_run.sh train --micro-batch 32     # more device_check.py options after the part
 #
 # Here, first: python benchmarks/device_wheels.py (the wheels the machine's image lacks, into .whl/), and name
@@ -31,7 +31,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONUNBUFFERED=1
 if [[ $part == decode ]]; then
-  args=(--sections "env,matmul,sampler,decode_loop" --trace-dir "$out/trace")
+  args=(--sections "env,matmul,sampler,decode_loop,torch" --trace-dir "$out/trace")
 else
   args=(--sections "env,matmul,attention,train,torch"
         --train-runs "packing_off,packing_off_save_projections_unrolled,packing_off_float32_products")

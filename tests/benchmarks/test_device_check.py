@@ -122,6 +122,20 @@ def test_the_torch_anchor_ran_in_its_own_processes(result):
     assert torch_section["generate"]["tokens_per_second"] > 0
     assert torch_section["update"]["seconds"] > 0
     assert all(run["speedup_over_torch"] > 0 for run in result["train"].values())
+    generate = torch_section["generate"]["tokens_per_second"]
+    assert result["sampler"]["speedup_over_torch_generate"] == result["sampler"]["tokens_per_second"] / generate
+    assert all(entry["speedup_over_torch_generate"] > 0 for name, entry in result["decode_loop"].items()
+               if name != "profile")
+
+
+def test_the_anchors_are_those_of_the_sections_run():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import device_check
+
+    assert device_check.anchor_kinds(["env", "sampler", "decode_loop", "torch"]) == ("generate",)
+    assert device_check.anchor_kinds(["env", "attention", "train", "torch"]) == ("update",)
+    assert device_check.anchor_kinds(device_check.SECTIONS) == ("generate", "update")
+    assert device_check.anchor_kinds(["env", "torch"]) == ("generate", "update")
 
 
 def test_the_unshared_variant_plans_no_shared_prefixes_and_restores_the_engine():

@@ -43,8 +43,11 @@ def test_the_decode_half_writes_its_json_log_and_trace_into_out(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     measured = json.loads((tmp_path / "device_check_decode.json").read_text())
-    assert {"env", "matmul", "sampler", "decode_loop"} <= set(measured) and "train" not in measured
+    assert {"env", "matmul", "sampler", "decode_loop", "torch"} <= set(measured) and "train" not in measured
     assert measured["decode_loop"]["engine"]["tokens_per_second"] > 0
+    if "skipped" not in measured["torch"]:  # transformers' generate beside the decode, no training step
+        assert set(measured["torch"]) == {"generate"}
+        assert measured["decode_loop"]["engine"]["speedup_over_torch_generate"] > 0
     assert "device check on" in (tmp_path / "device_check_decode.log").read_text()
     # the trace's files where the device tool brings files back (two folders down at most)
     assert glob.glob(str(tmp_path / "trace" / "*.xplane.pb"))
