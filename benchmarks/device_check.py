@@ -786,6 +786,26 @@ def torch_section(hf_config: dict, shapes: Shapes, small: bool, kinds=("generate
 # -- the driver ---------------------------------------------------------------------------------------------
 
 
+def with_ratios(result: dict) -> dict:
+    """`result` (a device check's JSON) with the ratios that compare its figures, written into their entries:
+    each decode figure's tokens/s over transformers' `generate` (`speedup_over_torch_generate`), each train run's
+    update over the torch training step (`speedup_over_torch`), a one-step-off run's step over the synchronous
+    run's of the same packing (`step_speedup_over_sync`)."""
+    generate = result.get("torch", {}).get("generate", {})
+    for entry in [result.get("sampler", {}), *result.get("decode_loop", {}).values()]:
+        if "tokens_per_second" in generate and "tokens_per_second" in entry:
+            entry["speedup_over_torch_generate"] = entry["tokens_per_second"] / generate["tokens_per_second"]
+    anchor = result.get("torch", {}).get("update", {})
+    runs = result.get("train", {})
+    for key, run in runs.items():
+        if "seconds" in anchor and "update_seconds" in run:
+            run["speedup_over_torch"] = anchor["seconds"] / run["update_seconds"]
+        sync = runs.get(key.removesuffix("_one_step_off"), {})
+        if key.endswith("_one_step_off") and "step_seconds" in run and "step_seconds" in sync:
+            run["step_speedup_over_sync"] = sync["step_seconds"] / run["step_seconds"]
+    return result
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
@@ -959,18 +979,7 @@ def main(argv=None) -> dict:
         save()
     if "train" in sections and args.compare_xla and jax.default_backend() != "cpu" and trained_attention != "xla":
         train(True, "xla")  # the dense attention the packed layout used before: a before/after in one run
-    generate = result.get("torch", {}).get("generate", {})
-    for entry in [result.get("sampler", {}), *result.get("decode_loop", {}).values()]:
-        if "tokens_per_second" in generate and "tokens_per_second" in entry:
-            entry["speedup_over_torch_generate"] = entry["tokens_per_second"] / generate["tokens_per_second"]
-    anchor = result.get("torch", {}).get("update", {})
-    runs = result.get("train", {})
-    for key, run in runs.items():
-        if "seconds" in anchor and "update_seconds" in run:
-            run["speedup_over_torch"] = anchor["seconds"] / run["update_seconds"]
-        sync = runs.get(key.removesuffix("_one_step_off"), {})
-        if key.endswith("_one_step_off") and "step_seconds" in run and "step_seconds" in sync:
-            run["step_speedup_over_sync"] = sync["step_seconds"] / run["step_seconds"]
+    with_ratios(result)
     save()
     print(json.dumps({k: v for k, v in result.items() if k in ("matmul", "sampler", "decode_loop", "train", "torch")}, indent=1,
                      default=str)[:6000], flush=True)
