@@ -42,7 +42,9 @@ it measured):
   step and per update, update tokens/s and MFU (6 N x the update's tokens, N the parameters a token multiplies by:
   `compile.update_model_flops`; prompt + completion slots of every row as `jaxgrpo-compile` counts them, over the
   matmul peak measured here), with the compile report's roofline estimate of the same update
-  (`compile.count_products` at the measured peak and bandwidth) and the measured/estimate factor; a run that
+  (`compile.count_products` at the measured peak and bandwidth) and the measured/estimate factor, and each step's
+  `logp_gap` (the sampler's log-probs against the trainer's before the update: the engine's paged kernel against
+  the training attention, a check of their values on this chip; `logp_gap_max` the largest); a run that
   fails inside the rollout engine its steps sample through is run again with the engine as the decode section's
   fallbacks decode (`train_with_engine_fallbacks`), and names the one that ran (`engine_fallback`);
 * `torch`: the same shapes through transformers + torch, each in its own process, when torch sees this
@@ -666,7 +668,7 @@ def _train_section(model_name: str, shapes: Shapes, packing: bool, attention: st
         trainer.loop_state, metrics = trainer.step(trainer.loop_state)
         jax.block_until_ready(trainer.state)
         steps.append({"step_seconds": time.perf_counter() - start, "update_seconds": metrics["time_train"],
-                      "frac_signal_rows": metrics.get("frac_signal_rows")})
+                      "frac_signal_rows": metrics.get("frac_signal_rows"), "logp_gap": metrics.get("logp_gap")})
         print(f"  train packing={packing} step {step}: {steps[-1]}", flush=True)
     rollout, _, _ = trainer.rollout(trainer.loop_state, jax.random.key(cfg.seed + 1))
     batch = trainer.advantages(trainer.loop_state, rollout, gather_rows(row_stats(rollout)))
@@ -680,11 +682,13 @@ def _train_section(model_name: str, shapes: Shapes, packing: bool, attention: st
     estimate = update_estimate(cfg, trainer.mesh, peak, bandwidth)
     update = statistics.median(updates)
     step = statistics.median(r["step_seconds"] for r in (steps[1:] or steps))
+    gaps = [r["logp_gap"] for r in steps if r["logp_gap"] is not None]
     model_flops = estimate["model_flops"]
     completion_tokens = shapes.rows * shapes.new_tokens
     return {"packing": packing, "remat": remat, "scan_layers": scan_layers, "max_staleness": max_staleness,
             "attention": trainer.policy.decoder.attention_implementation(trainer.mesh).name,
-            "steps": steps, "step_seconds": step, "update_seconds_all": updates, "update_seconds": update,
+            "steps": steps, "step_seconds": step, "logp_gap_max": max(gaps) if gaps else None,
+            "update_seconds_all": updates, "update_seconds": update,
             "update_tokens": estimate["tokens"], "update_tokens_per_second": estimate["tokens"] / update,
             "completion_tokens_per_second": completion_tokens / update,
             "seconds_per_completion_token": update / completion_tokens,

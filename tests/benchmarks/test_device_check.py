@@ -97,6 +97,8 @@ def test_the_layers_are_timed_unrematerialized_and_under_a_remat_policy_unscanne
         assert run["remat"] == remat and run["scan_layers"] is scanned, (key, run)
         assert run["float32_products"] is float32, (key, run)
         assert run["update_seconds"] > 0 and 0 < run["mfu"] < 1, (key, run)
+        # the sampler's log-probs against the trainer's before each update: the same model, bfloat16 rounding apart
+        assert 0 <= run["logp_gap_max"] < 0.05 and len([s["logp_gap"] for s in run["steps"]]) == len(run["steps"])
 
 
 def test_float32_products_swaps_the_accelerators_products_and_restores_them():
