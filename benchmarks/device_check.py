@@ -542,13 +542,14 @@ def _decode_profile(model, shapes: Shapes, trace_dir: str) -> dict:
         start = time.perf_counter()
         generate(short, 1)
         wall = time.perf_counter() - start
-    busy = profiling.device_busy_seconds(trace_dir)
+    kernels = profiling.device_kernels(trace_dir, count=short)
+    busy = None if kernels is None else kernels["busy_ms_per_step"] * short / 1e3
     for pattern in ("*.xplane.pb", "*.trace.json.gz"):
         for path in glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", pattern)):
             shutil.copy(path, trace_dir)
     return {"new_tokens": short, "wall_seconds": wall, "device_busy_seconds": busy,
-            "device_busy_share": None if busy is None else busy / wall,
-            "per_new_token": profiling.device_kernels(trace_dir, count=short), "trace_dir": trace_dir}
+            "device_busy_share": None if busy is None else busy / wall, "per_new_token": kernels,
+            "trace_dir": trace_dir}
 
 
 def nnx_state(model):

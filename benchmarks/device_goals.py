@@ -91,8 +91,8 @@ def assess(result: dict) -> list[dict]:
     """Each goal: its figure, the value measured (None if not) and whether it is met (None if not measured)."""
     rows = []
     for goal in GOALS:
-        source = next((s for s in goal.sources if lookup(result, s) is not None), goal.sources[0])
-        value = lookup(result, source)
+        source, value = next(((s, v) for s in goal.sources if (v := lookup(result, s)) is not None),
+                             (goal.sources[0], None))
         met = None if value is None else (
             (goal.at_least is None or value >= goal.at_least) and (goal.at_most is None or value <= goal.at_most))
         target = (f">= {_shown(goal.at_least, goal.unit)}" if goal.at_least is not None

@@ -6,13 +6,12 @@ The device machines (docs/gpu.md) reach no package index. Their image holds jax 
 optax, orbax, chex, transformers and torch (`IMAGE`, as the workplace's KINDS.md listed it on 2026-11-17), but not
 all of jaxgrpo's core requirements (TFDS, grain, gguf, qwix, ...). This walks the requirements of the installed
 jaxgrpo (their markers evaluated here), stops at every package the image holds (its own requirements are the
-image's), downloads a Python 3.12 manylinux wheel of each of the rest at the version installed here, builds the
-ones published only as sources (promise), and prints the lines that install them there:
+image's), downloads a Python 3.12 manylinux wheel of each of the rest at the version installed here and builds the
+ones published only as sources (promise):
 
-    python benchmarks/device_wheels.py            # here: .whl/, about 10 MB (git ignores it via .git/info/exclude)
-    # there, `carry=[".whl"]`:
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-    PYTHONPATH=/tmp/site:. python3 benchmarks/device_check.py ...
+    python benchmarks/device_wheels.py            # here: .whl/, about 10 MB (.gitignore leaves it out)
+    # there, `carry=[".whl"]`: benchmarks/device_run.sh installs them with --target and runs the check
+    bash benchmarks/device_run.sh decode
 
 Do not carry flax or jax: flax 0.12.8 (pinned) does not import with the image's jax 0.11.2.
 """
@@ -115,7 +114,8 @@ def download(packages: dict[str, str], dest: str) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dest", default=".whl", help="the folder of wheels (carry it; keep it out of git)")
+    parser.add_argument("--dest", default=".whl",
+                        help="the folder of wheels (carry it; device_run.sh installs what .whl/ holds)")
     parser.add_argument("--list", action="store_true", help="only print what the image lacks")
     args = parser.parse_args(argv)
     packages = missing()
@@ -129,8 +129,7 @@ def main(argv=None) -> int:
     if size > CARRY_LIMIT_BYTES // 2:
         print(f"warning: {args.dest} is over half of what one device call may carry ({CARRY_LIMIT_BYTES >> 20} MiB, "
               "the working tree included)")
-    print(f'there (carry=["{args.dest}"]): python3 -m pip install -q --no-index --no-deps --no-compile '
-          f"--target /tmp/site {args.dest}/*.whl && export PYTHONPATH=/tmp/site:.")
+    print(f'there (carry=["{args.dest}"]): bash benchmarks/device_run.sh decode (or train), which installs .whl/*.whl')
     return 0
 
 

@@ -226,10 +226,8 @@ def device_busy_seconds(directory: str) -> float | None:
     """Seconds some accelerator kernel ran in the trace in `directory`: the union of the intervals of the events
     on each "/device:GPU:i" or "/device:TPU:i" process (its streams or cores), summed over devices; None when
     the trace has no such process (a CPU run). Over the traced wall time it is the device's busy share."""
-    by_device = _device_events(_trace_events(directory))
-    if not by_device:
-        return None
-    return sum(stop - start for kernels in by_device.values() for start, stop in _busy_intervals(kernels)) / 1e6
+    kernels = device_kernels(directory)
+    return None if kernels is None else kernels["busy_ms_per_step"] / 1e3
 
 
 def device_kernels(directory: str, count: int = 1, top: int = 15, *,
@@ -436,8 +434,8 @@ def step_markdown(profile: StepProfile) -> str:
     lines += [f"| `{name}` | {s:.4f} |" for name, s in profile.instructions.items()]
     if profile.device:  # an accelerator: is it busy, or waiting between many short kernels?
         d = profile.device
-        lines += ["", f"The accelerator ran {d['kernels_per_step']:.0f} kernels a step ({d['kernel_ms_per_step']:.1f} ms "
-                  f"of kernel time), busy {d['busy_ms_per_step']:.1f} ms of the step's "
+        lines += ["", f"The accelerator ran {d['kernels_per_step']:.0f} kernels a step "
+                  f"({d['kernel_ms_per_step']:.1f} ms of kernel time), busy {d['busy_ms_per_step']:.1f} ms of the step's "
                   f"{profile.wall_seconds * 1e3:.1f} ({d['busy_ms_per_step'] / 1e3 / wall:.0%}); between kernels it "
                   f"waited {d['gaps_per_step']:.0f} times, {d['gap_ms_per_step']:.1f} ms in all (median gap "
                   f"{d['median_gap_us']:.1f} us)."]
